@@ -1,0 +1,56 @@
+# Thin wrapper over CMake: `make`, `make check`, `make bench`.
+JOBS ?= $(shell nproc)
+BUILD ?= build
+CMAKE ?= cmake
+BENCH_ARGS ?=
+
+.PHONY: all check check-fast check-asan check-tsan bench fuzz format clean
+
+all: $(BUILD)/Makefile
+	$(CMAKE) --build $(BUILD) -j $(JOBS)
+
+$(BUILD)/Makefile:
+	$(CMAKE) -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo
+
+build-asan/Makefile:
+	$(CMAKE) -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DFERRY_SANITIZE=address,undefined
+
+build-tsan/Makefile:
+	$(CMAKE) -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DFERRY_SANITIZE=thread
+
+# Every test, in the normal build and in the ASan+UBSan and TSan builds.
+check: check-fast check-asan check-tsan
+
+check-fast: all
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+check-asan: build-asan/Makefile
+	$(CMAKE) --build build-asan -j $(JOBS)
+	cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j $(JOBS)
+
+check-tsan: build-tsan/Makefile
+	$(CMAKE) --build build-tsan -j $(JOBS)
+	cd build-tsan && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+	  ctest --output-on-failure -j $(JOBS)
+
+# The main job: producer and consumers through ferry against the same-run floor, then the
+# allocator against a list scan.
+bench: all
+	./$(BUILD)/ferry bench --backend host --consumers 4 --items 2000 --item-size 256KiB-4MiB $(BENCH_ARGS)
+	./$(BUILD)/ferry-alloc-bench
+
+# libFuzzer over the descriptor decoder (clang): make fuzz FUZZ_SECONDS=60
+FUZZ_SECONDS ?= 30
+fuzz:
+	$(CMAKE) -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=Debug \
+	  -DFERRY_SANITIZE=address,undefined -DFERRY_FUZZ=ON
+	$(CMAKE) --build build-fuzz -j $(JOBS) --target fuzz_descriptor
+	mkdir -p build-fuzz/corpus && ./build-fuzz/tests/fuzz_descriptor build-fuzz/corpus \
+	  tests/corpus/descriptor -max_total_time=$(FUZZ_SECONDS)
+
+format:
+	clang-format -i include/*.h src/*/*.[ch] tests/*.[ch] bench/*.c
+
+clean:
+	rm -rf $(BUILD) build-asan build-tsan build-fuzz

@@ -1,0 +1,346 @@
+/*
+ * ferry: hand tensors between processes through one bounded, pre-allocated pool.
+ *
+ * A producer owns a pool. It publishes each tensor into a leased slice of the pool and
+ * sends the small descriptor that publish returns (FERRY_DESCRIPTOR_SIZE bytes) to its
+ * consumers over any channel it likes. Each of the pool's consumers opens the pool once,
+ * waits for the slice to be ready, reads it and acknowledges it as its rank. The producer
+ * recycles the slice once every rank has acknowledged it.
+ *
+ * Conventions: every function returns a ferry_status (0 = FERRY_OK); on failure the
+ * detailed message of the failure is available from ferry_last_error() on the same
+ * thread. Outputs are the last parameters and are written only on success. Objects are
+ * opaque; destroy(NULL) is a no-op.
+ */
+#ifndef FERRY_H
+#define FERRY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(FERRY_BUILDING) && defined(__GNUC__)
+#define FERRY_API __attribute__((visibility("default")))
+#else
+#define FERRY_API
+#endif
+
+#define FERRY_VERSION_MAJOR 0
+#define FERRY_VERSION_MINOR 1
+#define FERRY_VERSION_PATCH 0
+
+/* Status codes: stable values, one X-macro list (name, value, short text). */
+#define FERRY_STATUS_MAP(X)                                                        \
+    X(OK, 0, "success")                                                            \
+    X(INVALID_ARGUMENT, 1, "invalid argument")                                     \
+    X(POOL_FULL, 2, "pool is full")                                                \
+    X(STALE, 3, "descriptor is stale")                                             \
+    X(TIMEOUT, 4, "timed out")                                                     \
+    X(PRODUCER_GONE, 5, "producer is gone")                                        \
+    X(MALFORMED, 6, "malformed descriptor")                                        \
+    X(MISMATCH, 7, "descriptor does not match the pool")                           \
+    X(NOT_SUPPORTED, 8, "not supported")                                           \
+    X(NO_MEMORY, 9, "out of memory")                                               \
+    X(SYSTEM, 10, "system call failed")                                            \
+    X(GENERATION_EXHAUSTED, 11, "slot generation exhausted")                       \
+    X(INACTIVE_LEASE, 12, "lease is not active")                                   \
+    X(CLOSING, 13, "pool is closing")                                              \
+    X(POOL_FAILED, 14, "pool failed")                                              \
+    X(PERMISSION, 15, "permission denied")                                         \
+    X(DRIVER, 16, "device driver error")
+
+typedef enum ferry_status {
+#define FERRY_STATUS_ENUM_(name, value, text) FERRY_##name = value,
+    FERRY_STATUS_MAP(FERRY_STATUS_ENUM_)
+#undef FERRY_STATUS_ENUM_
+} ferry_status;
+
+/* Short fixed text of a status ("pool is full"); never NULL. */
+FERRY_API const char *ferry_status_str(ferry_status status);
+
+/* Symbolic name of a status ("POOL_FULL"); never NULL. */
+FERRY_API const char *ferry_status_name(ferry_status status);
+
+/* Detailed message of the last failure on the calling thread ("" if none). The buffer is
+ * thread-local and valid until the next ferry call on this thread. */
+FERRY_API const char *ferry_last_error(void);
+
+/* Library version as "MAJOR.MINOR.PATCH". */
+FERRY_API const char *ferry_version(void);
+
+/* ------------------------------------------------------------------------------------
+ * Tensors
+ * ---------------------------------------------------------------------------------- */
+
+#define FERRY_MAX_NDIM 8
+
+/* DLPack type codes (DLDataTypeCode). */
+enum {
+    FERRY_DTYPE_INT = 0,
+    FERRY_DTYPE_UINT = 1,
+    FERRY_DTYPE_FLOAT = 2,
+    FERRY_DTYPE_OPAQUE_HANDLE = 3,
+    FERRY_DTYPE_BFLOAT = 4,
+    FERRY_DTYPE_COMPLEX = 5,
+    FERRY_DTYPE_BOOL = 6,
+};
+
+/* A dense, C-contiguous tensor's metadata: DLPack dtype and shape. Its size in bytes is
+ * product(shape) * bits * lanes / 8; bits * lanes must be a multiple of 8. */
+typedef struct ferry_tensor {
+    uint8_t dtype_code;
+    uint8_t dtype_bits;
+    uint16_t dtype_lanes;
+    uint8_t ndim;
+    int64_t shape[FERRY_MAX_NDIM];
+} ferry_tensor;
+
+/* A 1-D tensor of n bytes (dtype uint8). */
+FERRY_API ferry_tensor ferry_tensor_bytes(uint64_t n);
+
+/* Size in bytes of a tensor; fails with INVALID_ARGUMENT on a bad dtype, a negative
+ * dimension, ndim > FERRY_MAX_NDIM or overflow. */
+FERRY_API ferry_status ferry_tensor_nbytes(const ferry_tensor *tensor, uint64_t *nbytes);
+
+/* ------------------------------------------------------------------------------------
+ * Descriptors (docs/wire-format.md)
+ * ---------------------------------------------------------------------------------- */
+
+#define FERRY_DESCRIPTOR_SIZE 256
+
+typedef enum ferry_backend {
+    FERRY_BACKEND_AUTO = 0,
+    FERRY_BACKEND_HOST = 1,
+    FERRY_BACKEND_CUDA_IPC = 2,
+    FERRY_BACKEND_CUDA_VMM = 3,
+} ferry_backend;
+
+/* Name of a backend ("host", "cuda_ipc", "cuda_vmm", "auto"); NULL for an unknown value. */
+FERRY_API const char *ferry_backend_name(ferry_backend backend);
+
+/* Parses a backend name; INVALID_ARGUMENT for an unknown one. */
+FERRY_API ferry_status ferry_backend_parse(const char *name, ferry_backend *backend);
+
+/* The decoded form of a descriptor. One descriptor names one tensor inside one lease; the
+ * tensors of a multi-tensor publish share slot and generation. */
+typedef struct ferry_descriptor {
+    uint8_t backend;          /* ferry_backend */
+    uint8_t flags;            /* FERRY_DESC_FLAG_* */
+    uint16_t consumer_count;  /* ranks that must acknowledge */
+    uint32_t max_inflight;    /* rows of the pool's control table */
+    uint32_t slot;            /* control-table row of the lease */
+    uint32_t generation;      /* generation of the lease in that row */
+    uint64_t offset;          /* byte offset of the tensor from the pool's data start */
+    uint64_t length;          /* bytes of the tensor */
+    uint64_t pool_size;       /* memory_size of the pool */
+    uint8_t pool_id[16];      /* random identity of the pool */
+    uint8_t broker[16];       /* random name of the pool's broker socket */
+    uint32_t producer_pid;    /* producer's pid, in its own namespace (diagnostics only) */
+    int32_t device;           /* producer's device ordinal, -1 for host memory */
+    uint8_t handle[64];       /* backend-specific handle (CUDA IPC / FABRIC); zero for host */
+    ferry_tensor tensor;      /* dtype and shape */
+} ferry_descriptor;
+
+/* Control words live in the device pool rather than host shared memory (GPU backends). */
+#define FERRY_DESC_FLAG_DEVICE_CONTROL 0x01u
+/* The lease holds several tensors (multi-tensor publish). */
+#define FERRY_DESC_FLAG_MULTI 0x02u
+#define FERRY_DESC_FLAGS_KNOWN 0x03u
+
+/* Encodes a descriptor into exactly FERRY_DESCRIPTOR_SIZE bytes. Fails with
+ * INVALID_ARGUMENT if the descriptor is not self-consistent. */
+FERRY_API ferry_status ferry_descriptor_encode(const ferry_descriptor *desc,
+                                               uint8_t out[FERRY_DESCRIPTOR_SIZE]);
+
+/* Decodes and validates a descriptor received from the wire. Anything malformed (bad magic,
+ * version, size, checksum, reserved bits, inconsistent tensor metadata) fails with
+ * MALFORMED and leaves *desc untouched. Consistency with the opened pool is checked when a
+ * consumer uses the descriptor. */
+FERRY_API ferry_status ferry_descriptor_decode(const void *buf, size_t len,
+                                               ferry_descriptor *desc);
+
+/* ------------------------------------------------------------------------------------
+ * Pools (producer side)
+ * ---------------------------------------------------------------------------------- */
+
+typedef struct ferry_pool ferry_pool;
+
+#define FERRY_POOL_CONFIG_VERSION 1
+
+typedef struct ferry_pool_config {
+    uint32_t struct_size;         /* sizeof(ferry_pool_config), set by the initialiser */
+    uint32_t version;             /* FERRY_POOL_CONFIG_VERSION */
+    ferry_backend backend;        /* AUTO picks host when no GPU backend applies */
+    int64_t memory_size;          /* bytes of pool memory: control table + data */
+    int64_t consumer_count;       /* ranks that read every lease */
+    int64_t max_inflight_slices;  /* rows of the control table (default 4096) */
+    int64_t reclaim_interval_us;  /* background reclaim period (default 1000) */
+    uint32_t initial_generation;  /* first generation of every slot (tests; default 0) */
+    int32_t device;               /* GPU ordinal for GPU backends (default 0) */
+} ferry_pool_config;
+
+#define FERRY_POOL_CONFIG_INIT                                                     \
+    {                                                                              \
+        sizeof(ferry_pool_config), FERRY_POOL_CONFIG_VERSION, FERRY_BACKEND_AUTO, \
+            0, 1, 4096, 1000, 0, 0                                                 \
+    }
+
+/* Validates a configuration without creating anything; the messages are those of
+ * ferry_pool_create. */
+FERRY_API ferry_status ferry_pool_config_check(const ferry_pool_config *config);
+
+/* Creates a pool: allocates its memory, starts its broker and its reclaimer thread.
+ * On failure nothing is left behind. The caller owns *pool (ferry_pool_destroy). */
+FERRY_API ferry_status ferry_pool_create(const ferry_pool_config *config, ferry_pool **pool);
+
+/* Destroys a pool: refuses new publishes, stops the reclaimer and the broker, releases the
+ * memory. Consumers still waiting see PRODUCER_GONE. NULL is a no-op. */
+FERRY_API void ferry_pool_destroy(ferry_pool *pool);
+
+/* Timeouts are in nanoseconds. 0 means "do not wait". */
+#define FERRY_NO_WAIT 0ull
+#define FERRY_WAIT_FOREVER UINT64_MAX
+
+/* Copies one tensor into a new lease and marks it ready. With timeout_ns == 0 a full pool
+ * fails at once with POOL_FULL (a warning is logged once per pool); otherwise publish waits
+ * up to timeout_ns for space (reclaiming acknowledged slices as they free up) and then fails
+ * with POOL_FULL. On success *desc is the descriptor to send to the consumers. */
+FERRY_API ferry_status ferry_pool_publish(ferry_pool *pool, const ferry_tensor *tensor,
+                                          const void *src, uint64_t timeout_ns,
+                                          ferry_descriptor *desc);
+
+/* Publishes count tensors of one request into a single lease, each offset aligned to its
+ * element size; descs[i] describes tensors[i]. All descriptors share the lease: consumers
+ * acknowledge it once and the producer cancels it once. */
+FERRY_API ferry_status ferry_pool_publish_many(ferry_pool *pool, const ferry_tensor *tensors,
+                                               const void *const *srcs, size_t count,
+                                               uint64_t timeout_ns, ferry_descriptor *descs);
+
+/* Reserves a writable slice for one tensor without marking it ready (zero-copy publish):
+ * *data points at the slice; write the tensor there, then call ferry_pool_commit. The
+ * descriptor may be sent before the commit: consumers wait for it. */
+FERRY_API ferry_status ferry_pool_reserve(ferry_pool *pool, const ferry_tensor *tensor,
+                                          uint64_t timeout_ns, void **data,
+                                          ferry_descriptor *desc);
+
+/* Marks a reserved lease ready. Fails with INACTIVE_LEASE if it is not a reserved lease of
+ * this pool. */
+FERRY_API ferry_status ferry_pool_commit(ferry_pool *pool, const ferry_descriptor *desc);
+
+/* Cancels a lease that was never dispatched (reserved or published): its slice is free
+ * at once and its descriptor is refused as STALE by consumers. Cancelling twice fails with
+ * INACTIVE_LEASE ("Cannot release inactive host pool lease (slot=S, generation=G)"). */
+FERRY_API ferry_status ferry_pool_cancel(ferry_pool *pool, const ferry_descriptor *desc);
+
+/* Frees every lease that every rank has acknowledged; *reclaimed (may be NULL) gets how
+ * many. Also acknowledges on behalf of consumers whose process died. */
+FERRY_API ferry_status ferry_pool_reclaim(ferry_pool *pool, uint64_t *reclaimed);
+
+#define FERRY_POOL_STATS_VERSION 1
+
+typedef struct ferry_pool_stats {
+    uint32_t struct_size;       /* set by the caller: sizeof(ferry_pool_stats) */
+    uint32_t version;           /* set by the caller: FERRY_POOL_STATS_VERSION */
+    uint64_t capacity;          /* memory_size */
+    uint64_t usable_bytes;      /* bytes available for data (after the control table) */
+    uint64_t bytes_in_use;      /* bytes held by live leases */
+    uint64_t largest_free;      /* largest free extent */
+    uint64_t leases_in_flight;  /* reserved or published, not yet reclaimed */
+    uint64_t high_water_bytes;  /* most bytes_in_use ever */
+    uint64_t high_water_leases; /* most leases_in_flight ever */
+    uint64_t publishes;         /* leases created (publish, publish_many, reserve) */
+    uint64_t pool_full_events;  /* publishes that found no space at first try */
+    uint64_t reclaimed;         /* leases freed after every rank acknowledged */
+    uint64_t cancelled;         /* leases cancelled */
+    uint64_t acked_for_dead;    /* acknowledgements written on behalf of dead consumers */
+    uint64_t broker_refused;    /* broker connections refused (other uid, bad message) */
+    uint64_t consumers_attached;/* ranks that attached at least once */
+    uint64_t consumers_alive;   /* attached ranks whose process is alive */
+} ferry_pool_stats;
+
+/* Fills *stats (whose struct_size and version the caller sets). */
+FERRY_API ferry_status ferry_pool_stats_get(ferry_pool *pool, ferry_pool_stats *stats);
+
+typedef struct ferry_consumer_info {
+    int32_t attached;          /* the rank attached at least once */
+    int32_t alive;             /* its last process is alive */
+    int64_t pid;               /* its last process (producer's pid namespace), 0 if none */
+    uint64_t outstanding;      /* published leases it has not acknowledged */
+    uint64_t oldest_age_ns;    /* age of its oldest unacknowledged lease, 0 if none */
+} ferry_consumer_info;
+
+/* Per-rank view of the pool: who is behind and whether its process is alive. */
+FERRY_API ferry_status ferry_pool_consumer_info(ferry_pool *pool, uint32_t rank,
+                                                ferry_consumer_info *info);
+
+/* Splits a node's pool budget across tokenizer workers: share = total / workers. */
+FERRY_API ferry_status ferry_split_budget(int64_t total_pool_size, int64_t tokenizer_worker_num,
+                                          int64_t *share);
+
+/* ------------------------------------------------------------------------------------
+ * Consumers
+ * ---------------------------------------------------------------------------------- */
+
+typedef struct ferry_consumer ferry_consumer;
+
+/* Creates a consumer context acting as one rank. Pools are opened through a process-wide
+ * cache keyed by pool identity, so every pool is mapped once per process. */
+FERRY_API ferry_status ferry_consumer_create(uint32_t rank, ferry_consumer **consumer);
+
+/* Releases the context and its references to opened pools. NULL is a no-op. */
+FERRY_API void ferry_consumer_destroy(ferry_consumer *consumer);
+
+/* Opens (or finds in the cache) the pool a descriptor names and attaches this rank to it,
+ * before the first tensor must be read. Fails with MISMATCH if the descriptor disagrees
+ * with the pool's own header, PRODUCER_GONE if the pool's broker cannot be reached. */
+FERRY_API ferry_status ferry_consumer_open(ferry_consumer *consumer, const ferry_descriptor *desc);
+
+/* Waits up to timeout_ns for the lease to be ready. STALE if this rank already acknowledged
+ * it or its slot was reused or cancelled; PRODUCER_GONE if the producer died or closed the
+ * pool; TIMEOUT otherwise. */
+FERRY_API ferry_status ferry_consumer_wait(ferry_consumer *consumer, const ferry_descriptor *desc,
+                                           uint64_t timeout_ns);
+
+/* Waits for the lease, then copies the tensor into dst (dst_size >= desc->length). Does not
+ * acknowledge. Never returns bytes of another lease: a slot reused during the copy gives
+ * STALE. */
+FERRY_API ferry_status ferry_consumer_read(ferry_consumer *consumer, const ferry_descriptor *desc,
+                                           void *dst, size_t dst_size, uint64_t timeout_ns);
+
+/* Waits for the lease, then points *data at the tensor inside the pool (read-only, valid until
+ * this rank acknowledges the lease). */
+FERRY_API ferry_status ferry_consumer_view(ferry_consumer *consumer, const ferry_descriptor *desc,
+                                           const void **data, uint64_t timeout_ns);
+
+/* Acknowledges the lease as this consumer's rank (also without reading it). */
+FERRY_API ferry_status ferry_consumer_ack(ferry_consumer *consumer, const ferry_descriptor *desc);
+
+/* Acknowledges the lease for ranks [first, first + count) (an attention subgroup). */
+FERRY_API ferry_status ferry_consumer_ack_range(ferry_consumer *consumer,
+                                                const ferry_descriptor *desc, uint32_t first,
+                                                uint32_t count);
+
+/* Acknowledges the lease for every rank. */
+FERRY_API ferry_status ferry_consumer_ack_all(ferry_consumer *consumer,
+                                              const ferry_descriptor *desc);
+
+/* ------------------------------------------------------------------------------------
+ * Logging
+ * ---------------------------------------------------------------------------------- */
+
+typedef void (*ferry_log_fn)(int level, const char *message, void *user);
+
+enum { FERRY_LOG_ERROR = 0, FERRY_LOG_WARN = 1, FERRY_LOG_INFO = 2 };
+
+/* Routes ferry's log lines (warnings such as the once-per-pool "pool full") to fn; NULL
+ * restores the default, which writes to stderr. */
+FERRY_API void ferry_set_log(ferry_log_fn fn, void *user);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FERRY_H */

@@ -1,0 +1,62 @@
+/* The pool broker: hands a pool's file descriptor to consumer processes.
+ *
+ * A broker is a thread of the producer serving an abstract-namespace Unix SOCK_SEQPACKET
+ * socket whose name is "ferry." followed by 32 hex digits of a random 128-bit value. Only
+ * peers of the producer's uid are served (SO_PEERCRED); others, and any malformed request,
+ * are refused and counted. One request per connection, one reply, then the broker closes
+ * the connection. The wire messages are defined in broker.c and docs/wire-format.md. */
+#ifndef FERRY_BROKER_BROKER_H
+#define FERRY_BROKER_BROKER_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "ferry.h"
+
+typedef struct ferry__broker ferry__broker;
+
+/* Called on the broker thread after a valid request from a peer process attaching as rank
+ * (pid as seen from the producer's pid namespace). Must not block. */
+typedef void (*ferry__broker_attach_fn)(void *user, uint32_t rank, pid_t pid);
+
+typedef struct ferry__broker_config {
+    const uint8_t *pool_id;     /* 16 bytes: requests must name it */
+    int shared_fd;              /* the fd handed to consumers (the broker does not own it) */
+    uint64_t shared_size;       /* its size in bytes, sent with the fd */
+    uint32_t consumer_count;    /* valid ranks are [0, consumer_count) */
+    const char *label;          /* prefix of messages, e.g. "host pool broker" */
+    ferry__broker_attach_fn on_attach; /* may be NULL */
+    void *user;
+} ferry__broker_config;
+
+/* Starts a broker thread on a fresh random name (written to name_out, 16 bytes). On failure
+ * nothing is left running and no fd is leaked. */
+ferry_status ferry__broker_start(const ferry__broker_config *config, ferry__broker **broker,
+                                 uint8_t name_out[16]);
+
+/* Stops the thread, closes the socket and frees the broker. NULL is a no-op. Idempotent
+ * through the pointer being NULLed by the caller. */
+void ferry__broker_stop(ferry__broker *broker);
+
+/* Connections refused so far (other uid, malformed request, unknown pool or rank). */
+uint64_t ferry__broker_refused(const ferry__broker *broker);
+
+/* Latched failure of the broker thread (e.g. accept failing for good): FERRY_OK while it is
+ * healthy; otherwise the first cause's status, with its message copied into buf. */
+ferry_status ferry__broker_error(const ferry__broker *broker, char *buf, size_t buf_size);
+
+/* Client side. Connects to the broker called name, asks for the fd of pool_id and attaches
+ * as rank. On success *fd is the received fd (O_CLOEXEC, owned by the caller), *size its
+ * size as the producer sent it, and *producer_pid the producer's pid as seen from this
+ * process (SO_PEERCRED). PRODUCER_GONE if nobody listens on name; PERMISSION if refused;
+ * SYSTEM with "<label> returned no file descriptor" if the reply carries none. Every fd
+ * received is closed on every error path. Never blocks longer than timeout_ns. */
+ferry_status ferry__broker_request(const uint8_t name[16], const uint8_t pool_id[16],
+                                   uint32_t rank, const char *label, uint64_t timeout_ns,
+                                   int *fd, uint64_t *size, pid_t *producer_pid);
+
+/* The abstract socket address of a broker name (for tests that connect by hand): writes
+ * the sockaddr_un into addr (a struct sockaddr_un *) and returns its length. */
+unsigned ferry__broker_address(const uint8_t name[16], void *addr);
+
+#endif

@@ -1,0 +1,57 @@
+/* Shared-memory words are touched only through these helpers; each name says its order. */
+#ifndef FERRY_COMMON_ATOMIC_H
+#define FERRY_COMMON_ATOMIC_H
+
+#include <stdint.h>
+
+static inline uint32_t ferry__load_acquire32(const volatile uint32_t *p)
+{
+    return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+}
+
+static inline uint32_t ferry__load_relaxed32(const volatile uint32_t *p)
+{
+    return __atomic_load_n(p, __ATOMIC_RELAXED);
+}
+
+static inline void ferry__store_release32(volatile uint32_t *p, uint32_t v)
+{
+    __atomic_store_n(p, v, __ATOMIC_RELEASE);
+}
+
+static inline void ferry__store_relaxed32(volatile uint32_t *p, uint32_t v)
+{
+    __atomic_store_n(p, v, __ATOMIC_RELAXED);
+}
+
+static inline uint32_t ferry__fetch_add_seqcst32(volatile uint32_t *p, uint32_t v)
+{
+    return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
+}
+
+static inline uint32_t ferry__load_seqcst32(const volatile uint32_t *p)
+{
+    return __atomic_load_n(p, __ATOMIC_SEQ_CST);
+}
+
+static inline void ferry__store_seqcst32(volatile uint32_t *p, uint32_t v)
+{
+    __atomic_store_n(p, v, __ATOMIC_SEQ_CST);
+}
+
+static inline uint64_t ferry__load_acquire64(const volatile uint64_t *p)
+{
+    return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+}
+
+static inline void ferry__store_release64(volatile uint64_t *p, uint64_t v)
+{
+    __atomic_store_n(p, v, __ATOMIC_RELEASE);
+}
+
+static inline void ferry__fence_seqcst(void)
+{
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+}
+
+#endif

@@ -1,0 +1,104 @@
+/* Status table, thread-local error messages and logging. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/error.h"
+
+#define FERRY_ERROR_MAX 512
+
+static _Thread_local char last_error[FERRY_ERROR_MAX];
+
+static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+static ferry_log_fn log_fn;
+static void *log_user;
+
+const char *ferry_status_str(ferry_status status)
+{
+    switch (status) {
+#define FERRY_STATUS_TEXT_(name, value, text)                                                      \
+    case FERRY_##name:                                                                             \
+        return text;
+        FERRY_STATUS_MAP(FERRY_STATUS_TEXT_)
+#undef FERRY_STATUS_TEXT_
+    }
+    return "unknown status";
+}
+
+const char *ferry_status_name(ferry_status status)
+{
+    switch (status) {
+#define FERRY_STATUS_NAME_(name, value, text)                                                      \
+    case FERRY_##name:                                                                             \
+        return #name;
+        FERRY_STATUS_MAP(FERRY_STATUS_NAME_)
+#undef FERRY_STATUS_NAME_
+    }
+    return "UNKNOWN";
+}
+
+const char *ferry_last_error(void)
+{
+    return last_error;
+}
+
+const char *ferry_version(void)
+{
+#define FERRY_STR2_(x) #x
+#define FERRY_STR_(x) FERRY_STR2_(x)
+    return FERRY_STR_(FERRY_VERSION_MAJOR) "." FERRY_STR_(FERRY_VERSION_MINOR) "." FERRY_STR_(
+        FERRY_VERSION_PATCH);
+}
+
+void ferry__clear_error(void)
+{
+    last_error[0] = '\0';
+}
+
+ferry_status ferry__fail(ferry_status status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof(last_error), fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+ferry_status ferry__fail_errno(ferry_status status, int err, const char *fmt, ...)
+{
+    char errbuf[128];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(last_error, sizeof(last_error), fmt, ap);
+    va_end(ap);
+    if (n >= 0 && (size_t)n < sizeof(last_error))
+        snprintf(last_error + n, sizeof(last_error) - (size_t)n, ": %s",
+                 strerror_r(err, errbuf, sizeof(errbuf)));
+    return status;
+}
+
+void ferry_set_log(ferry_log_fn fn, void *user)
+{
+    pthread_mutex_lock(&log_lock);
+    log_fn = fn;
+    log_user = user;
+    pthread_mutex_unlock(&log_lock);
+}
+
+void ferry__log(int level, const char *fmt, ...)
+{
+    static const char *const names[] = {"error", "warning", "info"};
+    char line[FERRY_ERROR_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof(line), fmt, ap);
+    va_end(ap);
+    pthread_mutex_lock(&log_lock);
+    if (log_fn)
+        log_fn(level, line, log_user);
+    else
+        fprintf(stderr, "ferry %s: %s\n", names[level < 0 || level > 2 ? 0 : level], line);
+    pthread_mutex_unlock(&log_lock);
+}
