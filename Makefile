@@ -4,10 +4,14 @@ BUILD ?= build
 CMAKE ?= cmake
 BENCH_ARGS ?=
 
-.PHONY: all check check-fast check-asan check-tsan bench fuzz format clean
+.PHONY: all deps check check-fast check-asan check-tsan bench fuzz format clean
 
-all: $(BUILD)/Makefile
+all: deps $(BUILD)/Makefile
 	$(CMAKE) --build $(BUILD) -j $(JOBS)
+
+# Installs missing build/test packages (apt-get); a no-op when everything is there.
+deps:
+	@scripts/install-deps
 
 $(BUILD)/Makefile:
 	$(CMAKE) -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo
@@ -24,12 +28,12 @@ check: check-fast check-asan check-tsan
 check-fast: all
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
-check-asan: build-asan/Makefile
+check-asan: deps build-asan/Makefile
 	$(CMAKE) --build build-asan -j $(JOBS)
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j $(JOBS)
 
-check-tsan: build-tsan/Makefile
+check-tsan: deps build-tsan/Makefile
 	$(CMAKE) --build build-tsan -j $(JOBS)
 	cd build-tsan && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
 	  ctest --output-on-failure -j $(JOBS)
@@ -43,6 +47,7 @@ bench: all
 # libFuzzer over the descriptor decoder (clang): make fuzz FUZZ_SECONDS=60
 FUZZ_SECONDS ?= 30
 fuzz:
+	@scripts/install-deps --fuzz
 	$(CMAKE) -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=Debug \
 	  -DFERRY_SANITIZE=address,undefined -DFERRY_FUZZ=ON
 	$(CMAKE) --build build-fuzz -j $(JOBS) --target fuzz_descriptor

@@ -33,23 +33,23 @@ extern "C" {
 #define FERRY_VERSION_PATCH 0
 
 /* Status codes: stable values, one X-macro list (name, value, short text). */
-#define FERRY_STATUS_MAP(X)                                                        \
-    X(OK, 0, "success")                                                            \
-    X(INVALID_ARGUMENT, 1, "invalid argument")                                     \
-    X(POOL_FULL, 2, "pool is full")                                                \
-    X(STALE, 3, "descriptor is stale")                                             \
-    X(TIMEOUT, 4, "timed out")                                                     \
-    X(PRODUCER_GONE, 5, "producer is gone")                                        \
-    X(MALFORMED, 6, "malformed descriptor")                                        \
-    X(MISMATCH, 7, "descriptor does not match the pool")                           \
-    X(NOT_SUPPORTED, 8, "not supported")                                           \
-    X(NO_MEMORY, 9, "out of memory")                                               \
-    X(SYSTEM, 10, "system call failed")                                            \
-    X(GENERATION_EXHAUSTED, 11, "slot generation exhausted")                       \
-    X(INACTIVE_LEASE, 12, "lease is not active")                                   \
-    X(CLOSING, 13, "pool is closing")                                              \
-    X(POOL_FAILED, 14, "pool failed")                                              \
-    X(PERMISSION, 15, "permission denied")                                         \
+#define FERRY_STATUS_MAP(X)                                                                        \
+    X(OK, 0, "success")                                                                            \
+    X(INVALID_ARGUMENT, 1, "invalid argument")                                                     \
+    X(POOL_FULL, 2, "pool is full")                                                                \
+    X(STALE, 3, "descriptor is stale")                                                             \
+    X(TIMEOUT, 4, "timed out")                                                                     \
+    X(PRODUCER_GONE, 5, "producer is gone")                                                        \
+    X(MALFORMED, 6, "malformed descriptor")                                                        \
+    X(MISMATCH, 7, "descriptor does not match the pool")                                           \
+    X(NOT_SUPPORTED, 8, "not supported")                                                           \
+    X(NO_MEMORY, 9, "out of memory")                                                               \
+    X(SYSTEM, 10, "system call failed")                                                            \
+    X(GENERATION_EXHAUSTED, 11, "slot generation exhausted")                                       \
+    X(INACTIVE_LEASE, 12, "lease is not active")                                                   \
+    X(CLOSING, 13, "pool is closing")                                                              \
+    X(POOL_FAILED, 14, "pool failed")                                                              \
+    X(PERMISSION, 15, "permission denied")                                                         \
     X(DRIVER, 16, "device driver error")
 
 typedef enum ferry_status {
@@ -127,27 +127,27 @@ FERRY_API ferry_status ferry_backend_parse(const char *name, ferry_backend *back
 /* The decoded form of a descriptor. One descriptor names one tensor inside one lease; the
  * tensors of a multi-tensor publish share slot and generation. */
 typedef struct ferry_descriptor {
-    uint8_t backend;          /* ferry_backend */
-    uint8_t flags;            /* FERRY_DESC_FLAG_* */
-    uint16_t consumer_count;  /* ranks that must acknowledge */
-    uint32_t max_inflight;    /* rows of the pool's control table */
-    uint32_t slot;            /* control-table row of the lease */
-    uint32_t generation;      /* generation of the lease in that row */
-    uint64_t offset;          /* byte offset of the tensor from the pool's data start */
-    uint64_t length;          /* bytes of the tensor */
-    uint64_t pool_size;       /* memory_size of the pool */
-    uint8_t pool_id[16];      /* random identity of the pool */
-    uint8_t broker[16];       /* random name of the pool's broker socket */
-    uint32_t producer_pid;    /* producer's pid, in its own namespace (diagnostics only) */
-    int32_t device;           /* producer's device ordinal, -1 for host memory */
-    uint8_t handle[64];       /* backend-specific handle (CUDA IPC / FABRIC); zero for host */
-    ferry_tensor tensor;      /* dtype and shape */
+    uint8_t backend;         /* ferry_backend */
+    uint8_t flags;           /* FERRY_DESC_FLAG_* */
+    uint16_t consumer_count; /* ranks that must acknowledge */
+    uint32_t max_inflight;   /* rows of the pool's control table */
+    uint32_t slot;           /* control-table row of the lease */
+    uint32_t generation;     /* generation of the lease in that row */
+    uint64_t offset;         /* byte offset of the tensor from the pool's data start */
+    uint64_t length;         /* bytes of the tensor */
+    uint64_t pool_size;      /* memory_size of the pool */
+    uint8_t pool_id[16];     /* random identity of the pool */
+    uint8_t broker[16];      /* random name of the pool's broker socket */
+    uint32_t producer_pid;   /* producer's pid, in its own namespace (diagnostics only) */
+    int32_t device;          /* producer's device ordinal, -1 for host memory */
+    uint8_t handle[64];      /* backend-specific handle (CUDA IPC / FABRIC); zero for host */
+    ferry_tensor tensor;     /* dtype and shape */
 } ferry_descriptor;
 
 /* Control words live in the device pool rather than host shared memory (GPU backends). */
 #define FERRY_DESC_FLAG_DEVICE_CONTROL 0x01u
 /* The lease holds several tensors (multi-tensor publish). */
-#define FERRY_DESC_FLAG_MULTI 0x02u
+#define FERRY_DESC_FLAG_MULTI  0x02u
 #define FERRY_DESC_FLAGS_KNOWN 0x03u
 
 /* Encodes a descriptor into exactly FERRY_DESCRIPTOR_SIZE bytes. Fails with
@@ -159,8 +159,7 @@ FERRY_API ferry_status ferry_descriptor_encode(const ferry_descriptor *desc,
  * version, size, checksum, reserved bits, inconsistent tensor metadata) fails with
  * MALFORMED and leaves *desc untouched. Consistency with the opened pool is checked when a
  * consumer uses the descriptor. */
-FERRY_API ferry_status ferry_descriptor_decode(const void *buf, size_t len,
-                                               ferry_descriptor *desc);
+FERRY_API ferry_status ferry_descriptor_decode(const void *buf, size_t len, ferry_descriptor *desc);
 
 /* ------------------------------------------------------------------------------------
  * Pools (producer side)
@@ -171,21 +170,21 @@ typedef struct ferry_pool ferry_pool;
 #define FERRY_POOL_CONFIG_VERSION 1
 
 typedef struct ferry_pool_config {
-    uint32_t struct_size;         /* sizeof(ferry_pool_config), set by the initialiser */
-    uint32_t version;             /* FERRY_POOL_CONFIG_VERSION */
-    ferry_backend backend;        /* AUTO picks host when no GPU backend applies */
-    int64_t memory_size;          /* bytes of pool memory: control table + data */
-    int64_t consumer_count;       /* ranks that read every lease */
-    int64_t max_inflight_slices;  /* rows of the control table (default 4096) */
-    int64_t reclaim_interval_us;  /* background reclaim period (default 1000) */
-    uint32_t initial_generation;  /* first generation of every slot (tests; default 0) */
-    int32_t device;               /* GPU ordinal for GPU backends (default 0) */
+    uint32_t struct_size;        /* sizeof(ferry_pool_config), set by the initialiser */
+    uint32_t version;            /* FERRY_POOL_CONFIG_VERSION */
+    ferry_backend backend;       /* AUTO picks host when no GPU backend applies */
+    int64_t memory_size;         /* bytes of pool memory: control table + data */
+    int64_t consumer_count;      /* ranks that read every lease */
+    int64_t max_inflight_slices; /* rows of the control table (default 4096) */
+    int64_t reclaim_interval_us; /* background reclaim period (default 1000) */
+    uint32_t initial_generation; /* first generation of every slot (tests; default 0) */
+    int32_t device;              /* GPU ordinal for GPU backends (default 0) */
 } ferry_pool_config;
 
-#define FERRY_POOL_CONFIG_INIT                                                     \
-    {                                                                              \
-        sizeof(ferry_pool_config), FERRY_POOL_CONFIG_VERSION, FERRY_BACKEND_AUTO, \
-            0, 1, 4096, 1000, 0, 0                                                 \
+#define FERRY_POOL_CONFIG_INIT                                                                     \
+    {                                                                                              \
+        sizeof(ferry_pool_config), FERRY_POOL_CONFIG_VERSION, FERRY_BACKEND_AUTO, 0, 1, 4096,      \
+            1000, 0, 0                                                                             \
     }
 
 /* Validates a configuration without creating anything; the messages are those of
@@ -201,7 +200,7 @@ FERRY_API ferry_status ferry_pool_create(const ferry_pool_config *config, ferry_
 FERRY_API void ferry_pool_destroy(ferry_pool *pool);
 
 /* Timeouts are in nanoseconds. 0 means "do not wait". */
-#define FERRY_NO_WAIT 0ull
+#define FERRY_NO_WAIT      0ull
 #define FERRY_WAIT_FOREVER UINT64_MAX
 
 /* Copies one tensor into a new lease and marks it ready. With timeout_ns == 0 a full pool
@@ -223,8 +222,7 @@ FERRY_API ferry_status ferry_pool_publish_many(ferry_pool *pool, const ferry_ten
  * *data points at the slice; write the tensor there, then call ferry_pool_commit. The
  * descriptor may be sent before the commit: consumers wait for it. */
 FERRY_API ferry_status ferry_pool_reserve(ferry_pool *pool, const ferry_tensor *tensor,
-                                          uint64_t timeout_ns, void **data,
-                                          ferry_descriptor *desc);
+                                          uint64_t timeout_ns, void **data, ferry_descriptor *desc);
 
 /* Marks a reserved lease ready. Fails with INACTIVE_LEASE if it is not a reserved lease of
  * this pool. */
@@ -242,34 +240,34 @@ FERRY_API ferry_status ferry_pool_reclaim(ferry_pool *pool, uint64_t *reclaimed)
 #define FERRY_POOL_STATS_VERSION 1
 
 typedef struct ferry_pool_stats {
-    uint32_t struct_size;       /* set by the caller: sizeof(ferry_pool_stats) */
-    uint32_t version;           /* set by the caller: FERRY_POOL_STATS_VERSION */
-    uint64_t capacity;          /* memory_size */
-    uint64_t usable_bytes;      /* bytes available for data (after the control table) */
-    uint64_t bytes_in_use;      /* bytes held by live leases */
-    uint64_t largest_free;      /* largest free extent */
-    uint64_t leases_in_flight;  /* reserved or published, not yet reclaimed */
-    uint64_t high_water_bytes;  /* most bytes_in_use ever */
-    uint64_t high_water_leases; /* most leases_in_flight ever */
-    uint64_t publishes;         /* leases created (publish, publish_many, reserve) */
-    uint64_t pool_full_events;  /* publishes that found no space at first try */
-    uint64_t reclaimed;         /* leases freed after every rank acknowledged */
-    uint64_t cancelled;         /* leases cancelled */
-    uint64_t acked_for_dead;    /* acknowledgements written on behalf of dead consumers */
-    uint64_t broker_refused;    /* broker connections refused (other uid, bad message) */
-    uint64_t consumers_attached;/* ranks that attached at least once */
-    uint64_t consumers_alive;   /* attached ranks whose process is alive */
+    uint32_t struct_size;        /* set by the caller: sizeof(ferry_pool_stats) */
+    uint32_t version;            /* set by the caller: FERRY_POOL_STATS_VERSION */
+    uint64_t capacity;           /* memory_size */
+    uint64_t usable_bytes;       /* bytes available for data (after the control table) */
+    uint64_t bytes_in_use;       /* bytes held by live leases */
+    uint64_t largest_free;       /* largest free extent */
+    uint64_t leases_in_flight;   /* reserved or published, not yet reclaimed */
+    uint64_t high_water_bytes;   /* most bytes_in_use ever */
+    uint64_t high_water_leases;  /* most leases_in_flight ever */
+    uint64_t publishes;          /* leases created (publish, publish_many, reserve) */
+    uint64_t pool_full_events;   /* publishes that found no space at first try */
+    uint64_t reclaimed;          /* leases freed after every rank acknowledged */
+    uint64_t cancelled;          /* leases cancelled */
+    uint64_t acked_for_dead;     /* acknowledgements written on behalf of dead consumers */
+    uint64_t broker_refused;     /* broker connections refused (other uid, bad message) */
+    uint64_t consumers_attached; /* ranks that attached at least once */
+    uint64_t consumers_alive;    /* attached ranks whose process is alive */
 } ferry_pool_stats;
 
 /* Fills *stats (whose struct_size and version the caller sets). */
 FERRY_API ferry_status ferry_pool_stats_get(ferry_pool *pool, ferry_pool_stats *stats);
 
 typedef struct ferry_consumer_info {
-    int32_t attached;          /* the rank attached at least once */
-    int32_t alive;             /* its last process is alive */
-    int64_t pid;               /* its last process (producer's pid namespace), 0 if none */
-    uint64_t outstanding;      /* published leases it has not acknowledged */
-    uint64_t oldest_age_ns;    /* age of its oldest unacknowledged lease, 0 if none */
+    int32_t attached;       /* the rank attached at least once */
+    int32_t alive;          /* its last process is alive */
+    int64_t pid;            /* its last process (producer's pid namespace), 0 if none */
+    uint64_t outstanding;   /* published leases it has not acknowledged */
+    uint64_t oldest_age_ns; /* age of its oldest unacknowledged lease, 0 if none */
 } ferry_consumer_info;
 
 /* Per-rank view of the pool: who is behind and whether its process is alive. */

@@ -49,9 +49,16 @@ static inline void ferry__store_release64(volatile uint64_t *p, uint64_t v)
     __atomic_store_n(p, v, __ATOMIC_RELEASE);
 }
 
-static inline void ferry__fence_seqcst(void)
+/* Loads *p ordered after every earlier read of this thread (the re-check of a seqlock).
+ * TSan does not model fences, so its builds use an equivalent read-modify-write. */
+static inline uint32_t ferry__load_after_reads32(volatile uint32_t *p)
 {
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+#if defined(__SANITIZE_THREAD__)
+    return __atomic_fetch_add(p, 0, __ATOMIC_ACQ_REL);
+#else
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    return __atomic_load_n(p, __ATOMIC_RELAXED);
+#endif
 }
 
 #endif

@@ -47,7 +47,7 @@ const char *ferry_last_error(void)
 const char *ferry_version(void)
 {
 #define FERRY_STR2_(x) #x
-#define FERRY_STR_(x) FERRY_STR2_(x)
+#define FERRY_STR_(x)  FERRY_STR2_(x)
     return FERRY_STR_(FERRY_VERSION_MAJOR) "." FERRY_STR_(FERRY_VERSION_MINOR) "." FERRY_STR_(
         FERRY_VERSION_PATCH);
 }

@@ -1,0 +1,55 @@
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/proc.h"
+
+/* Reads /proc/<pid>/stat; the command name may hold spaces and parentheses, so fields are
+ * counted from the last ')'. */
+static int proc_stat(pid_t pid, char *state, uint64_t *starttime)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    buf[n] = '\0';
+    char *p = strrchr(buf, ')');
+    if (!p || p[1] != ' ')
+        return -1;
+    *state = p[2];
+    /* After ") S " come fields 4.. ; starttime is field 22. */
+    p += 3;
+    for (int field = 3; field < 22 && p; field++) {
+        p = strchr(p, ' ');
+        if (p)
+            p++;
+    }
+    if (!p)
+        return -1;
+    *starttime = strtoull(p, NULL, 10);
+    return 0;
+}
+
+uint64_t ferry__proc_starttime(pid_t pid)
+{
+    char state;
+    uint64_t start;
+    if (pid <= 0 || proc_stat(pid, &state, &start) != 0)
+        return 0;
+    if (state == 'Z' || state == 'X' || state == 'x')
+        return 0;
+    return start ? start : 1;
+}
+
+int ferry__proc_alive(pid_t pid, uint64_t starttime)
+{
+    uint64_t now = ferry__proc_starttime(pid);
+    return now != 0 && (starttime == 0 || now == starttime);
+}

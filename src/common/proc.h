@@ -1,0 +1,15 @@
+/* Process liveness, robust to pid reuse: a process is named by (pid, start time). */
+#ifndef FERRY_COMMON_PROC_H
+#define FERRY_COMMON_PROC_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+/* Start time of pid (clock ticks since boot, /proc/<pid>/stat field 22), or 0 if the process
+ * does not exist or is a zombie. */
+uint64_t ferry__proc_starttime(pid_t pid);
+
+/* 1 if pid is alive (running, not a zombie) and started at starttime (0 = any start). */
+int ferry__proc_alive(pid_t pid, uint64_t starttime);
+
+#endif

@@ -1,0 +1,271 @@
+/* The process-wide cache of opened pools: each pool is mapped once per process. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "broker/broker.h"
+#include "common/atomic.h"
+#include "common/error.h"
+#include "common/proc.h"
+#include "consumer/consumer.h"
+
+#define FERRY_BROKER_TIMEOUT_NS 5000000000ull
+
+static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
+static ferry__mapped_pool *cache_head;
+
+static ferry__mapped_pool *find_locked(const uint8_t id[16])
+{
+    for (ferry__mapped_pool *p = cache_head; p; p = p->next)
+        if (memcmp(p->pool_id, id, 16) == 0)
+            return p;
+    return NULL;
+}
+
+static void unlink_locked(ferry__mapped_pool *pool)
+{
+    for (ferry__mapped_pool **pp = &cache_head; *pp; pp = &(*pp)->next) {
+        if (*pp == pool) {
+            *pp = pool->next;
+            return;
+        }
+    }
+}
+
+static void unmap_pool(ferry__mapped_pool *pool)
+{
+    if (pool->base)
+        munmap(pool->base, pool->size);
+    free(pool->attached);
+    free(pool);
+}
+
+/* Checks the pool's own header against the descriptor and the segment's real size. */
+static ferry_status validate_header(const ferry__shm_header *h, uint64_t size,
+                                    const ferry_descriptor *d)
+{
+    const char *why = NULL;
+    if (size < FERRY_GEN_TABLE_OFFSET || h->magic != FERRY_SHM_MAGIC)
+        why = "bad magic";
+    else if (h->version != FERRY_SHM_VERSION)
+        why = "unsupported layout version";
+    else if (memcmp(h->pool_id, d->pool_id, 16) != 0)
+        why = "pool identity differs";
+    else if (h->backend != d->backend)
+        why = "backend differs";
+    else if (h->consumer_count != d->consumer_count || h->row_words != 1u + h->consumer_count)
+        why = "consumer count differs";
+    else if (h->max_inflight != d->max_inflight)
+        why = "max_inflight differs";
+    else if (h->memory_size != d->pool_size)
+        why = "pool size differs";
+    else if (h->header_bytes != ferry__header_bytes(h->max_inflight) ||
+             h->gen_offset != FERRY_GEN_TABLE_OFFSET ||
+             h->data_start != ferry__data_start(h->max_inflight, h->consumer_count) ||
+             h->data_start >= h->memory_size ||
+             h->data_size != ((h->memory_size - h->data_start) & ~(uint64_t)255))
+        why = "inconsistent layout";
+    else if (h->header_bytes + h->memory_size != size)
+        why = "segment size differs from the layout";
+    if (why)
+        return ferry__fail(FERRY_MISMATCH, "host pool header does not match the descriptor: %s",
+                           why);
+    return FERRY_OK;
+}
+
+static ferry_status map_segment(int fd, uint64_t sent_size, ferry__mapped_pool *pool)
+{
+    struct stat st;
+    if (fstat(fd, &st) != 0)
+        return ferry__fail_errno(FERRY_SYSTEM, errno, "fstat of the pool fd failed");
+    if ((uint64_t)st.st_size != sent_size || sent_size < FERRY_GEN_TABLE_OFFSET)
+        return ferry__fail(FERRY_MISMATCH, "pool fd has %lld bytes, broker announced %llu",
+                           (long long)st.st_size, (unsigned long long)sent_size);
+    void *p = mmap(NULL, sent_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED)
+        return ferry__fail_errno(FERRY_SYSTEM, errno, "mapping the pool failed");
+    pool->base = p;
+    pool->size = sent_size;
+    return FERRY_OK;
+}
+
+static void fill_view(ferry__mapped_pool *pool)
+{
+    ferry__shm_header *h = pool->base;
+    pool->header = h;
+    pool->generations = (uint32_t *)((uint8_t *)pool->base + h->gen_offset);
+    pool->control = (uint32_t *)((uint8_t *)pool->base + h->header_bytes);
+    pool->data = (uint8_t *)pool->base + h->header_bytes + h->data_start;
+    pool->consumers = h->consumer_count;
+    pool->max_inflight = h->max_inflight;
+    pool->row_words = h->row_words;
+    pool->memory_size = h->memory_size;
+    pool->data_size = h->data_size;
+}
+
+/* Opens a pool through its broker, attaching rank. */
+static ferry_status open_pool(const ferry_descriptor *d, uint32_t rank, ferry__mapped_pool **out)
+{
+    int fd = -1;
+    uint64_t size;
+    pid_t ppid;
+    ferry__mapped_pool *pool = calloc(1, sizeof(*pool));
+    if (!pool)
+        return ferry__fail(FERRY_NO_MEMORY, "out of memory opening a pool");
+    ferry_status st = ferry__broker_request(d->broker, d->pool_id, rank, "host pool broker",
+                                            FERRY_BROKER_TIMEOUT_NS, &fd, &size, &ppid);
+    if (st != FERRY_OK)
+        goto free_pool;
+    st = map_segment(fd, size, pool);
+    close(fd);
+    if (st == FERRY_OK)
+        st = validate_header(pool->base, size, d);
+    if (st == FERRY_OK && !(pool->attached = calloc(d->consumer_count, 1)))
+        st = ferry__fail(FERRY_NO_MEMORY, "out of memory opening a pool");
+    if (st != FERRY_OK)
+        goto free_pool;
+    fill_view(pool);
+    memcpy(pool->pool_id, d->pool_id, 16);
+    memcpy(pool->broker, d->broker, 16);
+    pool->producer_pid = ppid;
+    pool->producer_start = ferry__proc_starttime(ppid);
+    pool->attached[rank] = 1;
+    *out = pool;
+    return FERRY_OK;
+free_pool:
+    unmap_pool(pool);
+    return st;
+}
+
+/* Attaches another rank of this process to an open pool (the broker records it). */
+static ferry_status attach_rank(ferry__mapped_pool *pool, uint32_t rank)
+{
+    int fd;
+    uint64_t size;
+    pid_t ppid;
+    ferry_status st = ferry__broker_request(pool->broker, pool->pool_id, rank, "host pool broker",
+                                            FERRY_BROKER_TIMEOUT_NS, &fd, &size, &ppid);
+    if (st != FERRY_OK)
+        return st;
+    close(fd);
+    pthread_mutex_lock(&cache_lock);
+    pool->attached[rank] = 1;
+    pthread_mutex_unlock(&cache_lock);
+    return FERRY_OK;
+}
+
+/* Drops the cache's reference to pools whose producer closed them or died, so that a
+ * long-lived consumer does not keep every pool it ever opened mapped. */
+static void sweep_gone_locked(void)
+{
+    ferry__mapped_pool **pp = &cache_head;
+    while (*pp) {
+        ferry__mapped_pool *p = *pp;
+        if (ferry__load_acquire32(&p->header->closing) ||
+            !ferry__proc_alive(p->producer_pid, p->producer_start)) {
+            *pp = p->next;
+            ferry__store_release32(&p->gone, 1);
+            if (--p->refs == 0)
+                unmap_pool(p);
+        } else {
+            pp = &p->next;
+        }
+    }
+}
+
+static ferry_status insert_or_reuse(ferry__mapped_pool *fresh, ferry__mapped_pool **out)
+{
+    pthread_mutex_lock(&cache_lock);
+    sweep_gone_locked();
+    ferry__mapped_pool *have = find_locked(fresh->pool_id);
+    if (have) {
+        /* Another thread opened it meanwhile: keep theirs. */
+        have->refs++;
+        pthread_mutex_unlock(&cache_lock);
+        unmap_pool(fresh);
+        *out = have;
+        return FERRY_OK;
+    }
+    fresh->refs = 2; /* the cache's and the caller's */
+    fresh->next = cache_head;
+    cache_head = fresh;
+    pthread_mutex_unlock(&cache_lock);
+    *out = fresh;
+    return FERRY_OK;
+}
+
+ferry_status ferry__cache_acquire(const ferry_descriptor *desc, uint32_t rank,
+                                  ferry__mapped_pool **out)
+{
+    if (rank >= desc->consumer_count)
+        return ferry__fail(FERRY_INVALID_ARGUMENT, "rank %u is out of range (consumers=%u)", rank,
+                           desc->consumer_count);
+    pthread_mutex_lock(&cache_lock);
+    ferry__mapped_pool *pool = find_locked(desc->pool_id);
+    int attached = 0;
+    if (pool) {
+        pool->refs++;
+        attached = rank < pool->consumers && pool->attached[rank];
+    }
+    pthread_mutex_unlock(&cache_lock);
+    if (!pool) {
+        ferry__mapped_pool *fresh = NULL;
+        ferry_status st = open_pool(desc, rank, &fresh);
+        if (st != FERRY_OK)
+            return st;
+        return insert_or_reuse(fresh, out);
+    }
+    if (rank >= pool->consumers) {
+        ferry__cache_release(pool);
+        return ferry__fail(FERRY_MISMATCH, "rank %u is out of range for the pool (consumers=%u)",
+                           rank, pool->consumers);
+    }
+    if (!attached) {
+        ferry_status st = attach_rank(pool, rank);
+        if (st != FERRY_OK) {
+            ferry__cache_release(pool);
+            return st;
+        }
+    }
+    *out = pool;
+    return FERRY_OK;
+}
+
+void ferry__cache_release(ferry__mapped_pool *pool)
+{
+    if (!pool)
+        return;
+    pthread_mutex_lock(&cache_lock);
+    int last = --pool->refs == 0;
+    pthread_mutex_unlock(&cache_lock);
+    if (last)
+        unmap_pool(pool);
+}
+
+void ferry__cache_evict(ferry__mapped_pool *pool)
+{
+    int drop = 0;
+    pthread_mutex_lock(&cache_lock);
+    if (!ferry__load_acquire32(&pool->gone)) {
+        ferry__store_release32(&pool->gone, 1);
+        unlink_locked(pool);
+        drop = 1;
+    }
+    pthread_mutex_unlock(&cache_lock);
+    if (drop)
+        ferry__cache_release(pool);
+}
+
+unsigned ferry__cache_size(void)
+{
+    unsigned n = 0;
+    pthread_mutex_lock(&cache_lock);
+    for (ferry__mapped_pool *p = cache_head; p; p = p->next)
+        n++;
+    pthread_mutex_unlock(&cache_lock);
+    return n;
+}

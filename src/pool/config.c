@@ -1,0 +1,100 @@
+/* Configuration validation and the node budget split, with the documented messages. */
+#include <stddef.h>
+
+#include "common/error.h"
+#include "pool/layout.h"
+#include "pool/pool.h"
+
+#define FERRY_MAX_CONSUMERS 65535
+#define FERRY_MAX_INFLIGHT  (1 << 24)
+
+static ferry_status check_positive(int64_t value, const char *name)
+{
+    if (value <= 0)
+        return ferry__fail(FERRY_INVALID_ARGUMENT, "%s must be positive", name);
+    return FERRY_OK;
+}
+
+static ferry_status check_struct(const ferry_pool_config *config)
+{
+    if (!config)
+        return ferry__fail(FERRY_INVALID_ARGUMENT, "pool config is NULL");
+    if (config->struct_size < sizeof(ferry_pool_config) || config->version < 1 ||
+        config->version > FERRY_POOL_CONFIG_VERSION)
+        return ferry__fail(FERRY_INVALID_ARGUMENT,
+                           "pool config has struct_size=%u version=%u; initialise it with "
+                           "FERRY_POOL_CONFIG_INIT",
+                           config->struct_size, config->version);
+    return FERRY_OK;
+}
+
+static ferry_status check_limits(const ferry_pool_config *config)
+{
+    if (config->consumer_count > FERRY_MAX_CONSUMERS)
+        return ferry__fail(FERRY_INVALID_ARGUMENT, "consumer_count=%lld exceeds the limit of %d",
+                           (long long)config->consumer_count, FERRY_MAX_CONSUMERS);
+    if (config->max_inflight_slices > FERRY_MAX_INFLIGHT)
+        return ferry__fail(FERRY_INVALID_ARGUMENT,
+                           "max_inflight_slices=%lld exceeds the limit of %d",
+                           (long long)config->max_inflight_slices, FERRY_MAX_INFLIGHT);
+    if (config->initial_generation >= FERRY_GENERATION_MAX)
+        return ferry__fail(FERRY_INVALID_ARGUMENT,
+                           "initial_generation=%u leaves no generation to lease (max %u)",
+                           config->initial_generation, FERRY_GENERATION_MAX);
+    return FERRY_OK;
+}
+
+ferry_status ferry__config_validate(const ferry_pool_config *config, const char *transport,
+                                    uint64_t *data_start)
+{
+    ferry_status st = check_struct(config);
+    if (st == FERRY_OK)
+        st = check_positive(config->memory_size, "memory_size");
+    if (st == FERRY_OK)
+        st = check_positive(config->consumer_count, "consumer_count");
+    if (st == FERRY_OK)
+        st = check_positive(config->max_inflight_slices, "max_inflight_slices");
+    if (st == FERRY_OK)
+        st = check_positive(config->reclaim_interval_us, "recycle_interval");
+    if (st == FERRY_OK)
+        st = check_limits(config);
+    if (st != FERRY_OK)
+        return st;
+    uint64_t start =
+        ferry__data_start((uint64_t)config->max_inflight_slices, (uint64_t)config->consumer_count);
+    if ((uint64_t)config->memory_size < start + FERRY_DATA_ALIGN)
+        return ferry__fail(FERRY_INVALID_ARGUMENT,
+                           "%s pool is too small after control metadata: pool=%lld, control=%llu",
+                           transport, (long long)config->memory_size, (unsigned long long)start);
+    *data_start = start;
+    return FERRY_OK;
+}
+
+ferry_status ferry_pool_config_check(const ferry_pool_config *config)
+{
+    const ferry__transport_ops *ops;
+    uint64_t data_start;
+    ferry_status st = check_struct(config);
+    if (st == FERRY_OK)
+        st = ferry__transport_select(config->backend, &ops);
+    if (st == FERRY_OK)
+        st = ferry__config_validate(config, ops->name, &data_start);
+    if (st == FERRY_OK)
+        ferry__clear_error();
+    return st;
+}
+
+ferry_status ferry_split_budget(int64_t total_pool_size, int64_t tokenizer_worker_num,
+                                int64_t *share)
+{
+    ferry_status st = check_positive(total_pool_size, "total_pool_size");
+    if (st == FERRY_OK)
+        st = check_positive(tokenizer_worker_num, "tokenizer_worker_num");
+    if (st != FERRY_OK)
+        return st;
+    if (!share)
+        return ferry__fail(FERRY_INVALID_ARGUMENT, "share is NULL");
+    *share = total_pool_size / tokenizer_worker_num;
+    ferry__clear_error();
+    return FERRY_OK;
+}

@@ -1,0 +1,93 @@
+/* The pool engine's private state (producer side). */
+#ifndef FERRY_POOL_POOL_H
+#define FERRY_POOL_POOL_H
+
+#include <pthread.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "broker/broker.h"
+#include "ferry.h"
+#include "pool/alloc.h"
+#include "pool/layout.h"
+#include "transport/transport.h"
+
+#define FERRY_NIL UINT32_MAX
+
+/* One control-table row's lease, as the producer tracks it. */
+typedef struct ferry__slot {
+    uint64_t offset;       /* data offset of the slice */
+    uint64_t leased_ns;    /* when the lease was created */
+    uint32_t handle;       /* allocator handle of the slice */
+    uint32_t generation;   /* generation of the current (or last) lease */
+    uint32_t inflight_pos; /* index in ferry_pool.inflight, FERRY_NIL when free */
+} ferry__slot;
+
+/* What the pool knows of the process attached as one rank. */
+typedef struct ferry__rank {
+    pid_t pid;          /* producer's pid namespace; 0 if never attached */
+    uint64_t starttime; /* guards against pid reuse */
+    int dead;           /* its process was found dead; acks are written on its behalf */
+    int warned;         /* the death was logged */
+} ferry__rank;
+
+struct ferry_pool {
+    const ferry__transport_ops *ops;
+    ferry__pool_memory mem;
+    ferry_pool_config config;
+    uint64_t data_start;
+    uint64_t data_size;
+    uint32_t consumers;
+    uint32_t max_inflight;
+    uint32_t row_words;
+    uint8_t pool_id[16];
+    uint8_t broker_name[16];
+    pid_t pid;
+
+    pthread_mutex_t lock; /* guards everything below */
+    ferry__alloc alloc;
+    ferry__slot *slots;
+    uint32_t *ring; /* free slots, FIFO so generations wear evenly */
+    uint32_t ring_head;
+    uint32_t ring_count;
+    uint32_t *inflight; /* leased slots */
+    uint32_t inflight_count;
+    ferry__rank *ranks;
+    ferry_pool_stats stats;
+    int warned_full;
+    int closing;
+    uint32_t active; /* publishers inside a publish */
+    pthread_cond_t idle_cv;
+
+    ferry__broker *broker;
+    pthread_t reclaimer;
+    pthread_cond_t reclaimer_cv;
+    int reclaimer_running;
+    int stop;
+};
+
+/* Validates a configuration for the named transport; *data_start on success. */
+ferry_status ferry__config_validate(const ferry_pool_config *config, const char *transport,
+                                    uint64_t *data_start);
+
+#endif
+
+/* reclaim.c */
+/* Frees every leased slot whose row equals its generation; returns how many. */
+uint64_t ferry__reclaim_locked(ferry_pool *pool);
+/* Checks attached ranks' processes; acknowledges every lease of a dead rank for it. Returns
+ * how many acknowledgements were written. */
+uint64_t ferry__reap_dead_locked(ferry_pool *pool);
+/* Tells sleeping publishers that space may have been freed. */
+void ferry__signal_space(ferry_pool *pool);
+/* Wakes consumers sleeping on a slot's ready word, after it was written with a seq_cst
+ * store (which orders it before the read of the waiter count). */
+void ferry__signal_ready(ferry_pool *pool, uint32_t slot);
+/* Returns a leased slot and its slice to the free lists. */
+void ferry__slot_release_locked(ferry_pool *pool, uint32_t slot);
+/* Broker callback: rank attached from pid. */
+void ferry__rank_attached(void *pool, uint32_t rank, pid_t pid);
+/* Describes who holds the pool (for POOL_FULL messages) into buf. */
+void ferry__describe_backlog_locked(ferry_pool *pool, char *buf, size_t size);
+ferry_status ferry__reclaimer_start(ferry_pool *pool);
+void ferry__reclaimer_stop(ferry_pool *pool);

@@ -1,0 +1,214 @@
+/* Reclaiming acknowledged leases, consumers that died, and the background reclaimer. */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/atomic.h"
+#include "common/clock.h"
+#include "common/error.h"
+#include "common/futex.h"
+#include "common/proc.h"
+#include "pool/pool.h"
+
+static int row_released(const ferry_pool *pool, uint32_t slot)
+{
+    const uint32_t *row = ferry__row(pool->mem.control, pool->row_words, slot);
+    uint32_t gen = pool->slots[slot].generation;
+    for (uint32_t w = 0; w < pool->row_words; w++)
+        if (ferry__load_acquire32(&row[w]) != gen)
+            return 0;
+    return 1;
+}
+
+static void inflight_remove(ferry_pool *pool, uint32_t slot)
+{
+    uint32_t pos = pool->slots[slot].inflight_pos;
+    uint32_t last = pool->inflight[--pool->inflight_count];
+    pool->inflight[pos] = last;
+    pool->slots[last].inflight_pos = pos;
+    pool->slots[slot].inflight_pos = FERRY_NIL;
+}
+
+void ferry__slot_release_locked(ferry_pool *pool, uint32_t slot)
+{
+    ferry__alloc_free(&pool->alloc, pool->slots[slot].handle);
+    inflight_remove(pool, slot);
+    pool->ring[(pool->ring_head + pool->ring_count) % pool->max_inflight] = slot;
+    pool->ring_count++;
+}
+
+uint64_t ferry__reclaim_locked(ferry_pool *pool)
+{
+    uint64_t n = 0;
+    uint32_t i = 0;
+    while (i < pool->inflight_count) {
+        uint32_t slot = pool->inflight[i];
+        if (row_released(pool, slot)) {
+            ferry__slot_release_locked(pool, slot); /* moves another slot into i */
+            n++;
+        } else {
+            i++;
+        }
+    }
+    pool->stats.reclaimed += n;
+    return n;
+}
+
+static uint64_t ack_for_rank_locked(ferry_pool *pool, uint32_t rank)
+{
+    uint64_t n = 0;
+    for (uint32_t i = 0; i < pool->inflight_count; i++) {
+        uint32_t slot = pool->inflight[i];
+        uint32_t *row = ferry__row(pool->mem.control, pool->row_words, slot);
+        uint32_t gen = pool->slots[slot].generation;
+        if (ferry__load_acquire32(&row[1 + rank]) != gen) {
+            ferry__store_release32(&row[1 + rank], gen);
+            n++;
+        }
+    }
+    return n;
+}
+
+uint64_t ferry__reap_dead_locked(ferry_pool *pool)
+{
+    uint64_t n = 0;
+    for (uint32_t r = 0; r < pool->consumers; r++) {
+        ferry__rank *rk = &pool->ranks[r];
+        if (!rk->pid)
+            continue;
+        if (!rk->dead && !ferry__proc_alive(rk->pid, rk->starttime))
+            rk->dead = 1;
+        if (!rk->dead)
+            continue;
+        uint64_t acked = ack_for_rank_locked(pool, r);
+        if (acked && !rk->warned) {
+            rk->warned = 1;
+            ferry__log(FERRY_LOG_WARN,
+                       "%s pool: consumer rank %u (pid %d) is gone; acknowledging its leases "
+                       "on its behalf (%llu so far)",
+                       pool->ops->name, r, (int)rk->pid, (unsigned long long)acked);
+        }
+        n += acked;
+    }
+    pool->stats.acked_for_dead += n;
+    return n;
+}
+
+void ferry__signal_space(ferry_pool *pool)
+{
+    ferry__shm_header *h = pool->mem.header;
+    ferry__fetch_add_seqcst32(&h->ack_seq, 1);
+    if (ferry__load_seqcst32(&h->producer_waiters))
+        ferry__futex_wake_all(&h->ack_seq);
+}
+
+void ferry__signal_ready(ferry_pool *pool, uint32_t slot)
+{
+    if (ferry__load_seqcst32(&pool->mem.header->consumer_waiters))
+        ferry__futex_wake_all(ferry__row(pool->mem.control, pool->row_words, slot));
+}
+
+void ferry__rank_attached(void *arg, uint32_t rank, pid_t pid)
+{
+    ferry_pool *pool = arg;
+    uint64_t start = ferry__proc_starttime(pid);
+    pthread_mutex_lock(&pool->lock);
+    pool->ranks[rank].pid = pid;
+    pool->ranks[rank].starttime = start;
+    pool->ranks[rank].dead = 0;
+    pool->ranks[rank].warned = 0;
+    pthread_mutex_unlock(&pool->lock);
+}
+
+/* The rank with the oldest published lease it has not acknowledged. */
+static int slowest_rank_locked(ferry_pool *pool, uint64_t *oldest, uint64_t *held)
+{
+    int worst = -1;
+    for (uint32_t r = 0; r < pool->consumers; r++) {
+        uint64_t old = UINT64_MAX, count = 0;
+        for (uint32_t i = 0; i < pool->inflight_count; i++) {
+            uint32_t slot = pool->inflight[i];
+            const uint32_t *row = ferry__row(pool->mem.control, pool->row_words, slot);
+            uint32_t gen = pool->slots[slot].generation;
+            if (ferry__load_acquire32(&row[0]) == gen &&
+                ferry__load_acquire32(&row[1 + r]) != gen) {
+                count++;
+                if (pool->slots[slot].leased_ns < old)
+                    old = pool->slots[slot].leased_ns;
+            }
+        }
+        if (count && (worst < 0 || old < *oldest)) {
+            worst = (int)r;
+            *oldest = old;
+            *held = count;
+        }
+    }
+    return worst;
+}
+
+void ferry__describe_backlog_locked(ferry_pool *pool, char *buf, size_t size)
+{
+    uint64_t oldest = 0, held = 0;
+    int r = slowest_rank_locked(pool, &oldest, &held);
+    if (r < 0) {
+        snprintf(buf, size, "no consumer holds a published lease");
+        return;
+    }
+    const ferry__rank *rk = &pool->ranks[r];
+    const char *state = !rk->pid                                    ? "never attached"
+                        : ferry__proc_alive(rk->pid, rk->starttime) ? "alive"
+                                                                    : "dead";
+    snprintf(buf, size, "slowest consumer: rank %d (pid %d, %s) holds %llu leases, oldest %.3f ms",
+             r, (int)rk->pid, state, (unsigned long long)held,
+             (double)(ferry__now_ns() - oldest) / 1e6);
+}
+
+static void *reclaimer_main(void *arg)
+{
+    ferry_pool *pool = arg;
+    uint64_t interval = (uint64_t)pool->config.reclaim_interval_us * 1000ull;
+    pthread_mutex_lock(&pool->lock);
+    while (!pool->stop) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        uint64_t ns = (uint64_t)ts.tv_nsec + interval % 1000000000ull;
+        ts.tv_sec += (time_t)(interval / 1000000000ull + ns / 1000000000ull);
+        ts.tv_nsec = (long)(ns % 1000000000ull);
+        pthread_cond_timedwait(&pool->reclaimer_cv, &pool->lock, &ts);
+        if (pool->stop)
+            break;
+        uint64_t changed = ferry__reap_dead_locked(pool);
+        if (pool->inflight_count)
+            changed += ferry__reclaim_locked(pool);
+        if (changed) {
+            pthread_mutex_unlock(&pool->lock);
+            ferry__signal_space(pool);
+            pthread_mutex_lock(&pool->lock);
+        }
+    }
+    pthread_mutex_unlock(&pool->lock);
+    return NULL;
+}
+
+ferry_status ferry__reclaimer_start(ferry_pool *pool)
+{
+    int err = pthread_create(&pool->reclaimer, NULL, reclaimer_main, pool);
+    if (err)
+        return ferry__fail_errno(FERRY_SYSTEM, err, "%s pool: starting the reclaimer failed",
+                                 pool->ops->name);
+    pool->reclaimer_running = 1;
+    return FERRY_OK;
+}
+
+void ferry__reclaimer_stop(ferry_pool *pool)
+{
+    if (!pool->reclaimer_running)
+        return;
+    pthread_mutex_lock(&pool->lock);
+    pool->stop = 1;
+    pthread_cond_signal(&pool->reclaimer_cv);
+    pthread_mutex_unlock(&pool->lock);
+    pthread_join(pool->reclaimer, NULL);
+    pool->reclaimer_running = 0;
+}

@@ -1,0 +1,139 @@
+/* Configuration validation: every documented message, and the budget split. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "ferry.h"
+
+static ferry_pool_config base_config(void)
+{
+    ferry_pool_config c = FERRY_POOL_CONFIG_INIT;
+    c.backend = FERRY_BACKEND_HOST;
+    c.memory_size = 1 << 20;
+    c.consumer_count = 2;
+    return c;
+}
+
+static void expect_invalid(ferry_pool_config c, const char *message)
+{
+    ferry_pool *pool = (ferry_pool *)0x1;
+    assert_int_equal(ferry_pool_config_check(&c), FERRY_INVALID_ARGUMENT);
+    assert_string_equal(ferry_last_error(), message);
+    assert_int_equal(ferry_pool_create(&c, &pool), FERRY_INVALID_ARGUMENT);
+    assert_string_equal(ferry_last_error(), message);
+    assert_ptr_equal(pool, (ferry_pool *)0x1); /* output untouched */
+}
+
+static void test_non_positive_fields(void **state)
+{
+    (void)state;
+    ferry_pool_config c;
+    int64_t bad[] = {0, -1, INT64_MIN};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        c = base_config();
+        c.memory_size = bad[i];
+        expect_invalid(c, "memory_size must be positive");
+        c = base_config();
+        c.consumer_count = bad[i];
+        expect_invalid(c, "consumer_count must be positive");
+        c = base_config();
+        c.max_inflight_slices = bad[i];
+        expect_invalid(c, "max_inflight_slices must be positive");
+        c = base_config();
+        c.reclaim_interval_us = bad[i];
+        expect_invalid(c, "recycle_interval must be positive");
+    }
+}
+
+static void test_too_small_after_control(void **state)
+{
+    (void)state;
+    ferry_pool_config c = base_config();
+    /* 4096 rows of (1 + 2) words = 49152 bytes of control, already 256-aligned. */
+    c.memory_size = 1000;
+    expect_invalid(c, "host pool is too small after control metadata: pool=1000, control=49152");
+    c.memory_size = 49152;
+    expect_invalid(c, "host pool is too small after control metadata: pool=49152, control=49152");
+    /* Rounding: 3 rows of 2 words = 24 bytes, data starts at 256. */
+    c.max_inflight_slices = 3;
+    c.consumer_count = 1;
+    c.memory_size = 300;
+    expect_invalid(c, "host pool is too small after control metadata: pool=300, control=256");
+    c.memory_size = 512;
+    assert_int_equal(ferry_pool_config_check(&c), FERRY_OK);
+}
+
+static void test_struct_and_limits(void **state)
+{
+    (void)state;
+    ferry_pool_config c = base_config();
+    c.struct_size = 8;
+    assert_int_equal(ferry_pool_config_check(&c), FERRY_INVALID_ARGUMENT);
+    assert_non_null(strstr(ferry_last_error(), "FERRY_POOL_CONFIG_INIT"));
+    c = base_config();
+    c.version = 99;
+    assert_int_equal(ferry_pool_config_check(&c), FERRY_INVALID_ARGUMENT);
+    c = base_config();
+    c.consumer_count = 70000;
+    assert_int_equal(ferry_pool_config_check(&c), FERRY_INVALID_ARGUMENT);
+    assert_non_null(strstr(ferry_last_error(), "consumer_count=70000"));
+    c = base_config();
+    c.initial_generation = 0x7fffffff;
+    assert_int_equal(ferry_pool_config_check(&c), FERRY_INVALID_ARGUMENT);
+    c = base_config();
+    c.backend = (ferry_backend)42;
+    assert_int_equal(ferry_pool_config_check(&c), FERRY_INVALID_ARGUMENT);
+    assert_int_equal(ferry_pool_config_check(NULL), FERRY_INVALID_ARGUMENT);
+}
+
+static void test_gpu_backend_not_in_build(void **state)
+{
+    (void)state;
+    ferry_pool_config c = base_config();
+    c.backend = FERRY_BACKEND_CUDA_IPC;
+    assert_int_equal(ferry_pool_config_check(&c), FERRY_NOT_SUPPORTED);
+    assert_non_null(strstr(ferry_last_error(), "cuda_ipc"));
+}
+
+static void test_split_budget(void **state)
+{
+    (void)state;
+    int64_t share = -7;
+    assert_int_equal(ferry_split_budget(0, 4, &share), FERRY_INVALID_ARGUMENT);
+    assert_string_equal(ferry_last_error(), "total_pool_size must be positive");
+    assert_int_equal(ferry_split_budget(-5, 4, &share), FERRY_INVALID_ARGUMENT);
+    assert_string_equal(ferry_last_error(), "total_pool_size must be positive");
+    assert_int_equal(ferry_split_budget(100, 0, &share), FERRY_INVALID_ARGUMENT);
+    assert_string_equal(ferry_last_error(), "tokenizer_worker_num must be positive");
+    assert_int_equal(share, -7);
+    assert_int_equal(ferry_split_budget(100, 3, &share), FERRY_OK);
+    assert_int_equal(share, 33);
+    assert_true(share * 3 <= 100);
+    assert_int_equal(ferry_split_budget(INT64_MAX, 7, &share), FERRY_OK);
+    assert_int_equal(share, INT64_MAX / 7);
+}
+
+static void test_status_table(void **state)
+{
+    (void)state;
+    assert_string_equal(ferry_status_name(FERRY_OK), "OK");
+    assert_string_equal(ferry_status_name(FERRY_POOL_FULL), "POOL_FULL");
+    assert_string_equal(ferry_status_str(FERRY_STALE), "descriptor is stale");
+    assert_int_equal(FERRY_PRODUCER_GONE, 5);
+    assert_string_equal(ferry_status_name((ferry_status)999), "UNKNOWN");
+    assert_string_equal(ferry_version(), "0.1.0");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_non_positive_fields), cmocka_unit_test(test_too_small_after_control),
+        cmocka_unit_test(test_struct_and_limits),   cmocka_unit_test(test_gpu_backend_not_in_build),
+        cmocka_unit_test(test_split_budget),        cmocka_unit_test(test_status_table),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
