@@ -1,0 +1,896 @@
+/* The pool broker (broker.h): a producer thread handing the pool's fd to consumers.
+ *
+ * Wire messages (little-endian, fixed size; docs/wire-format.md, "Broker messages"):
+ *
+ *   request, 32 bytes, consumer -> broker
+ *     0  u32  magic     "FRYB"
+ *     4  u16  version   1
+ *     6  u16  type      1 (OPEN)
+ *     8  u8[16] pool_id
+ *     24 u32  rank
+ *     28 u32  reserved  0
+ *
+ *   reply, 24 bytes, broker -> consumer (one fd in SCM_RIGHTS iff status is OK)
+ *     0  u32  magic     "FRYR"
+ *     4  u16  version   1
+ *     6  u16  status    ferry_status (0 = OK)
+ *     8  u64  size      shared_size
+ *     16 u64  reserved  0
+ */
+#include <errno.h>
+#include <limits.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "broker/broker.h"
+#include "common/clock.h"
+#include "common/error.h"
+
+#define BROKER_REQUEST_MAGIC 0x42595246u /* bytes "FRYB" read as a little-endian u32 */
+#define BROKER_REPLY_MAGIC   0x52595246u /* bytes "FRYR" read as a little-endian u32 */
+#define BROKER_VERSION       1u
+#define BROKER_TYPE_OPEN     1u
+#define BROKER_REQUEST_SIZE  32
+#define BROKER_REPLY_SIZE    24
+#define BROKER_ID_SIZE       16
+#define BROKER_NAME_PREFIX   "ferry."
+#define BROKER_HEX_SIZE      (2 * BROKER_ID_SIZE + 1)
+
+#define BROKER_REQUEST_WAIT_MS 1000 /* how long a connected peer may stay silent */
+#define BROKER_BACKOFF_MS      10   /* pause after a transient accept failure */
+#define BROKER_BIND_ATTEMPTS   8    /* fresh random names tried on EADDRINUSE */
+#define BROKER_MAX_FDS         8    /* SCM_RIGHTS room when receiving (excess: MSG_CTRUNC) */
+#define BROKER_ERROR_MAX       256
+
+/* States of the latched error: written once by the broker thread, read by any thread. */
+enum { LATCH_HEALTHY = 0, LATCH_WRITING = 1, LATCH_SET = 2 };
+
+typedef struct broker_request {
+    uint32_t magic;
+    uint16_t version;
+    uint16_t type;
+    uint8_t pool_id[BROKER_ID_SIZE];
+    uint32_t rank;
+    uint32_t reserved;
+} broker_request;
+
+typedef struct broker_reply {
+    uint32_t magic;
+    uint16_t version;
+    uint16_t status;
+    uint64_t size;
+    uint64_t reserved;
+} broker_reply;
+
+struct ferry__broker {
+    uint8_t pool_id[BROKER_ID_SIZE];
+    uint8_t name[BROKER_ID_SIZE];
+    int shared_fd;
+    uint64_t shared_size;
+    uint32_t consumer_count;
+    ferry__broker_attach_fn on_attach;
+    void *user;
+    int listen_fd; /* -1 once the thread closed it after a latched error */
+    int stop_fd;   /* eventfd: readable once ferry__broker_stop was called */
+    pthread_t thread;
+    uint64_t refused;   /* atomic */
+    uint64_t transient; /* atomic: accept failures backed off from */
+    int latch;          /* atomic: LATCH_* */
+    ferry_status error_status;
+    char error_msg[BROKER_ERROR_MAX];
+    char label[]; /* copy of config->label */
+};
+
+/* A control buffer with room for BROKER_MAX_FDS descriptors, aligned for cmsghdr. */
+typedef union broker_control {
+    struct cmsghdr align;
+    char buf[CMSG_SPACE(sizeof(int) * BROKER_MAX_FDS)];
+} broker_control;
+
+/* One client call: what the steps of ferry__broker_request share. */
+typedef struct broker_call {
+    int sock;
+    const char *label;
+    uint64_t deadline;
+    uint64_t timeout_ns;
+    char hex[BROKER_HEX_SIZE];
+} broker_call;
+
+/* ------------------------------------------------------------------------------------
+ * Byte helpers and message codecs
+ * ---------------------------------------------------------------------------------- */
+
+static void put_le16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+
+static void put_le32(uint8_t *p, uint32_t v)
+{
+    put_le16(p, (uint16_t)v);
+    put_le16(p + 2, (uint16_t)(v >> 16));
+}
+
+static void put_le64(uint8_t *p, uint64_t v)
+{
+    put_le32(p, (uint32_t)v);
+    put_le32(p + 4, (uint32_t)(v >> 32));
+}
+
+static uint16_t get_le16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] | (p[1] << 8));
+}
+
+static uint32_t get_le32(const uint8_t *p)
+{
+    return (uint32_t)get_le16(p) | ((uint32_t)get_le16(p + 2) << 16);
+}
+
+static uint64_t get_le64(const uint8_t *p)
+{
+    return (uint64_t)get_le32(p) | ((uint64_t)get_le32(p + 4) << 32);
+}
+
+static void encode_request(const broker_request *req, uint8_t out[BROKER_REQUEST_SIZE])
+{
+    put_le32(out, req->magic);
+    put_le16(out + 4, req->version);
+    put_le16(out + 6, req->type);
+    memcpy(out + 8, req->pool_id, BROKER_ID_SIZE);
+    put_le32(out + 24, req->rank);
+    put_le32(out + 28, req->reserved);
+}
+
+static void decode_request(const uint8_t in[BROKER_REQUEST_SIZE], broker_request *req)
+{
+    req->magic = get_le32(in);
+    req->version = get_le16(in + 4);
+    req->type = get_le16(in + 6);
+    memcpy(req->pool_id, in + 8, BROKER_ID_SIZE);
+    req->rank = get_le32(in + 24);
+    req->reserved = get_le32(in + 28);
+}
+
+static void encode_reply(const broker_reply *rep, uint8_t out[BROKER_REPLY_SIZE])
+{
+    put_le32(out, rep->magic);
+    put_le16(out + 4, rep->version);
+    put_le16(out + 6, rep->status);
+    put_le64(out + 8, rep->size);
+    put_le64(out + 16, rep->reserved);
+}
+
+static void decode_reply(const uint8_t in[BROKER_REPLY_SIZE], broker_reply *rep)
+{
+    rep->magic = get_le32(in);
+    rep->version = get_le16(in + 4);
+    rep->status = get_le16(in + 6);
+    rep->size = get_le64(in + 8);
+    rep->reserved = get_le64(in + 16);
+}
+
+/* ------------------------------------------------------------------------------------
+ * Shared helpers
+ * ---------------------------------------------------------------------------------- */
+
+static void format_hex(const uint8_t id[BROKER_ID_SIZE], char out[BROKER_HEX_SIZE])
+{
+    static const char digits[] = "0123456789abcdef";
+    for (int i = 0; i < BROKER_ID_SIZE; i++) {
+        out[2 * i] = digits[id[i] >> 4];
+        out[2 * i + 1] = digits[id[i] & 0x0f];
+    }
+    out[2 * BROKER_ID_SIZE] = '\0';
+}
+
+unsigned ferry__broker_address(const uint8_t name[16], void *addr)
+{
+    struct sockaddr_un *sa = addr;
+    char hex[BROKER_HEX_SIZE];
+
+    format_hex(name, hex);
+    memset(sa, 0, sizeof(*sa));
+    sa->sun_family = AF_UNIX;
+    /* Abstract namespace: sun_path[0] is 0 and the name is not NUL-terminated. */
+    memcpy(sa->sun_path + 1, BROKER_NAME_PREFIX, strlen(BROKER_NAME_PREFIX));
+    memcpy(sa->sun_path + 1 + strlen(BROKER_NAME_PREFIX), hex, 2 * BROKER_ID_SIZE);
+    return (unsigned)(offsetof(struct sockaddr_un, sun_path) + 1 + strlen(BROKER_NAME_PREFIX) +
+                      2 * BROKER_ID_SIZE);
+}
+
+/* Milliseconds for poll() until deadline: rounded up, -1 for "forever", 0 once passed. */
+static int remaining_ms(uint64_t deadline)
+{
+    if (deadline == UINT64_MAX)
+        return -1;
+    uint64_t now = ferry__now_ns();
+    if (now >= deadline)
+        return 0;
+    uint64_t ms = (deadline - now + 999999u) / 1000000u;
+    return ms > INT_MAX ? INT_MAX : (int)ms;
+}
+
+static uint64_t ns_to_ms_ceil(uint64_t ns)
+{
+    return ns / 1000000u + (ns % 1000000u != 0);
+}
+
+static void close_fds(const int *fds, size_t count)
+{
+    for (size_t i = 0; i < count; i++)
+        close(fds[i]);
+}
+
+/* Collects the descriptors of every SCM_RIGHTS message of msg into fds (at most
+ * BROKER_MAX_FDS: the control buffer holds no more). Returns whether msg carried any other
+ * kind of control message. */
+static bool collect_fds(struct msghdr *msg, int fds[BROKER_MAX_FDS], size_t *count)
+{
+    bool other = false;
+    *count = 0;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(msg); c; c = CMSG_NXTHDR(msg, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) {
+            other = true;
+            continue;
+        }
+        size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < n && *count < BROKER_MAX_FDS; i++)
+            memcpy(&fds[(*count)++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+    }
+    return other;
+}
+
+/* Receives one message into buf without blocking; every descriptor it carried lands in fds
+ * (close-on-exec). Returns recvmsg's result (errno set when negative). */
+static ssize_t receive_message(int sock, void *buf, size_t size, struct msghdr *msg,
+                               broker_control *control, int fds[BROKER_MAX_FDS], size_t *nfds,
+                               bool *other_control)
+{
+    struct iovec iov = {buf, size};
+    ssize_t n;
+
+    memset(msg, 0, sizeof(*msg));
+    memset(control, 0, sizeof(*control));
+    msg->msg_iov = &iov;
+    msg->msg_iovlen = 1;
+    msg->msg_control = control->buf;
+    msg->msg_controllen = sizeof(control->buf);
+    do
+        n = recvmsg(sock, msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    while (n < 0 && errno == EINTR);
+    *nfds = 0;
+    *other_control = false;
+    if (n >= 0)
+        *other_control = collect_fds(msg, fds, nfds);
+    msg->msg_iov = NULL; /* iov is local */
+    return n;
+}
+
+static bool known_status(unsigned value)
+{
+    switch (value) {
+#define BROKER_STATUS_CASE_(name, val, text) case val:
+        FERRY_STATUS_MAP(BROKER_STATUS_CASE_)
+#undef BROKER_STATUS_CASE_
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* ------------------------------------------------------------------------------------
+ * Broker thread
+ * ---------------------------------------------------------------------------------- */
+
+/* Records the thread's first unrecoverable failure as "<label> failed: <what>: <detail>". */
+static void latch_error(ferry__broker *b, const char *what, const char *detail)
+{
+    int expected = LATCH_HEALTHY;
+    if (!__atomic_compare_exchange_n(&b->latch, &expected, LATCH_WRITING, false, __ATOMIC_ACQUIRE,
+                                     __ATOMIC_RELAXED))
+        return;
+    b->error_status = FERRY_SYSTEM;
+    snprintf(b->error_msg, sizeof(b->error_msg), "%s failed: %s: %s", b->label, what, detail);
+    __atomic_store_n(&b->latch, LATCH_SET, __ATOMIC_RELEASE);
+}
+
+static void latch_errno(ferry__broker *b, const char *what, int err)
+{
+    char errbuf[128];
+    latch_error(b, what, strerror_r(err, errbuf, sizeof(errbuf)));
+}
+
+/* The listening socket reported an error or a hang-up: it will never accept again. */
+static void latch_listener(ferry__broker *b, short revents)
+{
+    int err = 0;
+    socklen_t len = sizeof(err);
+    if (revents & POLLNVAL)
+        err = EBADF;
+    else if ((revents & POLLERR) && getsockopt(b->listen_fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
+        err = errno;
+    if (err != 0)
+        latch_errno(b, "listening socket", err);
+    else
+        latch_error(b, "listening socket", "hung up");
+}
+
+/* Sends a reply, with fd in SCM_RIGHTS when fd >= 0. Never blocks and never raises SIGPIPE;
+ * a peer that cannot take the reply simply does not get it. */
+static void send_reply(int conn, ferry_status status, uint64_t size, int fd)
+{
+    broker_reply rep = {BROKER_REPLY_MAGIC, BROKER_VERSION, (uint16_t)status, size, 0};
+    uint8_t buf[BROKER_REPLY_SIZE];
+    union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } control;
+    struct iovec iov = {buf, sizeof(buf)};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+    ssize_t n;
+
+    encode_reply(&rep, buf);
+    if (fd >= 0) {
+        memset(&control, 0, sizeof(control));
+        msg.msg_control = control.buf;
+        msg.msg_controllen = sizeof(control.buf);
+        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(c), &fd, sizeof(int));
+    }
+    do
+        n = sendmsg(conn, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    while (n < 0 && errno == EINTR);
+}
+
+static void refuse(ferry__broker *b, int conn, ferry_status status)
+{
+    __atomic_fetch_add(&b->refused, 1, __ATOMIC_RELAXED);
+    send_reply(conn, status, 0, -1);
+}
+
+enum { WAIT_READY, WAIT_TIMEOUT, WAIT_STOP };
+
+/* Waits (bounded) for the peer's request, or for the broker to be stopped. */
+static int wait_request(const ferry__broker *b, int conn)
+{
+    uint64_t deadline = ferry__deadline((uint64_t)BROKER_REQUEST_WAIT_MS * 1000000u);
+    for (;;) {
+        struct pollfd fds[2] = {{b->stop_fd, POLLIN, 0}, {conn, POLLIN, 0}};
+        int n = poll(fds, 2, remaining_ms(deadline));
+        if (n < 0 && errno != EINTR)
+            return WAIT_TIMEOUT; /* cannot wait for this peer: refuse it */
+        if (n > 0 && fds[0].revents)
+            return WAIT_STOP;
+        if (n > 0)
+            return WAIT_READY;
+        if (n == 0 && ferry__now_ns() >= deadline)
+            return WAIT_TIMEOUT;
+    }
+}
+
+static ferry_status check_request(const ferry__broker *b, const uint8_t *buf, uint32_t *rank)
+{
+    broker_request req;
+    decode_request(buf, &req);
+    if (req.magic != BROKER_REQUEST_MAGIC || req.version != BROKER_VERSION ||
+        req.type != BROKER_TYPE_OPEN || req.reserved != 0)
+        return FERRY_INVALID_ARGUMENT;
+    if (memcmp(req.pool_id, b->pool_id, BROKER_ID_SIZE) != 0)
+        return FERRY_MISMATCH;
+    if (req.rank >= b->consumer_count)
+        return FERRY_INVALID_ARGUMENT;
+    *rank = req.rank;
+    return FERRY_OK;
+}
+
+/* Reads and validates the one request of a connection. A message of any other length, or
+ * carrying control data (its descriptors are closed), is invalid. */
+static ferry_status read_request(const ferry__broker *b, int conn, uint32_t *rank)
+{
+    uint8_t buf[BROKER_REQUEST_SIZE + 1]; /* one more byte to see a longer message */
+    broker_control control;
+    struct msghdr msg;
+    int fds[BROKER_MAX_FDS];
+    size_t nfds;
+    bool other;
+
+    ssize_t n = receive_message(conn, buf, sizeof(buf), &msg, &control, fds, &nfds, &other);
+    if (n < 0)
+        return FERRY_INVALID_ARGUMENT;
+    close_fds(fds, nfds);
+    if (nfds > 0 || other || (msg.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) || n != BROKER_REQUEST_SIZE)
+        return FERRY_INVALID_ARGUMENT;
+    return check_request(b, buf, rank);
+}
+
+/* Serves one connection: checks the peer, reads its request, replies. The caller closes
+ * conn. */
+static void serve_connection(ferry__broker *b, int conn)
+{
+    struct ucred cred;
+    socklen_t len = sizeof(cred);
+    uint32_t rank = 0;
+
+    if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || len != sizeof(cred)) {
+        refuse(b, conn, FERRY_SYSTEM);
+        return;
+    }
+    if (cred.uid != geteuid()) {
+        refuse(b, conn, FERRY_PERMISSION);
+        return;
+    }
+    int waited = wait_request(b, conn);
+    if (waited == WAIT_STOP)
+        return;
+    if (waited == WAIT_TIMEOUT) {
+        refuse(b, conn, FERRY_TIMEOUT);
+        return;
+    }
+    ferry_status status = read_request(b, conn, &rank);
+    if (status != FERRY_OK) {
+        refuse(b, conn, status);
+        return;
+    }
+    if (b->on_attach)
+        b->on_attach(b->user, rank, cred.pid);
+    send_reply(conn, FERRY_OK, b->shared_size, b->shared_fd);
+}
+
+enum { ACCEPT_DONE, ACCEPT_BACK_OFF, ACCEPT_FAILED };
+
+/* Accepts and serves one connection. */
+static int accept_one(ferry__broker *b)
+{
+    int conn = accept4(b->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+    if (conn >= 0) {
+        serve_connection(b, conn);
+        close(conn);
+        return ACCEPT_DONE;
+    }
+    switch (errno) {
+    case EINTR:
+    case EAGAIN:
+#if EWOULDBLOCK != EAGAIN
+    case EWOULDBLOCK:
+#endif
+    case ECONNABORTED:
+    case EPROTO:
+        return ACCEPT_DONE;
+    case EMFILE:
+    case ENFILE:
+    case ENOBUFS:
+    case ENOMEM:
+        __atomic_fetch_add(&b->transient, 1, __ATOMIC_RELAXED);
+        return ACCEPT_BACK_OFF;
+    default:
+        latch_errno(b, "accept", errno);
+        return ACCEPT_FAILED;
+    }
+}
+
+enum { EVENT_CONNECTION, EVENT_IDLE, EVENT_STOP, EVENT_FAILED };
+
+/* Blocks until the broker is stopped or (unless backing off) a peer connects. While backing
+ * off it waits only for the stop request, BROKER_BACKOFF_MS at most. */
+static int wait_event(ferry__broker *b, bool backing_off)
+{
+    struct pollfd fds[2] = {{b->stop_fd, POLLIN, 0}, {b->listen_fd, POLLIN, 0}};
+    int n = poll(fds, backing_off ? 1 : 2, backing_off ? BROKER_BACKOFF_MS : -1);
+    if (n < 0 && errno == EINTR)
+        return EVENT_IDLE;
+    if (n < 0) {
+        latch_errno(b, "poll", errno);
+        return EVENT_FAILED;
+    }
+    if (fds[0].revents)
+        return EVENT_STOP;
+    if (!backing_off && (fds[1].revents & (POLLERR | POLLHUP | POLLNVAL))) {
+        latch_listener(b, fds[1].revents);
+        return EVENT_FAILED;
+    }
+    return n > 0 ? EVENT_CONNECTION : EVENT_IDLE;
+}
+
+static void *broker_main(void *arg)
+{
+    ferry__broker *b = arg;
+    bool backing_off = false;
+
+    for (;;) {
+        int event = wait_event(b, backing_off);
+        if (event == EVENT_STOP)
+            return NULL;
+        if (event == EVENT_FAILED)
+            break;
+        backing_off = false;
+        if (event == EVENT_IDLE)
+            continue;
+        int accepted = accept_one(b);
+        if (accepted == ACCEPT_FAILED)
+            break;
+        backing_off = accepted == ACCEPT_BACK_OFF;
+    }
+    /* No longer served: free the name so that new clients fail fast (ECONNREFUSED) instead
+     * of timing out. ferry__broker_stop reads listen_fd only after joining this thread. */
+    close(b->listen_fd);
+    b->listen_fd = -1;
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------------------
+ * Start and stop
+ * ---------------------------------------------------------------------------------- */
+
+static ferry_status check_config(const ferry__broker_config *config, ferry__broker **broker,
+                                 const uint8_t *name_out)
+{
+    if (!config || !broker || !name_out)
+        return ferry__fail(FERRY_INVALID_ARGUMENT,
+                           "broker start: config, broker and name_out must not be NULL");
+    if (!config->label)
+        return ferry__fail(FERRY_INVALID_ARGUMENT, "broker start: label is NULL");
+    if (!config->pool_id)
+        return ferry__fail(FERRY_INVALID_ARGUMENT, "%s: pool_id is NULL", config->label);
+    if (config->shared_fd < 0)
+        return ferry__fail(FERRY_INVALID_ARGUMENT, "%s: shared_fd %d is not a file descriptor",
+                           config->label, config->shared_fd);
+    if (config->consumer_count < 1)
+        return ferry__fail(FERRY_INVALID_ARGUMENT, "%s: consumer_count must be at least 1",
+                           config->label);
+    return FERRY_OK;
+}
+
+static ferry__broker *broker_new(const ferry__broker_config *config)
+{
+    size_t label_size = strlen(config->label) + 1;
+    ferry__broker *b = calloc(1, sizeof(*b) + label_size);
+    if (!b)
+        return NULL;
+    memcpy(b->pool_id, config->pool_id, BROKER_ID_SIZE);
+    b->shared_fd = config->shared_fd;
+    b->shared_size = config->shared_size;
+    b->consumer_count = config->consumer_count;
+    b->on_attach = config->on_attach;
+    b->user = config->user;
+    b->listen_fd = -1;
+    b->stop_fd = -1;
+    memcpy(b->label, config->label, label_size);
+    return b;
+}
+
+static int fill_random(uint8_t *buf, size_t size)
+{
+    size_t done = 0;
+    while (done < size) {
+        ssize_t n = getrandom(buf + done, size - done, 0);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return -1;
+        done += (size_t)n;
+    }
+    return 0;
+}
+
+/* Binds the listening socket to a fresh random name, retrying on a (very unlikely) clash. */
+static ferry_status bind_random(ferry__broker *b)
+{
+    for (int attempt = 1;; attempt++) {
+        struct sockaddr_un addr;
+        char hex[BROKER_HEX_SIZE];
+        if (fill_random(b->name, sizeof(b->name)) != 0)
+            return ferry__fail_errno(FERRY_SYSTEM, errno, "%s: getrandom", b->label);
+        unsigned len = ferry__broker_address(b->name, &addr);
+        if (bind(b->listen_fd, (const struct sockaddr *)&addr, len) == 0)
+            return FERRY_OK;
+        if (errno == EADDRINUSE && attempt < BROKER_BIND_ATTEMPTS)
+            continue;
+        format_hex(b->name, hex);
+        return ferry__fail_errno(FERRY_SYSTEM, errno, "%s: bind to @" BROKER_NAME_PREFIX "%s",
+                                 b->label, hex);
+    }
+}
+
+/* Starts the thread with every signal blocked: signals are for the application's threads. */
+static ferry_status start_thread(ferry__broker *b)
+{
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int err = pthread_create(&b->thread, NULL, broker_main, b);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (err != 0)
+        return ferry__fail_errno(FERRY_SYSTEM, err, "%s: pthread_create", b->label);
+    return FERRY_OK;
+}
+
+ferry_status ferry__broker_start(const ferry__broker_config *config, ferry__broker **broker,
+                                 uint8_t name_out[16])
+{
+    ferry_status status = check_config(config, broker, name_out);
+    if (status != FERRY_OK)
+        return status;
+    ferry__broker *b = broker_new(config);
+    if (!b)
+        return ferry__fail(FERRY_NO_MEMORY, "%s: out of memory", config->label);
+
+    b->listen_fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (b->listen_fd < 0) {
+        status = ferry__fail_errno(FERRY_SYSTEM, errno, "%s: socket", b->label);
+        goto free_broker;
+    }
+    status = bind_random(b);
+    if (status != FERRY_OK)
+        goto close_socket;
+    if (listen(b->listen_fd, SOMAXCONN) != 0) {
+        status = ferry__fail_errno(FERRY_SYSTEM, errno, "%s: listen", b->label);
+        goto close_socket;
+    }
+    b->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (b->stop_fd < 0) {
+        status = ferry__fail_errno(FERRY_SYSTEM, errno, "%s: eventfd", b->label);
+        goto close_socket;
+    }
+    status = start_thread(b);
+    if (status != FERRY_OK)
+        goto close_eventfd;
+
+    memcpy(name_out, b->name, BROKER_ID_SIZE);
+    *broker = b;
+    return FERRY_OK;
+
+close_eventfd:
+    close(b->stop_fd);
+close_socket:
+    close(b->listen_fd);
+free_broker:
+    free(b);
+    return status;
+}
+
+void ferry__broker_stop(ferry__broker *broker)
+{
+    uint64_t one = 1;
+    ssize_t n;
+
+    if (!broker)
+        return;
+    do
+        n = write(broker->stop_fd, &one, sizeof(one));
+    while (n < 0 && errno == EINTR);
+    pthread_join(broker->thread, NULL);
+    if (broker->listen_fd >= 0)
+        close(broker->listen_fd);
+    close(broker->stop_fd);
+    free(broker);
+}
+
+uint64_t ferry__broker_refused(const ferry__broker *broker)
+{
+    return broker ? __atomic_load_n(&broker->refused, __ATOMIC_RELAXED) : 0;
+}
+
+ferry_status ferry__broker_error(const ferry__broker *broker, char *buf, size_t buf_size)
+{
+    ferry_status status = FERRY_OK;
+    const char *message = "";
+
+    if (broker && __atomic_load_n(&broker->latch, __ATOMIC_ACQUIRE) == LATCH_SET) {
+        status = broker->error_status;
+        message = broker->error_msg;
+    }
+    if (buf && buf_size > 0)
+        snprintf(buf, buf_size, "%s", message);
+    return status;
+}
+
+/* ------------------------------------------------------------------------------------
+ * Client
+ * ---------------------------------------------------------------------------------- */
+
+/* Connects without blocking; a full backlog is retried until the deadline. */
+static ferry_status call_connect(const broker_call *c, const uint8_t name[16])
+{
+    struct sockaddr_un addr;
+    unsigned len = ferry__broker_address(name, &addr);
+
+    for (;;) {
+        if (connect(c->sock, (const struct sockaddr *)&addr, len) == 0)
+            return FERRY_OK;
+        int err = errno;
+        if (err == ECONNREFUSED || err == ENOENT)
+            return ferry__fail_errno(FERRY_PRODUCER_GONE, err,
+                                     "%s is not reachable: connect to @" BROKER_NAME_PREFIX "%s",
+                                     c->label, c->hex);
+        if (err != EAGAIN && err != EINTR)
+            return ferry__fail_errno(FERRY_SYSTEM, err, "%s: connect to @" BROKER_NAME_PREFIX "%s",
+                                     c->label, c->hex);
+        int ms = remaining_ms(c->deadline);
+        if (ms == 0)
+            return ferry__fail(FERRY_TIMEOUT, "%s did not accept the connection within %llu ms",
+                               c->label, (unsigned long long)ns_to_ms_ceil(c->timeout_ns));
+        poll(NULL, 0, ms < 0 || ms > 1 ? 1 : ms); /* backlog full: try again shortly */
+    }
+}
+
+static ferry_status call_peer(const broker_call *c, struct ucred *cred)
+{
+    socklen_t len = sizeof(*cred);
+    if (getsockopt(c->sock, SOL_SOCKET, SO_PEERCRED, cred, &len) != 0)
+        return ferry__fail_errno(FERRY_SYSTEM, errno, "%s: getsockopt(SO_PEERCRED)", c->label);
+    return FERRY_OK;
+}
+
+/* The broker serves only its own uid; symmetrically, accept a pool only from our uid (a
+ * name squatted by another user must not hand us its memory). */
+static ferry_status call_check_owner(const broker_call *c, const struct ucred *cred, int fd)
+{
+    if (cred->uid == geteuid())
+        return FERRY_OK;
+    close(fd);
+    return ferry__fail(FERRY_PERMISSION, "%s belongs to uid %u, not to this process's uid %u",
+                       c->label, (unsigned)cred->uid, (unsigned)geteuid());
+}
+
+static ferry_status call_send(const broker_call *c, const uint8_t pool_id[16], uint32_t rank)
+{
+    broker_request req = {BROKER_REQUEST_MAGIC, BROKER_VERSION, BROKER_TYPE_OPEN, {0}, rank, 0};
+    uint8_t buf[BROKER_REQUEST_SIZE];
+    ssize_t n;
+
+    memcpy(req.pool_id, pool_id, BROKER_ID_SIZE);
+    encode_request(&req, buf);
+    do
+        n = send(c->sock, buf, sizeof(buf), MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    if (n == (ssize_t)sizeof(buf))
+        return FERRY_OK;
+    /* A broker that refuses us before reading (other uid) may already have replied and
+     * closed: its reply is still queued here. */
+    if (n < 0 && (errno == EPIPE || errno == ECONNRESET))
+        return FERRY_OK;
+    return ferry__fail_errno(FERRY_SYSTEM, n < 0 ? errno : EMSGSIZE, "%s: send", c->label);
+}
+
+static ferry_status call_wait(const broker_call *c)
+{
+    for (;;) {
+        struct pollfd p = {c->sock, POLLIN, 0};
+        int n = poll(&p, 1, remaining_ms(c->deadline));
+        if (n > 0)
+            return FERRY_OK; /* data, hang-up or error: recvmsg tells which */
+        if (n < 0 && errno != EINTR)
+            return ferry__fail_errno(FERRY_SYSTEM, errno, "%s: poll", c->label);
+        if (n == 0 && ferry__now_ns() >= c->deadline)
+            return ferry__fail(FERRY_TIMEOUT, "%s did not reply within %llu ms", c->label,
+                               (unsigned long long)ns_to_ms_ceil(c->timeout_ns));
+    }
+}
+
+static ferry_status malformed_reply(const broker_call *c, const char *why)
+{
+    return ferry__fail(FERRY_SYSTEM, "%s sent a malformed reply: %s", c->label, why);
+}
+
+/* Validates a received reply that carried nfds descriptors. */
+static ferry_status check_reply(const broker_call *c, const struct msghdr *msg, ssize_t n,
+                                const uint8_t *buf, size_t nfds, uint64_t *size)
+{
+    broker_reply rep;
+
+    if (msg->msg_flags & MSG_CTRUNC)
+        return malformed_reply(c, "more control data than expected");
+    if (n == 0 && nfds == 0)
+        return ferry__fail(FERRY_PRODUCER_GONE, "%s closed the connection without replying",
+                           c->label);
+    if ((msg->msg_flags & MSG_TRUNC) || n != BROKER_REPLY_SIZE)
+        return malformed_reply(c, "wrong length");
+    decode_reply(buf, &rep);
+    if (rep.magic != BROKER_REPLY_MAGIC || rep.version != BROKER_VERSION || rep.reserved != 0)
+        return malformed_reply(c, "bad magic, version or reserved field");
+    if (!known_status(rep.status))
+        return malformed_reply(c, "unknown status");
+    if (rep.status != FERRY_OK && nfds > 0)
+        return malformed_reply(c, "a refusal carrying file descriptors");
+    if (rep.status != FERRY_OK)
+        return ferry__fail((ferry_status)rep.status, "%s refused the request: %s", c->label,
+                           ferry_status_str((ferry_status)rep.status));
+    if (nfds == 0)
+        return ferry__fail(FERRY_SYSTEM, "%s returned no file descriptor", c->label);
+    if (nfds > 1)
+        return ferry__fail(FERRY_SYSTEM, "%s returned %zu file descriptors instead of one",
+                           c->label, nfds);
+    *size = rep.size;
+    return FERRY_OK;
+}
+
+static ferry_status call_receive(const broker_call *c, int *fd, uint64_t *size)
+{
+    uint8_t buf[BROKER_REPLY_SIZE + 1]; /* one more byte to see a longer message */
+    broker_control control;
+    struct msghdr msg;
+    int fds[BROKER_MAX_FDS];
+    size_t nfds;
+    bool other;
+
+    ssize_t n = receive_message(c->sock, buf, sizeof(buf), &msg, &control, fds, &nfds, &other);
+    /* A broker that closed without reading our request (other uid) leaves ECONNRESET
+     * pending, reported once, ahead of its queued reply: read again to get the reply. */
+    if (n < 0 && errno == ECONNRESET)
+        n = receive_message(c->sock, buf, sizeof(buf), &msg, &control, fds, &nfds, &other);
+    if (n < 0 && errno == ECONNRESET)
+        return ferry__fail(FERRY_PRODUCER_GONE, "%s closed the connection without replying",
+                           c->label);
+    if (n < 0)
+        return ferry__fail_errno(FERRY_SYSTEM, errno, "%s: recvmsg", c->label);
+    ferry_status status = other ? malformed_reply(c, "unexpected control message")
+                                : check_reply(c, &msg, n, buf, nfds, size);
+    if (status != FERRY_OK) {
+        close_fds(fds, nfds);
+        return status;
+    }
+    *fd = fds[0];
+    return FERRY_OK;
+}
+
+static ferry_status call_exchange(const broker_call *c, const uint8_t name[16],
+                                  const uint8_t pool_id[16], uint32_t rank, int *fd, uint64_t *size,
+                                  pid_t *pid)
+{
+    struct ucred cred;
+    ferry_status status = call_connect(c, name);
+    if (status == FERRY_OK)
+        status = call_peer(c, &cred);
+    if (status == FERRY_OK)
+        status = call_send(c, pool_id, rank);
+    if (status == FERRY_OK)
+        status = call_wait(c);
+    if (status == FERRY_OK)
+        status = call_receive(c, fd, size);
+    if (status == FERRY_OK)
+        status = call_check_owner(c, &cred, *fd);
+    if (status == FERRY_OK)
+        *pid = cred.pid;
+    return status;
+}
+
+ferry_status ferry__broker_request(const uint8_t name[16], const uint8_t pool_id[16], uint32_t rank,
+                                   const char *label, uint64_t timeout_ns, int *fd, uint64_t *size,
+                                   pid_t *producer_pid)
+{
+    broker_call call = {-1, label, ferry__deadline(timeout_ns), timeout_ns, {0}};
+    int got_fd = -1;
+    uint64_t got_size = 0;
+    pid_t got_pid = 0;
+
+    if (!name || !pool_id || !label || !fd || !size || !producer_pid)
+        return ferry__fail(FERRY_INVALID_ARGUMENT, "broker request: NULL argument");
+    format_hex(name, call.hex);
+    call.sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (call.sock < 0)
+        return ferry__fail_errno(FERRY_SYSTEM, errno, "%s: socket", label);
+    ferry_status status = call_exchange(&call, name, pool_id, rank, &got_fd, &got_size, &got_pid);
+    close(call.sock);
+    if (status != FERRY_OK)
+        return status;
+    *fd = got_fd;
+    *size = got_size;
+    *producer_pid = got_pid;
+    return FERRY_OK;
+}

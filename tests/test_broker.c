@@ -1,0 +1,1104 @@
+/* The pool broker: fd hand-off to real processes, refusals, client errors, fd hygiene. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include "broker/broker.h"
+#include "common/clock.h"
+#include "helpers.h"
+
+#define LABEL        "test broker"
+#define POOL_SIZE    (1u << 20)
+#define POOL_SEED    42
+#define CONSUMERS    4
+#define TIMEOUT_NS   (5ull * 1000000000ull)
+#define MAX_ATTACHES 64
+#define REQUEST_SIZE 32
+#define REPLY_SIZE   24
+#define NOBODY       65534
+#define EXIT_NO_DROP 77
+#define MS           1000000ull
+
+/* ------------------------------------------------------------------------------------
+ * Fixture: a memfd with known content served by a broker of CONSUMERS ranks
+ * ---------------------------------------------------------------------------------- */
+
+typedef struct attach_log {
+    pthread_mutex_t lock;
+    unsigned count;
+    uint32_t rank[MAX_ATTACHES];
+    pid_t pid[MAX_ATTACHES];
+} attach_log;
+
+typedef struct fixture {
+    int memfd;
+    uint8_t pool_id[16];
+    uint8_t name[16];
+    ferry__broker *broker;
+    attach_log log;
+} fixture;
+
+static void record_attach(void *user, uint32_t rank, pid_t pid)
+{
+    attach_log *log = user;
+    pthread_mutex_lock(&log->lock);
+    if (log->count < MAX_ATTACHES) {
+        log->rank[log->count] = rank;
+        log->pid[log->count] = pid;
+    }
+    log->count++;
+    pthread_mutex_unlock(&log->lock);
+}
+
+static unsigned attach_count(fixture *f)
+{
+    pthread_mutex_lock(&f->log.lock);
+    unsigned n = f->log.count;
+    pthread_mutex_unlock(&f->log.lock);
+    return n;
+}
+
+static void random_bytes(uint8_t *buf, size_t n)
+{
+    assert_int_equal(getrandom(buf, n, 0), (ssize_t)n);
+}
+
+static int make_memfd(size_t size, uint64_t seed)
+{
+    int fd = memfd_create("ferry-test-pool", MFD_CLOEXEC);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, (off_t)size), 0);
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    assert_true(p != MAP_FAILED);
+    th_fill(p, size, seed);
+    munmap(p, size);
+    return fd;
+}
+
+static ferry__broker_config fixture_config(fixture *f)
+{
+    ferry__broker_config config = {f->pool_id, f->memfd,      POOL_SIZE, CONSUMERS,
+                                   LABEL,      record_attach, &f->log};
+    return config;
+}
+
+static int setup(void **state)
+{
+    fixture *f = calloc(1, sizeof(*f));
+    assert_non_null(f);
+    pthread_mutex_init(&f->log.lock, NULL);
+    random_bytes(f->pool_id, sizeof(f->pool_id));
+    f->memfd = make_memfd(POOL_SIZE, POOL_SEED);
+    ferry__broker_config config = fixture_config(f);
+    assert_int_equal(ferry__broker_start(&config, &f->broker, f->name), FERRY_OK);
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fixture *f = *state;
+    ferry__broker_stop(f->broker);
+    close(f->memfd);
+    pthread_mutex_destroy(&f->log.lock);
+    free(f);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------
+ * Helpers: raw sockets, hand-made messages, fd counting
+ * ---------------------------------------------------------------------------------- */
+
+static void put32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint64_t get64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+/* A valid OPEN request, written byte by byte as docs/wire-format.md describes it. */
+static void make_request(uint8_t out[REQUEST_SIZE], const uint8_t pool_id[16], uint32_t rank)
+{
+    memcpy(out, "FRYB", 4);
+    out[4] = 1; /* version */
+    out[5] = 0;
+    out[6] = 1; /* type OPEN */
+    out[7] = 0;
+    memcpy(out + 8, pool_id, 16);
+    put32(out + 24, rank);
+    put32(out + 28, 0);
+}
+
+static int raw_connect(const uint8_t name[16])
+{
+    struct sockaddr_un addr;
+    unsigned len = ferry__broker_address(name, &addr);
+    int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    assert_true(s >= 0);
+    assert_int_equal(connect(s, (struct sockaddr *)&addr, len), 0);
+    return s;
+}
+
+static void raw_send(int s, const void *buf, size_t len, int fd_to_pass)
+{
+    union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } control;
+    struct iovec iov = {(void *)buf, len};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (fd_to_pass >= 0) {
+        memset(&control, 0, sizeof(control));
+        msg.msg_control = control.buf;
+        msg.msg_controllen = sizeof(control.buf);
+        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(c), &fd_to_pass, sizeof(int));
+    }
+    assert_int_equal(sendmsg(s, &msg, MSG_NOSIGNAL), (ssize_t)len);
+}
+
+/* Waits up to wait_ms for the broker's reply on s; returns its length (-1: none came) and
+ * the first descriptor it carried in *fd (-1 if none; any others are closed, counted in
+ * *nfds). */
+static ssize_t raw_receive(int s, uint8_t *buf, size_t size, int wait_ms, int *fd, int *nfds)
+{
+    union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(sizeof(int) * 4)];
+    } control;
+    struct iovec iov = {buf, size};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+    struct pollfd p = {s, POLLIN, 0};
+
+    *fd = -1;
+    *nfds = 0;
+    if (poll(&p, 1, wait_ms) != 1)
+        return -1;
+    memset(&control, 0, sizeof(control));
+    msg.msg_control = control.buf;
+    msg.msg_controllen = sizeof(control.buf);
+    ssize_t n = recvmsg(s, &msg, MSG_CMSG_CLOEXEC);
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); n >= 0 && c; c = CMSG_NXTHDR(&msg, c)) {
+        size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < k; i++) {
+            int got;
+            memcpy(&got, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+            if (*fd < 0)
+                *fd = got;
+            else
+                close(got);
+            (*nfds)++;
+        }
+    }
+    return n;
+}
+
+/* Sends len bytes (plus fd_to_pass when >= 0) over a fresh raw connection and returns the
+ * status of the broker's reply, checking that the reply is well formed and carries no fd
+ * unless it is OK (whose fd is closed). */
+static int raw_exchange(const uint8_t name[16], const void *buf, size_t len, int fd_to_pass)
+{
+    uint8_t reply[64];
+    int fd, nfds;
+    int s = raw_connect(name);
+    raw_send(s, buf, len, fd_to_pass);
+    ssize_t n = raw_receive(s, reply, sizeof(reply), 5000, &fd, &nfds);
+    close(s);
+    assert_int_equal(n, REPLY_SIZE);
+    assert_memory_equal(reply, "FRYR", 4);
+    assert_int_equal(reply[4] | (reply[5] << 8), 1);
+    int status = reply[6] | (reply[7] << 8);
+    assert_int_equal(nfds, status == FERRY_OK ? 1 : 0);
+    if (fd >= 0)
+        close(fd);
+    return status;
+}
+
+static int count_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    struct dirent *e;
+    int n = 0;
+    assert_non_null(d);
+    while ((e = readdir(d)) != NULL)
+        if (e->d_name[0] != '.')
+            n++;
+    closedir(d);
+    return n;
+}
+
+/* A listening socket on a fresh random abstract name that nobody accepts from. */
+static int make_listener(uint8_t name[16])
+{
+    struct sockaddr_un addr;
+    random_bytes(name, 16);
+    unsigned len = ferry__broker_address(name, &addr);
+    int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    assert_true(s >= 0);
+    assert_int_equal(bind(s, (struct sockaddr *)&addr, len), 0);
+    assert_int_equal(listen(s, 8), 0);
+    return s;
+}
+
+static int wait_child(pid_t pid)
+{
+    int st;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st));
+    return WEXITSTATUS(st);
+}
+
+static int request(fixture *f, const uint8_t *pool_id, uint32_t rank, int *fd)
+{
+    uint64_t size;
+    pid_t pid;
+    return ferry__broker_request(f->name, pool_id, rank, LABEL, TIMEOUT_NS, fd, &size, &pid);
+}
+
+/* ------------------------------------------------------------------------------------
+ * Hand-off
+ * ---------------------------------------------------------------------------------- */
+
+/* In a child: requests the pool as rank, maps the fd and checks the content. */
+static int child_open_and_check(const fixture *f, uint32_t rank)
+{
+    int fd = -1;
+    uint64_t size = 0;
+    pid_t producer = 0;
+    if (ferry__broker_request(f->name, f->pool_id, rank, LABEL, TIMEOUT_NS, &fd, &size,
+                              &producer) != FERRY_OK)
+        return 1;
+    if (size != POOL_SIZE || producer != getppid())
+        return 1;
+    if (!(fcntl(fd, F_GETFD) & FD_CLOEXEC))
+        return 1;
+    void *p = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED)
+        return 1;
+    int ok = th_check(p, size, POOL_SEED);
+    munmap(p, size);
+    return ok ? 0 : 1;
+}
+
+static void test_handoff_to_child(void **state)
+{
+    fixture *f = *state;
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0)
+        _exit(child_open_and_check(f, 2));
+    assert_int_equal(wait_child(child), 0);
+    assert_int_equal(attach_count(f), 1);
+    assert_int_equal(f->log.rank[0], 2);
+    assert_int_equal(f->log.pid[0], child);
+    assert_int_equal(ferry__broker_refused(f->broker), 0);
+}
+
+static void test_many_children_at_once(void **state)
+{
+    fixture *f = *state;
+    enum { CHILDREN = 8 };
+    pid_t pids[CHILDREN];
+    for (int i = 0; i < CHILDREN; i++) {
+        pids[i] = fork();
+        assert_true(pids[i] >= 0);
+        if (pids[i] == 0)
+            _exit(child_open_and_check(f, (uint32_t)(i % CONSUMERS)));
+    }
+    for (int i = 0; i < CHILDREN; i++)
+        assert_int_equal(wait_child(pids[i]), 0);
+    assert_int_equal(attach_count(f), CHILDREN);
+    for (int i = 0; i < CHILDREN; i++) {
+        int found = 0;
+        for (int j = 0; j < CHILDREN; j++)
+            found += f->log.pid[j] == pids[i] && f->log.rank[j] == (uint32_t)(i % CONSUMERS);
+        assert_int_equal(found, 1);
+    }
+}
+
+static void test_received_fd_is_cloexec(void **state)
+{
+    fixture *f = *state;
+    int fd = -1;
+    uint64_t size = 0;
+    pid_t producer = 0;
+    struct stat a, b;
+
+    assert_int_equal(ferry__broker_request(f->name, f->pool_id, CONSUMERS - 1, LABEL, TIMEOUT_NS,
+                                           &fd, &size, &producer),
+                     FERRY_OK);
+    assert_true(fcntl(fd, F_GETFD) & FD_CLOEXEC);
+    assert_int_equal(size, POOL_SIZE);
+    assert_int_equal(producer, getpid());
+    assert_int_equal(fstat(fd, &a), 0);
+    assert_int_equal(fstat(f->memfd, &b), 0);
+    assert_true(a.st_ino == b.st_ino && a.st_dev == b.st_dev);
+    close(fd);
+    assert_int_equal(attach_count(f), 1);
+    assert_int_equal(f->log.rank[0], CONSUMERS - 1);
+    assert_int_equal(f->log.pid[0], getpid());
+}
+
+static void test_hand_made_request_and_reply_bytes(void **state)
+{
+    fixture *f = *state;
+    uint8_t req[REQUEST_SIZE], reply[64];
+    int fd, nfds;
+
+    make_request(req, f->pool_id, 1);
+    int s = raw_connect(f->name);
+    raw_send(s, req, sizeof(req), -1);
+    ssize_t n = raw_receive(s, reply, sizeof(reply), 5000, &fd, &nfds);
+    close(s);
+    assert_int_equal(n, REPLY_SIZE);
+    assert_int_equal(nfds, 1);
+    assert_true(fd >= 0);
+    close(fd);
+    assert_memory_equal(reply, "FRYR", 4);
+    assert_int_equal(reply[4], 1);
+    assert_int_equal(reply[5], 0);
+    assert_int_equal(reply[6], 0);
+    assert_int_equal(reply[7], 0);
+    assert_int_equal(get64(reply + 8), POOL_SIZE);
+    assert_int_equal(get64(reply + 16), 0);
+}
+
+/* ------------------------------------------------------------------------------------
+ * Refusals
+ * ---------------------------------------------------------------------------------- */
+
+static void test_wrong_pool_id(void **state)
+{
+    fixture *f = *state;
+    uint8_t other[16];
+    int fd = -1;
+
+    memcpy(other, f->pool_id, 16);
+    other[15] ^= 1;
+    assert_int_equal(request(f, other, 0, &fd), FERRY_MISMATCH);
+    assert_int_equal(fd, -1);
+    assert_string_equal(ferry_last_error(),
+                        LABEL " refused the request: descriptor does not match the pool");
+    assert_int_equal(ferry__broker_refused(f->broker), 1);
+    assert_int_equal(attach_count(f), 0);
+}
+
+static void test_rank_out_of_range(void **state)
+{
+    fixture *f = *state;
+    int fd = -1;
+
+    assert_int_equal(request(f, f->pool_id, CONSUMERS, &fd), FERRY_INVALID_ARGUMENT);
+    assert_int_equal(ferry__broker_refused(f->broker), 1);
+    assert_int_equal(request(f, f->pool_id, UINT32_MAX, &fd), FERRY_INVALID_ARGUMENT);
+    assert_int_equal(ferry__broker_refused(f->broker), 2);
+    assert_int_equal(fd, -1);
+    assert_int_equal(request(f, f->pool_id, CONSUMERS - 1, &fd), FERRY_OK);
+    close(fd);
+    assert_int_equal(attach_count(f), 1);
+}
+
+static void test_malformed_requests(void **state)
+{
+    fixture *f = *state;
+    uint8_t good[REQUEST_SIZE], bad[REQUEST_SIZE + 8];
+    int pipe_fds[2];
+    uint64_t refused = 0;
+    int fds_before = count_fds();
+
+    make_request(good, f->pool_id, 0);
+    assert_int_equal(raw_exchange(f->name, good, 0, -1), FERRY_INVALID_ARGUMENT); /* empty */
+    assert_int_equal(raw_exchange(f->name, good, REQUEST_SIZE - 1, -1), FERRY_INVALID_ARGUMENT);
+    assert_int_equal(ferry__broker_refused(f->broker), refused += 2);
+
+    memcpy(bad, good, REQUEST_SIZE);
+    memset(bad + REQUEST_SIZE, 0, 8);
+    assert_int_equal(raw_exchange(f->name, bad, REQUEST_SIZE + 1, -1), FERRY_INVALID_ARGUMENT);
+    assert_int_equal(raw_exchange(f->name, bad, REQUEST_SIZE + 8, -1), FERRY_INVALID_ARGUMENT);
+    assert_int_equal(ferry__broker_refused(f->broker), refused += 2);
+
+    static const struct {
+        size_t offset;
+        uint8_t value;
+    } corruptions[] = {
+        {0, 'X'},   /* magic */
+        {3, 'R'},   /* magic "FRYR": a reply is not a request */
+        {4, 2},     /* version */
+        {5, 1},     /* version, high byte */
+        {6, 2},     /* type */
+        {7, 1},     /* type, high byte */
+        {28, 1},    /* reserved */
+        {31, 0x80}, /* reserved, last byte */
+    };
+    for (size_t i = 0; i < sizeof(corruptions) / sizeof(corruptions[0]); i++) {
+        memcpy(bad, good, REQUEST_SIZE);
+        bad[corruptions[i].offset] = corruptions[i].value;
+        assert_int_equal(raw_exchange(f->name, bad, REQUEST_SIZE, -1), FERRY_INVALID_ARGUMENT);
+        assert_int_equal(ferry__broker_refused(f->broker), ++refused);
+    }
+
+    /* A valid request carrying a descriptor: refused, and the broker closes its copy. */
+    assert_int_equal(pipe2(pipe_fds, O_CLOEXEC), 0);
+    assert_int_equal(raw_exchange(f->name, good, REQUEST_SIZE, pipe_fds[0]),
+                     FERRY_INVALID_ARGUMENT);
+    assert_int_equal(ferry__broker_refused(f->broker), ++refused);
+    assert_int_equal(raw_exchange(f->name, good, 0, pipe_fds[1]), FERRY_INVALID_ARGUMENT);
+    assert_int_equal(ferry__broker_refused(f->broker), ++refused);
+    close(pipe_fds[0]);
+    close(pipe_fds[1]);
+
+    /* Still serving, and nothing attached on the way. */
+    assert_int_equal(attach_count(f), 0);
+    assert_int_equal(raw_exchange(f->name, good, REQUEST_SIZE, -1), FERRY_OK);
+    int fd = -1;
+    assert_int_equal(request(f, f->pool_id, 0, &fd), FERRY_OK);
+    close(fd);
+    assert_int_equal(attach_count(f), 2);
+    assert_int_equal(ferry__broker_refused(f->broker), refused);
+    /* The broker closes each connection after replying; give it a moment, then compare. */
+    for (int i = 0; i < 1000 && count_fds() != fds_before; i++)
+        poll(NULL, 0, 1);
+    assert_int_equal(count_fds(), fds_before);
+}
+
+static void test_silent_peer_is_refused(void **state)
+{
+    fixture *f = *state;
+    uint8_t reply[64];
+    int fd, nfds;
+
+    uint64_t start = ferry__now_ns();
+    int s = raw_connect(f->name);
+    ssize_t n = raw_receive(s, reply, sizeof(reply), 5000, &fd, &nfds);
+    close(s);
+    uint64_t elapsed = ferry__now_ns() - start;
+    assert_int_equal(n, REPLY_SIZE);
+    assert_int_equal(nfds, 0);
+    assert_int_equal(reply[6] | (reply[7] << 8), FERRY_TIMEOUT);
+    assert_true(elapsed >= 900 * MS && elapsed < 4000 * MS);
+    assert_int_equal(ferry__broker_refused(f->broker), 1);
+
+    int got = -1;
+    assert_int_equal(request(f, f->pool_id, 0, &got), FERRY_OK);
+    close(got);
+}
+
+/* In a child: becomes nobody, then asks; exits 0 if refused with PERMISSION. */
+static int child_as_nobody(const fixture *f)
+{
+    int fd = -1;
+    uint64_t size;
+    pid_t producer;
+    if (setgroups(0, NULL) != 0 || setresgid(NOBODY, NOBODY, NOBODY) != 0 ||
+        setresuid(NOBODY, NOBODY, NOBODY) != 0)
+        return EXIT_NO_DROP;
+    ferry_status st =
+        ferry__broker_request(f->name, f->pool_id, 0, LABEL, TIMEOUT_NS, &fd, &size, &producer);
+    if (st != FERRY_PERMISSION || fd != -1)
+        return 1;
+    return strcmp(ferry_last_error(), LABEL " refused the request: permission denied") == 0 ? 0 : 2;
+}
+
+static void test_other_uid_refused(void **state)
+{
+    fixture *f = *state;
+    if (geteuid() != 0)
+        skip();
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0)
+        _exit(child_as_nobody(f));
+    int code = wait_child(child);
+    if (code == EXIT_NO_DROP)
+        skip();
+    assert_int_equal(code, 0);
+    assert_int_equal(ferry__broker_refused(f->broker), 1);
+    assert_int_equal(attach_count(f), 0);
+}
+
+/* ------------------------------------------------------------------------------------
+ * Client errors
+ * ---------------------------------------------------------------------------------- */
+
+static void test_nobody_listening(void **state)
+{
+    (void)state;
+    uint8_t name[16], pool_id[16] = {0};
+    int fd = -1;
+    uint64_t size = 7;
+    pid_t pid = 7;
+
+    random_bytes(name, sizeof(name));
+    assert_int_equal(ferry__broker_request(name, pool_id, 0, LABEL, TIMEOUT_NS, &fd, &size, &pid),
+                     FERRY_PRODUCER_GONE);
+    assert_non_null(strstr(ferry_last_error(), LABEL " is not reachable: "));
+    assert_int_equal(fd, -1);
+    assert_int_equal(size, 7);
+    assert_int_equal(pid, 7);
+}
+
+static void test_timeout_when_nobody_answers(void **state)
+{
+    (void)state;
+    uint8_t name[16], pool_id[16] = {0};
+    int fd = -1;
+    uint64_t size;
+    pid_t pid;
+    int listener = make_listener(name);
+
+    uint64_t start = ferry__now_ns();
+    assert_int_equal(ferry__broker_request(name, pool_id, 0, LABEL, 200 * MS, &fd, &size, &pid),
+                     FERRY_TIMEOUT);
+    uint64_t elapsed = ferry__now_ns() - start;
+    assert_true(elapsed >= 200 * MS);
+    assert_true(elapsed < 1500 * MS);
+    assert_string_equal(ferry_last_error(), LABEL " did not reply within 200 ms");
+    assert_int_equal(fd, -1);
+
+    /* "Do not wait" fails at once. */
+    start = ferry__now_ns();
+    assert_int_equal(ferry__broker_request(name, pool_id, 0, LABEL, 0, &fd, &size, &pid),
+                     FERRY_TIMEOUT);
+    assert_true(ferry__now_ns() - start < 100 * MS);
+    close(listener);
+}
+
+/* A fake broker: accepts one connection, reads the request, sends a scripted reply. */
+typedef struct fake_server {
+    int listener;
+    uint8_t reply[64];
+    size_t reply_len;
+    int nfds;    /* descriptors attached to the reply (dups of /dev/null) */
+    int got_len; /* length of the request it read */
+} fake_server;
+
+static void *fake_server_main(void *arg)
+{
+    fake_server *fs = arg;
+    int conn = accept4(fs->listener, NULL, NULL, SOCK_CLOEXEC);
+    if (conn < 0)
+        return NULL;
+    uint8_t req[64];
+    fs->got_len = (int)recv(conn, req, sizeof(req), 0);
+    int fds[4];
+    union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(sizeof(fds))];
+    } control;
+    struct iovec iov = {fs->reply, fs->reply_len};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+    for (int i = 0; i < fs->nfds; i++)
+        fds[i] = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (fs->nfds > 0) {
+        memset(&control, 0, sizeof(control));
+        msg.msg_control = control.buf;
+        msg.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)fs->nfds);
+        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)fs->nfds);
+        memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)fs->nfds);
+    }
+    sendmsg(conn, &msg, MSG_NOSIGNAL);
+    for (int i = 0; i < fs->nfds; i++)
+        close(fds[i]);
+    close(conn);
+    return NULL;
+}
+
+static void make_reply(uint8_t out[REPLY_SIZE], uint16_t status, uint64_t size)
+{
+    memcpy(out, "FRYR", 4);
+    out[4] = 1;
+    out[5] = 0;
+    out[6] = (uint8_t)status;
+    out[7] = (uint8_t)(status >> 8);
+    for (int i = 0; i < 8; i++)
+        out[8 + i] = (uint8_t)(size >> (8 * i));
+    memset(out + 16, 0, 8);
+}
+
+/* Runs one request against a fake broker sending reply (len bytes, nfds descriptors);
+ * returns the client's status. */
+static ferry_status against_fake(const uint8_t *reply, size_t len, int nfds, int *fd)
+{
+    fake_server fs = {.reply_len = len, .nfds = nfds, .got_len = -1};
+    uint8_t name[16], pool_id[16] = {1, 2, 3};
+    uint64_t size;
+    pid_t pid;
+    pthread_t thread;
+
+    memcpy(fs.reply, reply, len);
+    fs.listener = make_listener(name);
+    assert_int_equal(pthread_create(&thread, NULL, fake_server_main, &fs), 0);
+    ferry_status st = ferry__broker_request(name, pool_id, 0, LABEL, TIMEOUT_NS, fd, &size, &pid);
+    assert_int_equal(pthread_join(thread, NULL), 0);
+    close(fs.listener);
+    assert_int_equal(fs.got_len, REQUEST_SIZE);
+    if (st == FERRY_OK)
+        assert_int_equal(size, 12345);
+    return st;
+}
+
+static void test_reply_without_fd(void **state)
+{
+    (void)state;
+    uint8_t reply[REPLY_SIZE];
+    int fd = -1;
+
+    make_reply(reply, FERRY_OK, 12345);
+    assert_int_equal(against_fake(reply, sizeof(reply), 0, &fd), FERRY_SYSTEM);
+    assert_string_equal(ferry_last_error(), "test broker returned no file descriptor");
+    assert_int_equal(fd, -1);
+}
+
+static void test_bad_replies(void **state)
+{
+    (void)state;
+    uint8_t reply[REPLY_SIZE + 8] = {0};
+    int fd = -1;
+    int fds_before = count_fds();
+
+    /* The fake itself works: one fd, OK. */
+    make_reply(reply, FERRY_OK, 12345);
+    assert_int_equal(against_fake(reply, REPLY_SIZE, 1, &fd), FERRY_OK);
+    assert_true(fcntl(fd, F_GETFD) & FD_CLOEXEC);
+    close(fd);
+    fd = -1;
+
+    /* Two descriptors: both closed, failure. */
+    assert_int_equal(against_fake(reply, REPLY_SIZE, 2, &fd), FERRY_SYSTEM);
+    assert_non_null(strstr(ferry_last_error(), "2 file descriptors"));
+    /* Short and long replies, with a descriptor each. */
+    assert_int_equal(against_fake(reply, REPLY_SIZE - 1, 1, &fd), FERRY_SYSTEM);
+    assert_int_equal(against_fake(reply, REPLY_SIZE + 8, 1, &fd), FERRY_SYSTEM);
+    /* Bad magic, version and reserved. */
+    reply[0] = 'X';
+    assert_int_equal(against_fake(reply, REPLY_SIZE, 1, &fd), FERRY_SYSTEM);
+    assert_non_null(strstr(ferry_last_error(), "malformed reply"));
+    make_reply(reply, FERRY_OK, 12345);
+    reply[4] = 2;
+    assert_int_equal(against_fake(reply, REPLY_SIZE, 1, &fd), FERRY_SYSTEM);
+    make_reply(reply, FERRY_OK, 12345);
+    reply[23] = 1;
+    assert_int_equal(against_fake(reply, REPLY_SIZE, 1, &fd), FERRY_SYSTEM);
+    /* A refusal is passed through; an unknown status is malformed. */
+    make_reply(reply, FERRY_PERMISSION, 0);
+    assert_int_equal(against_fake(reply, REPLY_SIZE, 0, &fd), FERRY_PERMISSION);
+    assert_string_equal(ferry_last_error(), LABEL " refused the request: permission denied");
+    assert_int_equal(against_fake(reply, REPLY_SIZE, 1, &fd), FERRY_SYSTEM);
+    make_reply(reply, 999, 0);
+    assert_int_equal(against_fake(reply, REPLY_SIZE, 0, &fd), FERRY_SYSTEM);
+    assert_int_equal(fd, -1);
+    assert_int_equal(count_fds(), fds_before);
+}
+
+/* ------------------------------------------------------------------------------------
+ * Start, stop, latched errors, names
+ * ---------------------------------------------------------------------------------- */
+
+static void test_start_validation(void **state)
+{
+    (void)state;
+    uint8_t pool_id[16] = {0}, name[16];
+    ferry__broker *sentinel = (ferry__broker *)(uintptr_t)0x1;
+    ferry__broker *b = sentinel;
+    ferry__broker_config good = {pool_id, 0, 4096, 1, LABEL, NULL, NULL};
+    ferry__broker_config c;
+
+    assert_int_equal(ferry__broker_start(NULL, &b, name), FERRY_INVALID_ARGUMENT);
+    assert_int_equal(ferry__broker_start(&good, NULL, name), FERRY_INVALID_ARGUMENT);
+    assert_int_equal(ferry__broker_start(&good, &b, NULL), FERRY_INVALID_ARGUMENT);
+    assert_string_equal(ferry_last_error(),
+                        "broker start: config, broker and name_out must not be NULL");
+    c = good;
+    c.label = NULL;
+    assert_int_equal(ferry__broker_start(&c, &b, name), FERRY_INVALID_ARGUMENT);
+    assert_string_equal(ferry_last_error(), "broker start: label is NULL");
+    c = good;
+    c.pool_id = NULL;
+    assert_int_equal(ferry__broker_start(&c, &b, name), FERRY_INVALID_ARGUMENT);
+    assert_string_equal(ferry_last_error(), LABEL ": pool_id is NULL");
+    c = good;
+    c.shared_fd = -1;
+    assert_int_equal(ferry__broker_start(&c, &b, name), FERRY_INVALID_ARGUMENT);
+    assert_string_equal(ferry_last_error(), LABEL ": shared_fd -1 is not a file descriptor");
+    c = good;
+    c.consumer_count = 0;
+    assert_int_equal(ferry__broker_start(&c, &b, name), FERRY_INVALID_ARGUMENT);
+    assert_string_equal(ferry_last_error(), LABEL ": consumer_count must be at least 1");
+    assert_ptr_equal(b, sentinel);
+}
+
+static void test_stop_idle_and_null(void **state)
+{
+    (void)state;
+    uint8_t pool_id[16] = {0}, name[16];
+    ferry__broker *b = NULL;
+    ferry__broker_config config = {pool_id, 0, 4096, 1, LABEL, NULL, NULL};
+    char buf[64] = "x";
+
+    assert_int_equal(ferry__broker_start(&config, &b, name), FERRY_OK);
+    assert_non_null(b);
+    assert_int_equal(ferry__broker_error(b, buf, sizeof(buf)), FERRY_OK);
+    assert_string_equal(buf, "");
+    assert_int_equal(ferry__broker_refused(b), 0);
+    uint64_t start = ferry__now_ns();
+    ferry__broker_stop(b);
+    assert_true(ferry__now_ns() - start < 500 * MS);
+    b = NULL;
+    ferry__broker_stop(b);
+    ferry__broker_stop(NULL);
+    assert_int_equal(ferry__broker_refused(NULL), 0);
+    assert_int_equal(ferry__broker_error(NULL, buf, sizeof(buf)), FERRY_OK);
+
+    /* Nobody listens on a stopped broker's name. */
+    int fd = -1;
+    uint64_t size;
+    pid_t pid;
+    assert_int_equal(ferry__broker_request(name, pool_id, 0, LABEL, TIMEOUT_NS, &fd, &size, &pid),
+                     FERRY_PRODUCER_GONE);
+}
+
+/* Stopping does not wait out a peer that connected and stays silent. */
+static void test_stop_with_silent_peer(void **state)
+{
+    fixture *f = *state;
+    int s = raw_connect(f->name);
+    poll(NULL, 0, 50); /* let the broker accept it and wait for its request */
+    uint64_t start = ferry__now_ns();
+    ferry__broker_stop(f->broker);
+    f->broker = NULL;
+    assert_true(ferry__now_ns() - start < 500 * MS);
+    close(s);
+}
+
+static void test_fd_leaks(void **state)
+{
+    (void)state;
+    int before = count_fds();
+    {
+        fixture *f;
+        void *st;
+        uint8_t wrong[16] = {0}, req[REQUEST_SIZE], name[16];
+        int fd, pipe_fds[2];
+        uint64_t size;
+        pid_t pid;
+
+        setup(&st);
+        f = st;
+        for (int i = 0; i < 5; i++) {
+            assert_int_equal(request(f, f->pool_id, (uint32_t)i % CONSUMERS, &fd), FERRY_OK);
+            close(fd);
+        }
+        assert_int_equal(request(f, wrong, 0, &fd), FERRY_MISMATCH);
+        assert_int_equal(request(f, f->pool_id, CONSUMERS, &fd), FERRY_INVALID_ARGUMENT);
+        make_request(req, f->pool_id, 0);
+        assert_int_equal(pipe2(pipe_fds, O_CLOEXEC), 0);
+        assert_int_equal(raw_exchange(f->name, req, sizeof(req), pipe_fds[0]),
+                         FERRY_INVALID_ARGUMENT);
+        assert_int_equal(raw_exchange(f->name, req, sizeof(req) - 1, -1), FERRY_INVALID_ARGUMENT);
+        close(pipe_fds[0]);
+        close(pipe_fds[1]);
+        random_bytes(name, sizeof(name));
+        assert_int_equal(
+            ferry__broker_request(name, f->pool_id, 0, LABEL, TIMEOUT_NS, &fd, &size, &pid),
+            FERRY_PRODUCER_GONE);
+        int listener = make_listener(name);
+        assert_int_equal(
+            ferry__broker_request(name, f->pool_id, 0, LABEL, 20 * MS, &fd, &size, &pid),
+            FERRY_TIMEOUT);
+        close(listener);
+        assert_int_equal(ferry__broker_refused(f->broker), 4);
+        teardown(&st);
+    }
+    assert_int_equal(count_fds(), before);
+}
+
+/* The broker's listening socket, found among this process's descriptors by its name. */
+static int find_listener(const uint8_t name[16])
+{
+    struct sockaddr_un want;
+    unsigned want_len = ferry__broker_address(name, &want);
+    for (int fd = 0; fd < 4096; fd++) {
+        struct sockaddr_un got;
+        socklen_t len = sizeof(got);
+        int listening = 0;
+        socklen_t optlen = sizeof(listening);
+        if (getsockname(fd, (struct sockaddr *)&got, &len) != 0 || len != want_len ||
+            memcmp(&got, &want, len) != 0)
+            continue;
+        if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &optlen) == 0 && listening)
+            return fd;
+    }
+    return -1;
+}
+
+/* Polls the broker until its error latches (5 s at most); returns the status. */
+static ferry_status wait_latched(fixture *f, char *buf, size_t size)
+{
+    uint64_t deadline = ferry__now_ns() + 5000 * MS;
+    ferry_status st;
+    while ((st = ferry__broker_error(f->broker, buf, size)) == FERRY_OK &&
+           ferry__now_ns() < deadline)
+        poll(NULL, 0, 1);
+    return st;
+}
+
+static void test_latched_hangup(void **state)
+{
+    fixture *f = *state;
+    char buf[256];
+    int fd = -1;
+
+    /* Sabotage: shut the listening socket down under the broker. */
+    int listener = find_listener(f->name);
+    assert_true(listener >= 0);
+    assert_int_equal(shutdown(listener, SHUT_RDWR), 0);
+    assert_int_equal(wait_latched(f, buf, sizeof(buf)), FERRY_SYSTEM);
+    assert_string_equal(buf, LABEL " failed: listening socket: hung up");
+    /* A truncated copy stays a string. */
+    char small[8];
+    assert_int_equal(ferry__broker_error(f->broker, small, sizeof(small)), FERRY_SYSTEM);
+    assert_string_equal(small, "test br");
+    /* The name is released: clients fail fast instead of waiting for a reply. */
+    assert_int_equal(request(f, f->pool_id, 0, &fd), FERRY_PRODUCER_GONE);
+    assert_int_equal(fd, -1);
+}
+
+static void test_latched_accept_failure(void **state)
+{
+    fixture *f = *state;
+    char buf[256];
+    int pipe_fds[2];
+
+    /* Sabotage: put a readable pipe where the listening socket was; accept fails on it. */
+    int listener = find_listener(f->name);
+    assert_true(listener >= 0);
+    assert_int_equal(pipe2(pipe_fds, O_CLOEXEC), 0);
+    assert_int_equal(write(pipe_fds[1], "x", 1), 1);
+    /* The raw system call: TSan would rightly call this dup2 a race with the broker thread's
+     * use of the descriptor, which is the point of the sabotage. */
+    assert_int_equal(syscall(SYS_dup3, pipe_fds[0], listener, O_CLOEXEC), listener);
+    /* A broker already sleeping in poll() on the old socket wakes on a connection. */
+    struct sockaddr_un addr;
+    unsigned len = ferry__broker_address(f->name, &addr);
+    int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    assert_true(s >= 0);
+    (void)connect(s, (struct sockaddr *)&addr, len);
+    assert_int_equal(wait_latched(f, buf, sizeof(buf)), FERRY_SYSTEM);
+    assert_string_equal(buf, LABEL " failed: accept: Socket operation on non-socket");
+    /* Latched once: the first cause stays. */
+    assert_int_equal(ferry__broker_error(f->broker, buf, sizeof(buf)), FERRY_SYSTEM);
+    assert_string_equal(buf, LABEL " failed: accept: Socket operation on non-socket");
+    close(s);
+    close(pipe_fds[0]);
+    close(pipe_fds[1]);
+    /* The broker closes its copy (the dup2 target) itself, right after latching. */
+    for (int i = 0; i < 5000 && fcntl(listener, F_GETFD) != -1; i++)
+        poll(NULL, 0, 1);
+    assert_int_equal(fcntl(listener, F_GETFD), -1);
+}
+
+/* Lowest descriptor number not in use: with RLIMIT_NOFILE there, no descriptor can be
+ * opened. */
+static int lowest_free_fd(void)
+{
+    int fd = dup(0);
+    assert_true(fd >= 0);
+    close(fd);
+    return fd;
+}
+
+static uint64_t cpu_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* accept failing with EMFILE is transient: the broker backs off without spinning, then
+ * serves the connection once descriptors are available again. */
+static void test_backoff_on_fd_exhaustion(void **state)
+{
+    fixture *f = *state;
+    struct rlimit saved, low;
+    struct sockaddr_un addr;
+    uint8_t req[REQUEST_SIZE], reply[64];
+    int fd, nfds;
+
+    make_request(req, f->pool_id, 1);
+    unsigned len = ferry__broker_address(f->name, &addr);
+    int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    assert_true(s >= 0);
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &saved), 0);
+    low = saved;
+    low.rlim_cur = (rlim_t)lowest_free_fd();
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+    int connected = connect(s, (struct sockaddr *)&addr, len);
+    ssize_t sent = send(s, req, sizeof(req), MSG_NOSIGNAL);
+    uint64_t cpu0 = cpu_ns();
+    poll(NULL, 0, 200);
+    uint64_t cpu = cpu_ns() - cpu0;
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &saved), 0);
+    assert_int_equal(connected, 0);
+    assert_int_equal(sent, REQUEST_SIZE);
+    assert_true(cpu < 100 * MS); /* a spinning broker would burn the whole 200 ms */
+
+    ssize_t n = raw_receive(s, reply, sizeof(reply), 5000, &fd, &nfds);
+    close(s);
+    assert_int_equal(n, REPLY_SIZE);
+    assert_int_equal(reply[6] | (reply[7] << 8), FERRY_OK);
+    assert_int_equal(nfds, 1);
+    close(fd);
+    assert_int_equal(attach_count(f), 1);
+    assert_int_equal(ferry__broker_refused(f->broker), 0);
+}
+
+/* In a child: becomes nobody, then serves one request as a fake broker handing /dev/null. */
+static int child_fake_broker_as_nobody(const uint8_t name[16], int ready_fd)
+{
+    uint8_t reply[REPLY_SIZE];
+    if (setgroups(0, NULL) != 0 || setresgid(NOBODY, NOBODY, NOBODY) != 0 ||
+        setresuid(NOBODY, NOBODY, NOBODY) != 0)
+        return EXIT_NO_DROP;
+    fake_server fs = {.reply_len = REPLY_SIZE, .nfds = 1};
+    struct sockaddr_un addr;
+    unsigned len = ferry__broker_address(name, &addr);
+    fs.listener = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (fs.listener < 0 || bind(fs.listener, (struct sockaddr *)&addr, len) != 0 ||
+        listen(fs.listener, 1) != 0)
+        return 1;
+    make_reply(reply, FERRY_OK, 12345);
+    memcpy(fs.reply, reply, REPLY_SIZE);
+    if (write(ready_fd, "r", 1) != 1)
+        return 1;
+    fake_server_main(&fs);
+    return fs.got_len == REQUEST_SIZE ? 0 : 1;
+}
+
+static void test_broker_of_other_uid_rejected(void **state)
+{
+    (void)state;
+    uint8_t name[16], pool_id[16] = {0};
+    int ready[2], fd = -1;
+    char c;
+    uint64_t size;
+    pid_t pid;
+
+    if (geteuid() != 0)
+        skip();
+    random_bytes(name, sizeof(name));
+    int fds_before = count_fds();
+    assert_int_equal(pipe2(ready, O_CLOEXEC), 0);
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0)
+        _exit(child_fake_broker_as_nobody(name, ready[1]));
+    close(ready[1]);
+    ssize_t got = read(ready[0], &c, 1);
+    close(ready[0]);
+    if (got != 1) {
+        assert_int_equal(wait_child(child), EXIT_NO_DROP);
+        skip();
+    }
+    assert_int_equal(ferry__broker_request(name, pool_id, 0, LABEL, TIMEOUT_NS, &fd, &size, &pid),
+                     FERRY_PERMISSION);
+    assert_non_null(strstr(ferry_last_error(), LABEL " belongs to uid 65534"));
+    assert_int_equal(fd, -1);
+    assert_int_equal(wait_child(child), 0);
+    assert_int_equal(count_fds(), fds_before);
+}
+
+static void test_names_and_address(void **state)
+{
+    fixture *f = *state;
+    struct sockaddr_un addr;
+    char expect[40] = "ferry.";
+
+    for (int i = 0; i < 16; i++)
+        snprintf(expect + 6 + 2 * i, 3, "%02x", f->name[i]);
+    unsigned len = ferry__broker_address(f->name, &addr);
+    assert_int_equal(len, offsetof(struct sockaddr_un, sun_path) + 1 + 6 + 32);
+    assert_int_equal(addr.sun_family, AF_UNIX);
+    assert_int_equal(addr.sun_path[0], 0);
+    assert_memory_equal(addr.sun_path + 1, expect, 38);
+
+    /* A second broker gets another name, and both serve. */
+    fixture g = {.memfd = f->memfd};
+    pthread_mutex_init(&g.log.lock, NULL);
+    memcpy(g.pool_id, f->pool_id, 16);
+    ferry__broker_config config = fixture_config(&g);
+    assert_int_equal(ferry__broker_start(&config, &g.broker, g.name), FERRY_OK);
+    assert_memory_not_equal(g.name, f->name, 16);
+    int fd = -1;
+    assert_int_equal(request(&g, g.pool_id, 0, &fd), FERRY_OK);
+    close(fd);
+    assert_int_equal(request(f, f->pool_id, 0, &fd), FERRY_OK);
+    close(fd);
+    ferry__broker_stop(g.broker);
+    assert_int_equal(g.log.count, 1);
+    assert_int_equal(attach_count(f), 1);
+    pthread_mutex_destroy(&g.log.lock);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_handoff_to_child, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_many_children_at_once, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_received_fd_is_cloexec, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_hand_made_request_and_reply_bytes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_wrong_pool_id, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_rank_out_of_range, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_malformed_requests, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_silent_peer_is_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_other_uid_refused, setup, teardown),
+        cmocka_unit_test(test_nobody_listening),
+        cmocka_unit_test(test_timeout_when_nobody_answers),
+        cmocka_unit_test(test_reply_without_fd),
+        cmocka_unit_test(test_bad_replies),
+        cmocka_unit_test(test_start_validation),
+        cmocka_unit_test(test_stop_idle_and_null),
+        cmocka_unit_test_setup_teardown(test_stop_with_silent_peer, setup, teardown),
+        cmocka_unit_test(test_fd_leaks),
+        cmocka_unit_test_setup_teardown(test_latched_hangup, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_latched_accept_failure, setup, teardown),
+        cmocka_unit_test(test_broker_of_other_uid_rejected),
+        cmocka_unit_test_setup_teardown(test_backoff_on_fd_exhaustion, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_names_and_address, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
