@@ -1,0 +1,33 @@
+/* CRC-32C (Castagnoli), byte-at-a-time with a 256-entry table built once on first use. */
+#include <pthread.h>
+
+#include "wire/wire.h"
+
+#define CRC32C_POLY 0x82F63B78u /* 0x1EDC6F41 bit-reversed */
+
+static uint32_t crc_table[256];
+static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
+
+static uint32_t crc_of_byte(uint32_t byte)
+{
+    uint32_t c = byte;
+    for (int bit = 0; bit < 8; bit++)
+        c = (c & 1u) ? (c >> 1) ^ CRC32C_POLY : c >> 1;
+    return c;
+}
+
+static void crc_table_init(void)
+{
+    for (uint32_t i = 0; i < 256; i++)
+        crc_table[i] = crc_of_byte(i);
+}
+
+uint32_t ferry__crc32c(const void *buf, size_t len)
+{
+    const uint8_t *p = buf;
+    uint32_t crc = 0xFFFFFFFFu;
+    pthread_once(&crc_once, crc_table_init);
+    for (size_t i = 0; i < len; i++)
+        crc = crc_table[(crc ^ p[i]) & 0xFFu] ^ (crc >> 8);
+    return crc ^ 0xFFFFFFFFu;
+}

@@ -1,0 +1,58 @@
+/* Wire helpers: CRC-32C, explicit little-endian byte order and the shared tensor rules. */
+#ifndef FERRY_WIRE_WIRE_H
+#define FERRY_WIRE_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ferry.h"
+
+/* CRC-32C (Castagnoli, reflected 0x82F63B78, init and final xor 0xFFFFFFFF) of buf. */
+uint32_t ferry__crc32c(const void *buf, size_t len);
+
+/* Checks a tensor's dtype and shape[0, ndim) and computes its size in bytes. On failure
+ * returns status (with a message naming the problem, prefixed by what) and leaves *nbytes
+ * untouched. Entries of shape from ndim on are not looked at. */
+ferry_status ferry__tensor_size(const ferry_tensor *tensor, ferry_status status, const char *what,
+                                uint64_t *nbytes);
+
+/* Bytes of one element of a tensor whose dtype passed ferry__tensor_size. */
+static inline uint64_t ferry__tensor_elem_bytes(const ferry_tensor *tensor)
+{
+    return (uint64_t)tensor->dtype_bits * tensor->dtype_lanes / 8u;
+}
+
+static inline void ferry__put_le16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+
+static inline void ferry__put_le32(uint8_t *p, uint32_t v)
+{
+    ferry__put_le16(p, (uint16_t)v);
+    ferry__put_le16(p + 2, (uint16_t)(v >> 16));
+}
+
+static inline void ferry__put_le64(uint8_t *p, uint64_t v)
+{
+    ferry__put_le32(p, (uint32_t)v);
+    ferry__put_le32(p + 4, (uint32_t)(v >> 32));
+}
+
+static inline uint16_t ferry__get_le16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] | (uint16_t)p[1] << 8);
+}
+
+static inline uint32_t ferry__get_le32(const uint8_t *p)
+{
+    return (uint32_t)ferry__get_le16(p) | (uint32_t)ferry__get_le16(p + 2) << 16;
+}
+
+static inline uint64_t ferry__get_le64(const uint8_t *p)
+{
+    return (uint64_t)ferry__get_le32(p) | (uint64_t)ferry__get_le32(p + 4) << 32;
+}
+
+#endif
