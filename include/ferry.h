@@ -250,7 +250,7 @@ typedef struct ferry_pool_stats {
     uint64_t high_water_bytes;   /* most bytes_in_use ever */
     uint64_t high_water_leases;  /* most leases_in_flight ever */
     uint64_t publishes;          /* leases created (publish, publish_many, reserve) */
-    uint64_t pool_full_events;   /* publishes that found no space at first try */
+    uint64_t pool_full_events;   /* publishes that found the pool full even after reclaiming */
     uint64_t reclaimed;          /* leases freed after every rank acknowledged */
     uint64_t cancelled;          /* leases cancelled */
     uint64_t acked_for_dead;     /* acknowledgements written on behalf of dead consumers */

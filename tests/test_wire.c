@@ -217,6 +217,21 @@ static void test_crc32c_vectors(void **state)
     for (int i = 0; i < 32; i++)
         buf[i] = (uint8_t)i;
     assert_int_equal(ferry__crc32c(buf, sizeof(buf)), 0x46DD794Eu);
+    assert_int_equal(ferry__crc32c_table("123456789", 9), 0xE3069283u);
+}
+
+/* The hardware path (where the CPU has one) and the table agree at every length and
+ * alignment. */
+static void test_crc32c_paths_agree(void **state)
+{
+    (void)state;
+    uint8_t buf[300];
+    for (size_t i = 0; i < sizeof(buf); i++)
+        buf[i] = (uint8_t)(i * 131 + 7);
+    for (size_t start = 0; start < 9; start++)
+        for (size_t len = 0; start + len <= sizeof(buf); len += 1 + len / 8)
+            assert_int_equal(ferry__crc32c(buf + start, len),
+                             ferry__crc32c_table(buf + start, len));
 }
 
 static void test_byte_order(void **state)
@@ -684,7 +699,8 @@ static void test_seed_corpus(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_crc32c_vectors),       cmocka_unit_test(test_byte_order),
+        cmocka_unit_test(test_crc32c_vectors),
+        cmocka_unit_test(test_crc32c_paths_agree),       cmocka_unit_test(test_byte_order),
         cmocka_unit_test(test_worked_example),       cmocka_unit_test(test_round_trip_random),
         cmocka_unit_test(test_round_trip_edges),     cmocka_unit_test(test_round_trip_gpu),
         cmocka_unit_test(test_reject_lengths),       cmocka_unit_test(test_reject_bit_flips),

@@ -173,8 +173,8 @@ static void cleanup(bench_run *run)
 static int verdict(const bench_run *run)
 {
     uint64_t errors = run->ferry.errors + run->floor.errors + run->reclaim.errors;
-    int bad = errors || run->ferry.verified_items < (double)run->params.items ||
-              (run->floor.ran && run->floor.verified_items < (double)run->params.items);
+    int bad = errors || run->ferry.verified_items < run->params.items ||
+              (run->floor.ran && run->floor.verified_items < run->params.items);
     if (!bad)
         return CLI_EXIT_OK;
     fprintf(stderr, "ferry bench: verification failed (%llu errors)\n", (unsigned long long)errors);

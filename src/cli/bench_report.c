@@ -54,12 +54,13 @@ static void latencies(bench_run *run, int phase, bench_phase_result *out)
 
 static void counters(const bench_run *run, int phase, bench_phase_result *out)
 {
-    uint64_t verified = 0;
+    uint64_t verified = UINT64_MAX;
     for (uint32_t r = 0; r < run->consumers; r++) {
-        verified += run->region.ranks[r].verified[phase];
+        if (run->region.ranks[r].verified[phase] < verified)
+            verified = run->region.ranks[r].verified[phase];
         out->errors += run->region.ranks[r].errors[phase];
     }
-    out->verified_items = (double)verified / (double)run->consumers;
+    out->verified_items = run->consumers ? verified : 0;
 }
 
 void bench_phase_metrics(bench_run *run, int phase, bench_phase_result *out)
@@ -124,10 +125,10 @@ void bench_report_text(const bench_run *run)
         printf("reclaim delay p50/p99: %.1f/%.1f us (%llu blocked rounds of %llu)\n",
                run->reclaim.p50_us, run->reclaim.p99_us, (unsigned long long)run->reclaim.rounds,
                (unsigned long long)run->params.reclaim_rounds);
-    printf("verified: %.10g/%llu items in every consumer", run->ferry.verified_items,
-           (unsigned long long)run->params.items);
+    printf("verified: %llu/%llu items in every consumer",
+           (unsigned long long)run->ferry.verified_items, (unsigned long long)run->params.items);
     if (run->floor.ran)
-        printf(" (floor %.10g/%llu)", run->floor.verified_items,
+        printf(" (floor %llu/%llu)", (unsigned long long)run->floor.verified_items,
                (unsigned long long)run->params.items);
     printf(", errors: %llu\n",
            (unsigned long long)(run->ferry.errors + run->floor.errors + run->reclaim.errors));
@@ -153,7 +154,7 @@ static void json_phase(const bench_phase_result *r, uint64_t pool_full, uint64_t
     json_number("p50_us", r->p50_us, ", ");
     json_number("p99_us", r->p99_us, ", ");
     printf("\"pool_full\": %llu, ", (unsigned long long)pool_full);
-    json_number("verified_items", r->verified_items, ", ");
+    printf("\"verified_items\": %llu, ", (unsigned long long)r->verified_items);
     printf("\"errors\": %llu", (unsigned long long)errors);
 }
 

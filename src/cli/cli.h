@@ -215,8 +215,8 @@ typedef struct bench_phase_result {
     double gbytes_per_s;
     double p50_us;
     double p99_us;
-    uint64_t full_events;  /* ferry: pool_full_events; floor: waits for a busy slot */
-    double verified_items; /* sum over consumers / consumers */
+    uint64_t full_events;    /* ferry: pool_full_events; floor: waits for a busy slot */
+    uint64_t verified_items; /* items verified by every consumer (minimum over ranks) */
     uint64_t errors;
 } bench_phase_result;
 

@@ -156,7 +156,7 @@ void ferry__describe_backlog_locked(ferry_pool *pool, char *buf, size_t size)
         return;
     }
     const ferry__rank *rk = &pool->ranks[r];
-    const char *state = !rk->pid                                    ? "never attached"
+    const char *state = !rk->pid                                    ? "not attached yet"
                         : ferry__proc_alive(rk->pid, rk->starttime) ? "alive"
                                                                     : "dead";
     snprintf(buf, size, "slowest consumer: rank %d (pid %d, %s) holds %llu leases, oldest %.3f ms",

@@ -10,6 +10,9 @@
 /* CRC-32C (Castagnoli, reflected 0x82F63B78, init and final xor 0xFFFFFFFF) of buf. */
 uint32_t ferry__crc32c(const void *buf, size_t len);
 
+/* The portable table-driven CRC-32C (what ferry__crc32c falls back to). */
+uint32_t ferry__crc32c_table(const void *buf, size_t len);
+
 /* Checks a tensor's dtype and shape[0, ndim) and computes its size in bytes. On failure
  * returns status (with a message naming the problem, prefixed by what) and leaves *nbytes
  * untouched. Entries of shape from ndim on are not looked at. */

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The ferry CLI: invalid settings give the library's exact messages and a non-zero exit;
+# a small real bench verifies every byte and reports zero errors in its JSON.
+set -u
+ferry="$1"
+fails=0
+
+expect_fail() { # expected-message args...
+    local want="$1"; shift
+    local out
+    out=$("$ferry" "$@" 2>&1 >/dev/null)
+    local rc=$?
+    if [ $rc -eq 0 ] || [[ "$out" != *"$want"* ]]; then
+        echo "FAIL: ferry $* -> rc=$rc, stderr: $out (wanted: $want)"
+        fails=$((fails + 1))
+    fi
+}
+
+expect_fail "memory_size must be positive" bench --pool-size 0 --quiet
+expect_fail "consumer_count must be positive" bench --consumers 0 --quiet
+expect_fail "max_inflight_slices must be positive" bench --max-inflight 0 --quiet
+expect_fail "recycle_interval must be positive" bench --reclaim-interval-us 0 --quiet
+expect_fail "host pool is too small after control metadata: pool=65536, control=81920" \
+    bench --pool-size 64KiB --quiet
+expect_fail "total_pool_size must be positive" split-budget 0 4
+expect_fail "tokenizer_worker_num must be positive" split-budget 8GiB 0
+expect_fail "" bench --item-size banana
+expect_fail "" no-such-command
+
+share=$("$ferry" split-budget 10GiB 3)
+[ "$share" = "3579139413" ] || { echo "FAIL: split-budget printed '$share'"; fails=$((fails + 1)); }
+
+json=$("$ferry" bench --consumers 2 --items 200 --item-size 1KiB-256KiB --pool-size 4MiB \
+    --reclaim-rounds 20 --rounds 2 --json 2>/dev/null)
+rc=$?
+for want in '"backend": "host"' '"verified_items": 200,' '"errors": 0' '"floor": {'; do
+    if [ $rc -ne 0 ] || [[ "$json" != *"$want"* ]]; then
+        echo "FAIL: bench --json (rc=$rc) lacks $want: $json"
+        fails=$((fails + 1))
+    fi
+done
+
+[ $fails -eq 0 ] && echo "cli tests passed"
+exit $((fails > 0))
