@@ -147,8 +147,14 @@ typedef struct ferry_descriptor {
 /* Control words live in the device pool rather than host shared memory (GPU backends). */
 #define FERRY_DESC_FLAG_DEVICE_CONTROL 0x01u
 /* The lease holds several tensors (multi-tensor publish). */
-#define FERRY_DESC_FLAG_MULTI  0x02u
-#define FERRY_DESC_FLAGS_KNOWN 0x03u
+#define FERRY_DESC_FLAG_MULTI 0x02u
+/* The descriptor names the pool only, no lease: slot, generation, offset and length are 0
+ * (ferry_pool_describe; consumers may only open the pool with it). */
+#define FERRY_DESC_FLAG_POOL_ONLY 0x04u
+/* CUDA VMM: handle holds a 64-byte FABRIC handle (otherwise the name of the broker that
+ * hands out the pool's POSIX file descriptor, in its first 16 bytes). */
+#define FERRY_DESC_FLAG_FABRIC 0x08u
+#define FERRY_DESC_FLAGS_KNOWN 0x0Fu
 
 /* Encodes a descriptor into exactly FERRY_DESCRIPTOR_SIZE bytes. Fails with
  * INVALID_ARGUMENT if the descriptor is not self-consistent. */
@@ -179,12 +185,34 @@ typedef struct ferry_pool_config {
     int64_t reclaim_interval_us; /* background reclaim period (default 1000) */
     uint32_t initial_generation; /* first generation of every slot (tests; default 0) */
     int32_t device;              /* GPU ordinal for GPU backends (default 0) */
+    int32_t control_placement;   /* ferry_control_placement, GPU backends (default HOST) */
+    int32_t vmm_handle;          /* ferry_vmm_handle, CUDA VMM only (default AUTO) */
 } ferry_pool_config;
+
+/* How a CUDA VMM pool is shared. */
+typedef enum ferry_vmm_handle {
+    /* FABRIC where cuMemCreate grants it, else POSIX_FD (single node); the choice is logged. */
+    FERRY_VMM_HANDLE_AUTO = 0,
+    /* FABRIC or fail ("CUDA VMM multimodal transport selected POSIX_FD, but this pool
+     * requires FABRIC"): pools read across nodes over an NVLink fabric. */
+    FERRY_VMM_HANDLE_FABRIC = 1,
+    /* A POSIX file descriptor handed out by the pool's broker (single node). */
+    FERRY_VMM_HANDLE_POSIX_FD = 2,
+} ferry_vmm_handle;
+
+/* Where a GPU pool keeps its control words. */
+typedef enum ferry_control_placement {
+    /* Host shared memory registered with CUDA in every process (default): the producer reads
+     * acknowledgements with plain loads, and it measured ~35% faster than device memory. */
+    FERRY_CONTROL_HOST = 0,
+    /* Inside the device pool, as the reference layout has it (needed across nodes). */
+    FERRY_CONTROL_DEVICE = 1,
+} ferry_control_placement;
 
 #define FERRY_POOL_CONFIG_INIT                                                                     \
     {                                                                                              \
         sizeof(ferry_pool_config), FERRY_POOL_CONFIG_VERSION, FERRY_BACKEND_AUTO, 0, 1, 4096,      \
-            1000, 0, 0                                                                             \
+            1000, 0, 0, FERRY_CONTROL_HOST, FERRY_VMM_HANDLE_AUTO                                  \
     }
 
 /* Validates a configuration without creating anything; the messages are those of
@@ -195,9 +223,20 @@ FERRY_API ferry_status ferry_pool_config_check(const ferry_pool_config *config);
  * On failure nothing is left behind. The caller owns *pool (ferry_pool_destroy). */
 FERRY_API ferry_status ferry_pool_create(const ferry_pool_config *config, ferry_pool **pool);
 
-/* Destroys a pool: refuses new publishes, stops the reclaimer and the broker, releases the
- * memory. Consumers still waiting see PRODUCER_GONE. NULL is a no-op. */
+/* Shuts a pool down: refuses new publishers ("<transport> pool is closing"), waits for the
+ * active ones, stops the reclaimer, closes the broker, then releases the memory. Consumers
+ * still waiting see PRODUCER_GONE. Closing twice is harmless; every later call on the pool
+ * but ferry_pool_destroy fails with CLOSING. NULL is a no-op. */
+FERRY_API void ferry_pool_close(ferry_pool *pool);
+
+/* Closes the pool if it is not closed yet, then frees it. NULL is a no-op. */
 FERRY_API void ferry_pool_destroy(ferry_pool *pool);
+
+/* FERRY_OK while the pool is healthy. Once a background part failed (its broker, its
+ * reclaimer, a publish whose cleanup failed too), every later publish fails with
+ * POOL_FAILED ("<transport> pool failed", "CUDA VMM multimodal pool failed"); this returns
+ * that status and copies the first cause into cause (size bytes, may be NULL/0). */
+FERRY_API ferry_status ferry_pool_error(ferry_pool *pool, char *cause, size_t size);
 
 /* Timeouts are in nanoseconds. 0 means "do not wait". */
 #define FERRY_NO_WAIT      0ull
@@ -232,6 +271,30 @@ FERRY_API ferry_status ferry_pool_commit(ferry_pool *pool, const ferry_descripto
  * at once and its descriptor is refused as STALE by consumers. Cancelling twice fails with
  * INACTIVE_LEASE ("Cannot release inactive host pool lease (slot=S, generation=G)"). */
 FERRY_API ferry_status ferry_pool_cancel(ferry_pool *pool, const ferry_descriptor *desc);
+
+/* GPU pools, stream-ordered: copies the tensor (device memory, or pinned or pageable host
+ * memory) into a new lease on stream (a CUstream; NULL is the legacy default stream) and
+ * enqueues the ready write after it (cuStreamWriteValue32). Returns once both are enqueued:
+ * no host synchronisation. The caller keeps src unchanged until the stream has run the copy.
+ * On a host pool stream must be NULL and this is ferry_pool_publish. */
+FERRY_API ferry_status ferry_pool_publish_async(ferry_pool *pool, const ferry_tensor *tensor,
+                                                const void *src, void *stream, uint64_t timeout_ns,
+                                                ferry_descriptor *desc);
+
+/* Stream-ordered ferry_pool_publish_many (one lease, one ready write). */
+FERRY_API ferry_status ferry_pool_publish_many_async(ferry_pool *pool, const ferry_tensor *tensors,
+                                                     const void *const *srcs, size_t count,
+                                                     void *stream, uint64_t timeout_ns,
+                                                     ferry_descriptor *descs);
+
+/* Stream-ordered commit of a reserved lease: the ready write is enqueued on stream after the
+ * work the producer queued there to fill the slice. */
+FERRY_API ferry_status ferry_pool_commit_async(ferry_pool *pool, const ferry_descriptor *desc,
+                                               void *stream);
+
+/* A descriptor that names the pool but no lease (FERRY_DESC_FLAG_POOL_ONLY), for consumers
+ * to open the pool with ferry_consumer_open before the first tensor arrives. */
+FERRY_API ferry_status ferry_pool_describe(ferry_pool *pool, ferry_descriptor *desc);
 
 /* Frees every lease that every rank has acknowledged; *reclaimed (may be NULL) gets how
  * many. Also acknowledges on behalf of consumers whose process died. */
@@ -288,6 +351,12 @@ typedef struct ferry_consumer ferry_consumer;
  * cache keyed by pool identity, so every pool is mapped once per process. */
 FERRY_API ferry_status ferry_consumer_create(uint32_t rank, ferry_consumer **consumer);
 
+/* Creates a consumer context for rank whose GPU work runs on device (an ordinal; -1 for a
+ * consumer of host pools only). GPU pools are opened on that device, never on the
+ * producer's: peers are reached through lazy peer access. */
+FERRY_API ferry_status ferry_consumer_create_on(uint32_t rank, int32_t device,
+                                                ferry_consumer **consumer);
+
 /* Releases the context and its references to opened pools. NULL is a no-op. */
 FERRY_API void ferry_consumer_destroy(ferry_consumer *consumer);
 
@@ -324,6 +393,28 @@ FERRY_API ferry_status ferry_consumer_ack_range(ferry_consumer *consumer,
 /* Acknowledges the lease for every rank. */
 FERRY_API ferry_status ferry_consumer_ack_all(ferry_consumer *consumer,
                                               const ferry_descriptor *desc);
+
+/* GPU pools, stream-ordered consume on the consumer's stream (a CUstream; NULL is the
+ * legacy default stream): waits for the ready word (cuStreamWaitValue32), copies the tensor
+ * into dst (device or host memory the caller owns), then writes this rank's
+ * acknowledgement, all enqueued: the call returns at once. To bound the wait on a producer
+ * that may die, call ferry_consumer_wait (CPU, with a timeout) first. NOT_SUPPORTED on host
+ * pools. */
+FERRY_API ferry_status ferry_consumer_read_async(ferry_consumer *consumer,
+                                                 const ferry_descriptor *desc, void *dst,
+                                                 size_t dst_size, void *stream);
+
+/* GPU pools: enqueues the wait for the ready word on stream and points *data at the tensor in
+ * this process's mapping of the pool (device memory, read-only, valid until this rank
+ * acknowledges). Kernels enqueued on stream afterwards may read it; then acknowledge with
+ * ferry_consumer_ack_async on the same stream. */
+FERRY_API ferry_status ferry_consumer_view_async(ferry_consumer *consumer,
+                                                 const ferry_descriptor *desc, void *stream,
+                                                 const void **data);
+
+/* GPU pools: enqueues this rank's acknowledgement on stream, after the work already there. */
+FERRY_API ferry_status ferry_consumer_ack_async(ferry_consumer *consumer,
+                                                const ferry_descriptor *desc, void *stream);
 
 /* ------------------------------------------------------------------------------------
  * Logging

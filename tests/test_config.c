@@ -90,13 +90,34 @@ static void test_struct_and_limits(void **state)
     assert_int_equal(ferry_pool_config_check(NULL), FERRY_INVALID_ARGUMENT);
 }
 
-static void test_gpu_backend_not_in_build(void **state)
+static void test_gpu_backends(void **state)
 {
     (void)state;
     ferry_pool_config c = base_config();
+    c.backend = FERRY_BACKEND_CUDA_VMM;
+    c.vmm_handle = 3;
+    assert_int_equal(ferry_pool_config_check(&c), FERRY_INVALID_ARGUMENT);
+    assert_string_equal(ferry_last_error(), "vmm_handle=3 is not a handle type");
+    c.vmm_handle = FERRY_VMM_HANDLE_FABRIC;
+    assert_int_equal(ferry_pool_config_check(&c), FERRY_OK);
+    /* The transport's name is in its messages. */
     c.backend = FERRY_BACKEND_CUDA_IPC;
-    assert_int_equal(ferry_pool_config_check(&c), FERRY_NOT_SUPPORTED);
-    assert_non_null(strstr(ferry_last_error(), "cuda_ipc"));
+    c.memory_size = 1000;
+    assert_int_equal(ferry_pool_config_check(&c), FERRY_INVALID_ARGUMENT);
+    assert_string_equal(ferry_last_error(),
+                        "CUDA IPC pool is too small after control metadata: pool=1000, "
+                        "control=49152");
+    c = base_config();
+    c.control_placement = FERRY_CONTROL_DEVICE;
+    assert_int_equal(ferry_pool_config_check(&c), FERRY_INVALID_ARGUMENT);
+    assert_string_equal(ferry_last_error(),
+                        "control words can live on the device only in a GPU pool");
+    c.control_placement = 7;
+    assert_int_equal(ferry_pool_config_check(&c), FERRY_INVALID_ARGUMENT);
+    c = base_config();
+    c.backend = FERRY_BACKEND_CUDA_IPC;
+    c.control_placement = FERRY_CONTROL_DEVICE;
+    assert_int_equal(ferry_pool_config_check(&c), FERRY_OK);
 }
 
 static void test_split_budget(void **state)
@@ -132,7 +153,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_non_positive_fields), cmocka_unit_test(test_too_small_after_control),
-        cmocka_unit_test(test_struct_and_limits),   cmocka_unit_test(test_gpu_backend_not_in_build),
+        cmocka_unit_test(test_struct_and_limits),   cmocka_unit_test(test_gpu_backends),
         cmocka_unit_test(test_split_budget),        cmocka_unit_test(test_status_table),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -505,6 +505,28 @@ static void test_descriptor_checked_against_pool(void **state)
     ferry_pool_destroy(pool);
 }
 
+/* A pool-only descriptor opens the pool before any tensor; it names no lease. */
+static void test_pre_open(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(1 << 16, 1, 8);
+    ferry_descriptor d;
+    assert_int_equal(ferry_pool_describe(pool, &d), FERRY_OK);
+    d = over_wire(&d);
+    assert_true(d.flags & FERRY_DESC_FLAG_POOL_ONLY);
+    ferry_consumer *c;
+    assert_int_equal(ferry_consumer_create(0, &c), FERRY_OK);
+    assert_int_equal(ferry_consumer_open(c, &d), FERRY_OK);
+    assert_int_equal(stats_of(pool).consumers_attached, 1);
+    uint8_t buf[8];
+    assert_int_equal(ferry_consumer_read(c, &d, buf, sizeof(buf), 0), FERRY_INVALID_ARGUMENT);
+    assert_int_equal(ferry_consumer_ack(c, &d), FERRY_INVALID_ARGUMENT);
+    ferry_descriptor e = publish_bytes(pool, 8, 3);
+    read_and_check(c, &e, 3);
+    ferry_consumer_destroy(c);
+    ferry_pool_destroy(pool);
+}
+
 static void test_background_reclaim_and_info(void **state)
 {
     (void)state;
@@ -653,6 +675,7 @@ int main(void)
         cmocka_unit_test(test_publish_many),
         cmocka_unit_test(test_generation_exhausted),
         cmocka_unit_test(test_descriptor_checked_against_pool),
+        cmocka_unit_test(test_pre_open),
         cmocka_unit_test(test_background_reclaim_and_info),
         cmocka_unit_test(test_destroy_wakes_waiters),
         cmocka_unit_test(test_bad_arguments),

@@ -175,7 +175,7 @@ static void random_identity(uint64_t *s, ferry_descriptor *d)
         rng_bytes(s, d->broker, sizeof(d->broker));
     rng_bytes(s, d->handle, sizeof(d->handle));
     d->device = (int32_t)rng_below(s, 8);
-    d->flags = (uint8_t)(rng_next(s) & FERRY_DESC_FLAGS_KNOWN);
+    d->flags = (uint8_t)(rng_next(s) & (FERRY_DESC_FLAG_DEVICE_CONTROL | FERRY_DESC_FLAG_MULTI));
 }
 
 static void random_lease(uint64_t *s, ferry_descriptor *d)
@@ -317,7 +317,7 @@ static void test_round_trip_gpu(void **state)
     (void)state;
     ferry_descriptor d = example_desc();
     d.backend = FERRY_BACKEND_CUDA_VMM;
-    d.flags = FERRY_DESC_FLAGS_KNOWN;
+    d.flags = FERRY_DESC_FLAG_DEVICE_CONTROL | FERRY_DESC_FLAG_MULTI;
     memset(d.broker, 0, sizeof(d.broker)); /* allowed for GPU backends */
     memset(d.handle, 0xEE, sizeof(d.handle));
     d.device = 0;
@@ -423,9 +423,11 @@ static const struct field_case field_cases[] = {
     {"backend 0 is invalid", {{8, 1, 0}}},
     {"backend 4 is invalid", {{8, 1, 4}}},
     {"backend 255 is invalid", {{8, 1, 255}}},
-    {"flags 0x06 have unknown bits 0x04", {{9, 1, 0x06}}},
+    {"flags 0x12 have unknown bits 0x10", {{9, 1, 0x12}}},
     {"unknown bits 0x80", {{9, 1, 0x80}}},
-    {"DEVICE_CONTROL is set for the host backend", {{9, 1, 0x01}}},
+    {"pool-only descriptor must have no lease", {{9, 1, 0x04}}},
+    {"DEVICE_CONTROL or FABRIC is set for the host backend", {{9, 1, 0x01}}},
+    {"DEVICE_CONTROL or FABRIC is set for the host backend", {{9, 1, 0x08}}},
     {"consumer_count is 0", {{10, 2, 0}}},
     {"max_inflight is 0", {{12, 4, 0}}},
     {"slot 64 is not below max_inflight 64", {{16, 4, 64}}},
@@ -700,15 +702,24 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_crc32c_vectors),
-        cmocka_unit_test(test_crc32c_paths_agree),       cmocka_unit_test(test_byte_order),
-        cmocka_unit_test(test_worked_example),       cmocka_unit_test(test_round_trip_random),
-        cmocka_unit_test(test_round_trip_edges),     cmocka_unit_test(test_round_trip_gpu),
-        cmocka_unit_test(test_reject_lengths),       cmocka_unit_test(test_reject_bit_flips),
-        cmocka_unit_test(test_reject_checksum),      cmocka_unit_test(test_reject_envelope_fields),
-        cmocka_unit_test(test_reject_reserved),      cmocka_unit_test(test_reject_field_rules),
-        cmocka_unit_test(test_encode_rejects),       cmocka_unit_test(test_null_arguments),
-        cmocka_unit_test(test_tensor_bytes),         cmocka_unit_test(test_tensor_nbytes),
-        cmocka_unit_test(test_tensor_nbytes_errors), cmocka_unit_test(test_backend_names),
+        cmocka_unit_test(test_crc32c_paths_agree),
+        cmocka_unit_test(test_byte_order),
+        cmocka_unit_test(test_worked_example),
+        cmocka_unit_test(test_round_trip_random),
+        cmocka_unit_test(test_round_trip_edges),
+        cmocka_unit_test(test_round_trip_gpu),
+        cmocka_unit_test(test_reject_lengths),
+        cmocka_unit_test(test_reject_bit_flips),
+        cmocka_unit_test(test_reject_checksum),
+        cmocka_unit_test(test_reject_envelope_fields),
+        cmocka_unit_test(test_reject_reserved),
+        cmocka_unit_test(test_reject_field_rules),
+        cmocka_unit_test(test_encode_rejects),
+        cmocka_unit_test(test_null_arguments),
+        cmocka_unit_test(test_tensor_bytes),
+        cmocka_unit_test(test_tensor_nbytes),
+        cmocka_unit_test(test_tensor_nbytes_errors),
+        cmocka_unit_test(test_backend_names),
         cmocka_unit_test(test_seed_corpus),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -529,7 +529,7 @@ static void *broker_main(void *arg)
     /* No longer served: free the name so that new clients fail fast (ECONNREFUSED) instead
      * of timing out. ferry__broker_stop reads listen_fd only after joining this thread. */
     close(b->listen_fd);
-    b->listen_fd = -1;
+    __atomic_store_n(&b->listen_fd, -1, __ATOMIC_RELEASE);
     return NULL;
 }
 
@@ -679,6 +679,12 @@ void ferry__broker_stop(ferry__broker *broker)
         close(broker->listen_fd);
     close(broker->stop_fd);
     free(broker);
+}
+
+int ferry__broker_shutdown_for_tests(ferry__broker *broker)
+{
+    int fd = __atomic_load_n(&broker->listen_fd, __ATOMIC_ACQUIRE);
+    return fd < 0 ? -1 : shutdown(fd, SHUT_RDWR);
 }
 
 uint64_t ferry__broker_refused(const ferry__broker *broker)

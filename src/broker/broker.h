@@ -20,11 +20,11 @@ typedef struct ferry__broker ferry__broker;
 typedef void (*ferry__broker_attach_fn)(void *user, uint32_t rank, pid_t pid);
 
 typedef struct ferry__broker_config {
-    const uint8_t *pool_id;     /* 16 bytes: requests must name it */
-    int shared_fd;              /* the fd handed to consumers (the broker does not own it) */
-    uint64_t shared_size;       /* its size in bytes, sent with the fd */
-    uint32_t consumer_count;    /* valid ranks are [0, consumer_count) */
-    const char *label;          /* prefix of messages, e.g. "host pool broker" */
+    const uint8_t *pool_id;            /* 16 bytes: requests must name it */
+    int shared_fd;                     /* the fd handed to consumers (the broker does not own it) */
+    uint64_t shared_size;              /* its size in bytes, sent with the fd */
+    uint32_t consumer_count;           /* valid ranks are [0, consumer_count) */
+    const char *label;                 /* prefix of messages, e.g. "host pool broker" */
     ferry__broker_attach_fn on_attach; /* may be NULL */
     void *user;
 } ferry__broker_config;
@@ -37,6 +37,10 @@ ferry_status ferry__broker_start(const ferry__broker_config *config, ferry__brok
 /* Stops the thread, closes the socket and frees the broker. NULL is a no-op. Idempotent
  * through the pointer being NULLed by the caller. */
 void ferry__broker_stop(ferry__broker *broker);
+
+/* Shuts the listening socket down under the broker's thread, which then latches a failure
+ * (tests of the latched-failure paths only). */
+int ferry__broker_shutdown_for_tests(ferry__broker *broker);
 
 /* Connections refused so far (other uid, malformed request, unknown pool or rank). */
 uint64_t ferry__broker_refused(const ferry__broker *broker);
@@ -51,9 +55,9 @@ ferry_status ferry__broker_error(const ferry__broker *broker, char *buf, size_t 
  * process (SO_PEERCRED). PRODUCER_GONE if nobody listens on name; PERMISSION if refused;
  * SYSTEM with "<label> returned no file descriptor" if the reply carries none. Every fd
  * received is closed on every error path. Never blocks longer than timeout_ns. */
-ferry_status ferry__broker_request(const uint8_t name[16], const uint8_t pool_id[16],
-                                   uint32_t rank, const char *label, uint64_t timeout_ns,
-                                   int *fd, uint64_t *size, pid_t *producer_pid);
+ferry_status ferry__broker_request(const uint8_t name[16], const uint8_t pool_id[16], uint32_t rank,
+                                   const char *label, uint64_t timeout_ns, int *fd, uint64_t *size,
+                                   pid_t *producer_pid);
 
 /* The abstract socket address of a broker name (for tests that connect by hand): writes
  * the sockaddr_un into addr (a struct sockaddr_un *) and returns its length. */

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cli/bench_gpu.h"
 #include "cli/cli.h"
 
 #define PATTERN_RING_MAX   8u
@@ -188,6 +189,8 @@ int cmd_bench(int argc, char **argv)
 {
     bench_options opt;
     bench_run run;
+    if (bench_gpu_selected(argc, argv))
+        return cmd_bench_gpu(argc, argv); /* bench_gpu.c */
     int rc = bench_parse_options(argc, argv, &opt);
     if (rc != 0)
         return rc;

@@ -322,5 +322,7 @@ void bench_report_json(const bench_run *run);
 
 int cmd_bench(int argc, char **argv);
 int cmd_bench_worker(int argc, char **argv);
+/* doctor.c: `ferry doctor [--json]` (docs/cli.md). */
+int cmd_doctor(int argc, char **argv);
 
 #endif

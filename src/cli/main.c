@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cli/bench_gpu.h"
 #include "cli/cli.h"
 
 static const char usage_text[] =
@@ -11,6 +12,8 @@ static const char usage_text[] =
     "  bench [OPTIONS]               hand items from one producer to N consumer processes\n"
     "                                through a ferry pool, verify every byte, and compare\n"
     "                                with a plain shared-memory ring (the floor)\n"
+    "  doctor [--json]               probe this machine's GPUs, driver and MPS for ferry and\n"
+    "                                say which transport ferry would pick, and why\n"
     "  split-budget TOTAL WORKERS    print one tokenizer worker's share of a node's pool\n"
     "                                budget (TOTAL is a size, e.g. 8GiB)\n"
     "  version                       print the library version\n"
@@ -32,6 +35,23 @@ static const char usage_text[] =
     "  --no-floor                    skip the floor run\n"
     "  --json                        print one JSON object on stdout\n"
     "  --quiet                       no progress lines\n"
+    "\n"
+    "bench --backend cuda_ipc options (GPU benchmarks; the host-only options above do not apply):\n"
+    "  --mode rtt|stream|cpu         round trip, streaming throughput, or CPU cost per call\n"
+    "                                (default rtt)\n"
+    "  --item-size SIZE[,SIZE...]    item sizes (rtt 4KiB,1MiB; stream 64MiB; cpu 4KiB)\n"
+    "  --control host|device|both    where the pool keeps its control words (default host)\n"
+    "  --producer-device P           the pool's GPU (default 0)\n"
+    "  --consumer-device D           the consumer's GPU (default 0)\n"
+    "  --consumer-devices D[,D...]   stream: one GPU for all consumers, or one per consumer\n"
+    "  --consumers N                 stream: consumer processes (default 1)\n"
+    "  --iterations N                rtt: timed round trips (1000); cpu: calls (10000)\n"
+    "  --warmup N                    rtt: untimed round trips (100); stream: untimed items (8)\n"
+    "  --items N                     stream: timed items (default 200)\n"
+    "  --verify-every N              check every Nth item (rtt 100, stream 1)\n"
+    "  --rounds N                    rtt: ferry and floor alternate in N chunks (default 4)\n"
+    "  --pool-size, --max-inflight, --reclaim-interval-us, --seed, --timeout-ms, --json, --quiet\n"
+    "                                as above (defaults per mode: docs/cli.md)\n"
     "\n"
     "sizes take the units B, KiB, MiB, GiB, KB, MB, GB (e.g. 256KiB, 1.5MiB).\n";
 
@@ -84,6 +104,7 @@ typedef struct cli_command {
 
 static const cli_command commands[] = {
     {"bench", cmd_bench},
+    {"doctor", cmd_doctor},
     {"split-budget", cmd_split_budget},
     {"version", cmd_version},
     {"--version", cmd_version},
@@ -91,6 +112,8 @@ static const cli_command commands[] = {
     {"--help", cmd_help},
     {"-h", cmd_help},
     {"bench-worker", cmd_bench_worker}, /* hidden: a consumer process of `ferry bench` */
+    /* hidden: a consumer process of `ferry bench --backend cuda_ipc` */
+    {"bench-gpu-worker", cmd_bench_gpu_worker},
 };
 
 int main(int argc, char **argv)

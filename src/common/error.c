@@ -79,6 +79,24 @@ ferry_status ferry__fail_errno(ferry_status status, int err, const char *fmt, ..
     return status;
 }
 
+ferry_status ferry__fail_wrap(ferry_status status, const char *fmt, ...)
+{
+    char cause[FERRY_ERROR_MAX];
+    snprintf(cause, sizeof(cause), "%s", last_error);
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(last_error, sizeof(last_error), fmt, ap);
+    va_end(ap);
+    size_t used = n < 0 ? 0 : (size_t)n;
+    if (used + 2 < sizeof(last_error)) {
+        size_t room = sizeof(last_error) - used - 3, len = strlen(cause);
+        memcpy(last_error + used, ": ", 2);
+        memcpy(last_error + used + 2, cause, len < room ? len : room);
+        last_error[used + 2 + (len < room ? len : room)] = '\0';
+    }
+    return status;
+}
+
 void ferry_set_log(ferry_log_fn fn, void *user)
 {
     pthread_mutex_lock(&log_lock);

@@ -13,6 +13,11 @@ ferry_status ferry__fail(ferry_status status, const char *fmt, ...)
 ferry_status ferry__fail_errno(ferry_status status, int err, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* Prefixes the thread's current message with a formatted context ("<context>: <message>")
+ * and returns status. */
+ferry_status ferry__fail_wrap(ferry_status status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
 /* Clears the thread's message (called on entry of public functions that succeed quietly). */
 void ferry__clear_error(void);
 

@@ -38,10 +38,21 @@ static void unlink_locked(ferry__mapped_pool *pool)
 
 static void unmap_pool(ferry__mapped_pool *pool)
 {
+    ferry__gpu_detach(pool);
+    free(pool->my_acks);
     if (pool->base)
         munmap(pool->base, pool->size);
     free(pool->attached);
     free(pool);
+}
+
+/* Bytes of the segment after the header: the whole pool region for host pools, the control
+ * table for GPU pools whose control words live in host memory, nothing otherwise. */
+static uint64_t segment_tail(const ferry__shm_header *h)
+{
+    if (h->backend == FERRY_BACKEND_HOST)
+        return h->memory_size;
+    return (h->desc_flags & FERRY_DESC_FLAG_DEVICE_CONTROL) ? 0 : h->data_start;
 }
 
 /* Checks the pool's own header against the descriptor and the segment's real size. */
@@ -57,6 +68,9 @@ static ferry_status validate_header(const ferry__shm_header *h, uint64_t size,
         why = "pool identity differs";
     else if (h->backend != d->backend)
         why = "backend differs";
+    else if (h->desc_flags != (d->flags & FERRY_DESC_FLAG_DEVICE_CONTROL) ||
+             (d->backend == FERRY_BACKEND_HOST) != (h->device < 0))
+        why = "placement differs";
     else if (h->consumer_count != d->consumer_count || h->row_words != 1u + h->consumer_count)
         why = "consumer count differs";
     else if (h->max_inflight != d->max_inflight)
@@ -69,11 +83,10 @@ static ferry_status validate_header(const ferry__shm_header *h, uint64_t size,
              h->data_start >= h->memory_size ||
              h->data_size != ((h->memory_size - h->data_start) & ~(uint64_t)255))
         why = "inconsistent layout";
-    else if (h->header_bytes + h->memory_size != size)
+    else if (h->header_bytes + segment_tail(h) != size)
         why = "segment size differs from the layout";
     if (why)
-        return ferry__fail(FERRY_MISMATCH, "host pool header does not match the descriptor: %s",
-                           why);
+        return ferry__fail(FERRY_MISMATCH, "pool header does not match the descriptor: %s", why);
     return FERRY_OK;
 }
 
@@ -93,13 +106,18 @@ static ferry_status map_segment(int fd, uint64_t sent_size, ferry__mapped_pool *
     return FERRY_OK;
 }
 
-static void fill_view(ferry__mapped_pool *pool)
+static void fill_view(ferry__mapped_pool *pool, const ferry_descriptor *d)
 {
     ferry__shm_header *h = pool->base;
     pool->header = h;
+    pool->backend = h->backend;
+    pool->flags = (uint8_t)h->desc_flags;
+    memcpy(pool->handle, d->handle, sizeof(pool->handle));
     pool->generations = (uint32_t *)((uint8_t *)pool->base + h->gen_offset);
-    pool->control = (uint32_t *)((uint8_t *)pool->base + h->header_bytes);
-    pool->data = (uint8_t *)pool->base + h->header_bytes + h->data_start;
+    if (!(h->desc_flags & FERRY_DESC_FLAG_DEVICE_CONTROL))
+        pool->control = (uint32_t *)((uint8_t *)pool->base + h->header_bytes);
+    if (h->backend == FERRY_BACKEND_HOST)
+        pool->data = (uint8_t *)pool->base + h->header_bytes + h->data_start;
     pool->consumers = h->consumer_count;
     pool->max_inflight = h->max_inflight;
     pool->row_words = h->row_words;
@@ -116,7 +134,7 @@ static ferry_status open_pool(const ferry_descriptor *d, uint32_t rank, ferry__m
     ferry__mapped_pool *pool = calloc(1, sizeof(*pool));
     if (!pool)
         return ferry__fail(FERRY_NO_MEMORY, "out of memory opening a pool");
-    ferry_status st = ferry__broker_request(d->broker, d->pool_id, rank, "host pool broker",
+    ferry_status st = ferry__broker_request(d->broker, d->pool_id, rank, "pool broker",
                                             FERRY_BROKER_TIMEOUT_NS, &fd, &size, &ppid);
     if (st != FERRY_OK)
         goto free_pool;
@@ -128,12 +146,20 @@ static ferry_status open_pool(const ferry_descriptor *d, uint32_t rank, ferry__m
         st = ferry__fail(FERRY_NO_MEMORY, "out of memory opening a pool");
     if (st != FERRY_OK)
         goto free_pool;
-    fill_view(pool);
+    fill_view(pool, d);
+    if ((pool->flags & FERRY_DESC_FLAG_DEVICE_CONTROL) &&
+        !(pool->my_acks = calloc((size_t)pool->max_inflight * pool->consumers, sizeof(uint32_t)))) {
+        st = ferry__fail(FERRY_NO_MEMORY, "out of memory opening a pool");
+        goto free_pool;
+    }
+    if (pool->backend != FERRY_BACKEND_HOST && (st = ferry__gpu_attach(pool)) != FERRY_OK)
+        goto free_pool;
     memcpy(pool->pool_id, d->pool_id, 16);
     memcpy(pool->broker, d->broker, 16);
     pool->producer_pid = ppid;
     pool->producer_start = ferry__proc_starttime(ppid);
     pool->attached[rank] = 1;
+    pool->open_rank = rank;
     *out = pool;
     return FERRY_OK;
 free_pool:
@@ -147,7 +173,7 @@ static ferry_status attach_rank(ferry__mapped_pool *pool, uint32_t rank)
     int fd;
     uint64_t size;
     pid_t ppid;
-    ferry_status st = ferry__broker_request(pool->broker, pool->pool_id, rank, "host pool broker",
+    ferry_status st = ferry__broker_request(pool->broker, pool->pool_id, rank, "pool broker",
                                             FERRY_BROKER_TIMEOUT_NS, &fd, &size, &ppid);
     if (st != FERRY_OK)
         return st;
@@ -175,6 +201,13 @@ static void sweep_gone_locked(void)
             pp = &p->next;
         }
     }
+}
+
+void ferry__cache_sweep(void)
+{
+    pthread_mutex_lock(&cache_lock);
+    sweep_gone_locked();
+    pthread_mutex_unlock(&cache_lock);
 }
 
 static ferry_status insert_or_reuse(ferry__mapped_pool *fresh, ferry__mapped_pool **out)

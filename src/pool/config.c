@@ -37,6 +37,14 @@ static ferry_status check_limits(const ferry_pool_config *config)
         return ferry__fail(FERRY_INVALID_ARGUMENT,
                            "max_inflight_slices=%lld exceeds the limit of %d",
                            (long long)config->max_inflight_slices, FERRY_MAX_INFLIGHT);
+    if (config->control_placement != FERRY_CONTROL_HOST &&
+        config->control_placement != FERRY_CONTROL_DEVICE)
+        return ferry__fail(FERRY_INVALID_ARGUMENT, "control_placement=%d is not a placement",
+                           (int)config->control_placement);
+    if (config->vmm_handle < FERRY_VMM_HANDLE_AUTO ||
+        config->vmm_handle > FERRY_VMM_HANDLE_POSIX_FD)
+        return ferry__fail(FERRY_INVALID_ARGUMENT, "vmm_handle=%d is not a handle type",
+                           (int)config->vmm_handle);
     if (config->initial_generation >= FERRY_GENERATION_MAX)
         return ferry__fail(FERRY_INVALID_ARGUMENT,
                            "initial_generation=%u leaves no generation to lease (max %u)",
@@ -58,6 +66,10 @@ ferry_status ferry__config_validate(const ferry_pool_config *config, const char 
         st = check_positive(config->reclaim_interval_us, "recycle_interval");
     if (st == FERRY_OK)
         st = check_limits(config);
+    if (st == FERRY_OK && config->control_placement == FERRY_CONTROL_DEVICE &&
+        (config->backend == FERRY_BACKEND_HOST || config->backend == FERRY_BACKEND_AUTO))
+        st = ferry__fail(FERRY_INVALID_ARGUMENT,
+                         "control words can live on the device only in a GPU pool");
     if (st != FERRY_OK)
         return st;
     uint64_t start =

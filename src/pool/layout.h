@@ -19,6 +19,10 @@
 #define FERRY_SHM_VERSION    1u
 #define FERRY_DATA_ALIGN     256u
 #define FERRY_GENERATION_MAX 0x7fffffffu
+/* Set in a slot's generation word when its lease was cancelled: generations never use the top
+ * bit, so consumers tell a cancelled lease from a live one without reading control words
+ * (which may live on the device). */
+#define FERRY_GEN_CANCELLED 0x80000000u
 
 typedef struct ferry__shm_header {
     uint32_t magic;
@@ -38,6 +42,8 @@ typedef struct ferry__shm_header {
     uint32_t consumer_waiters; /* consumers sleeping on a ready word */
     uint32_t producer_waiters; /* publishers sleeping on ack_seq */
     uint32_t ack_seq;          /* bumped after every acknowledgement or cancel */
+    uint32_t desc_flags;       /* FERRY_DESC_FLAG_DEVICE_CONTROL when control is on the GPU */
+    int32_t device;            /* the pool's device, -1 for host memory */
 } ferry__shm_header;
 
 /* Bytes of the control table for a configuration. */

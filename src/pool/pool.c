@@ -1,5 +1,6 @@
 /* The pool engine: leases, publishing, commit, cancel and the pool's life cycle. */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
@@ -18,9 +19,6 @@ typedef struct lease {
     uint32_t generation;
     uint64_t offset;
 } lease;
-
-/* Longest single sleep of a publisher waiting for space; it re-checks after each. */
-#define FERRY_SPACE_WAIT_SLICE_NS 100000000ull
 
 /* ---- creation and destruction ------------------------------------------------------- */
 
@@ -48,16 +46,13 @@ static void init_shared(ferry_pool *pool)
     h->consumer_count = pool->consumers;
     h->max_inflight = pool->max_inflight;
     h->row_words = pool->row_words;
-    h->memory_size = (uint64_t)pool->config.memory_size;
+    h->memory_size = pool->memory_size;
     h->data_start = pool->data_start;
     h->data_size = pool->data_size;
     h->gen_offset = FERRY_GEN_TABLE_OFFSET;
-    for (uint32_t s = 0; s < pool->max_inflight; s++) {
-        pool->mem.generations[s] = g;
-        uint32_t *row = ferry__row(pool->mem.control, pool->row_words, s);
-        for (uint32_t w = 0; w < pool->row_words; w++)
-            row[w] = g;
-    }
+    h->desc_flags = pool->mem.flags;
+    h->device = pool->mem.device;
+    ferry__fill_words(pool->mem.generations, pool->max_inflight, g);
     ferry__store_release32(&h->magic, FERRY_SHM_MAGIC);
 }
 
@@ -113,12 +108,13 @@ static void fini_sync(ferry_pool *pool)
 
 static ferry_status start_broker(ferry_pool *pool)
 {
+    snprintf(pool->broker_label, sizeof(pool->broker_label), "%s pool broker", pool->ops->name);
     ferry__broker_config bc = {
         .pool_id = pool->pool_id,
         .shared_fd = pool->mem.shared_fd,
         .shared_size = pool->mem.shared_size,
         .consumer_count = pool->consumers,
-        .label = "host pool broker",
+        .label = pool->broker_label,
         .on_attach = ferry__rank_attached,
         .user = pool,
     };
@@ -136,11 +132,25 @@ static ferry_status pool_setup(ferry_pool *pool, const ferry_pool_config *config
     pool->consumers = (uint32_t)config->consumer_count;
     pool->max_inflight = (uint32_t)config->max_inflight_slices;
     pool->row_words = 1 + pool->consumers;
-    pool->data_size =
-        ((uint64_t)config->memory_size - pool->data_start) & ~(uint64_t)(FERRY_DATA_ALIGN - 1);
     pool->pid = getpid();
     pool->mem.shared_fd = -1;
-    return random_bytes(pool->pool_id, sizeof(pool->pool_id));
+    st = random_bytes(pool->pool_id, sizeof(pool->pool_id));
+    memcpy(pool->mem.pool_id, pool->pool_id, sizeof(pool->pool_id));
+    return st;
+}
+
+/* The data region of the memory the transport really allocated (CUDA VMM rounds the pool
+ * down to its granularity, which can leave too little after the control table). */
+static ferry_status size_data(ferry_pool *pool)
+{
+    pool->memory_size = pool->mem.memory_size;
+    if (pool->memory_size < pool->data_start + FERRY_DATA_ALIGN)
+        return ferry__fail(FERRY_INVALID_ARGUMENT,
+                           "%s pool is too small after control metadata: pool=%llu, control=%llu",
+                           pool->ops->name, (unsigned long long)pool->memory_size,
+                           (unsigned long long)pool->data_start);
+    pool->data_size = (pool->memory_size - pool->data_start) & ~(uint64_t)(FERRY_DATA_ALIGN - 1);
+    return FERRY_OK;
 }
 
 ferry_status ferry_pool_create(const ferry_pool_config *config, ferry_pool **out)
@@ -154,12 +164,14 @@ ferry_status ferry_pool_create(const ferry_pool_config *config, ferry_pool **out
     if (st != FERRY_OK)
         goto free_pool;
     init_sync(pool);
-    st = init_tables(pool);
-    if (st != FERRY_OK)
-        goto free_tables;
     st = pool->ops->create(&pool->config, pool->data_start, &pool->mem);
     if (st != FERRY_OK)
-        goto free_tables;
+        goto fini_sync;
+    st = size_data(pool);
+    if (st == FERRY_OK)
+        st = init_tables(pool);
+    if (st != FERRY_OK)
+        goto destroy_memory;
     init_shared(pool);
     st = start_broker(pool);
     if (st != FERRY_OK)
@@ -174,8 +186,8 @@ stop_broker:
     ferry__broker_stop(pool->broker);
 destroy_memory:
     pool->ops->destroy(&pool->mem);
-free_tables:
     free_tables(pool);
+fini_sync:
     fini_sync(pool);
 free_pool:
     free(pool);
@@ -191,24 +203,59 @@ static void wake_all_ready(ferry_pool *pool)
         ferry__futex_wake_all(ferry__row(pool->mem.control, pool->row_words, s));
 }
 
-void ferry_pool_destroy(ferry_pool *pool)
+static void check_health_locked(ferry_pool *pool);
+
+void ferry_pool_close(ferry_pool *pool)
 {
     if (!pool)
         return;
     pthread_mutex_lock(&pool->lock);
+    int first = !pool->closing;
     pool->closing = 1;
+    pthread_mutex_unlock(&pool->lock);
+    if (!first)
+        return;
+    ferry__signal_space(pool); /* publishers waiting for space see the pool closing */
+    pthread_mutex_lock(&pool->lock);
     while (pool->active)
         pthread_cond_wait(&pool->idle_cv, &pool->lock);
     pthread_mutex_unlock(&pool->lock);
     ferry__store_seqcst32(&pool->mem.header->closing, 1);
     wake_all_ready(pool);
-    ferry__signal_space(pool);
     ferry__reclaimer_stop(pool);
     ferry__broker_stop(pool->broker);
+    pool->broker = NULL;
     pool->ops->destroy(&pool->mem);
+    pthread_mutex_lock(&pool->lock);
+    pool->closed = 1;
+    pthread_mutex_unlock(&pool->lock);
+}
+
+void ferry_pool_destroy(ferry_pool *pool)
+{
+    if (!pool)
+        return;
+    ferry_pool_close(pool);
     free_tables(pool);
     fini_sync(pool);
     free(pool);
+}
+
+ferry_status ferry_pool_error(ferry_pool *pool, char *cause, size_t size)
+{
+    if (!pool)
+        return ferry__fail(FERRY_INVALID_ARGUMENT, "pool is NULL");
+    pthread_mutex_lock(&pool->lock);
+    if (!pool->closing)
+        check_health_locked(pool);
+    ferry_status st = pool->failed != FERRY_OK ? FERRY_POOL_FAILED : FERRY_OK;
+    if (cause && size)
+        snprintf(cause, size, "%s", st == FERRY_OK ? "" : pool->failure);
+    pthread_mutex_unlock(&pool->lock);
+    if (st != FERRY_OK)
+        return ferry__fail(st, "%s pool failed: %s", pool->ops->pool_name, pool->failure);
+    ferry__clear_error();
+    return FERRY_OK;
 }
 
 /* ---- leases ------------------------------------------------------------------------- */
@@ -236,6 +283,8 @@ static ferry_status try_lease_locked(ferry_pool *pool, uint64_t bytes, lease *ou
     pool->ring_count--;
     s->offset = offset;
     s->handle = handle;
+    s->committed = 0;
+    s->cancelled = 0;
     s->generation++;
     s->leased_ns = ferry__now_ns();
     s->inflight_pos = pool->inflight_count;
@@ -285,9 +334,8 @@ static ferry_status lease_wait(ferry_pool *pool, uint64_t bytes, uint64_t deadli
         uint64_t now = ferry__now_ns();
         if (st != FERRY_POOL_FULL || now >= deadline)
             break;
-        uint64_t left = deadline - now;
-        ferry__futex_wait(&h->ack_seq, seq,
-                          left < FERRY_SPACE_WAIT_SLICE_NS ? left : FERRY_SPACE_WAIT_SLICE_NS);
+        uint64_t left = deadline - now, slice = pool->ops->space_poll_ns;
+        ferry__futex_wait(&h->ack_seq, seq, left < slice ? left : slice);
     }
     ferry__fetch_add_seqcst32(&h->producer_waiters, (uint32_t)-1);
     return st;
@@ -308,36 +356,86 @@ static ferry_status report_full_locked(ferry_pool *pool, uint64_t bytes)
 
 static ferry_status closing_error(ferry_pool *pool)
 {
-    return ferry__fail(FERRY_CLOSING, "%s pool is closing", pool->ops->name);
+    return ferry__fail(FERRY_CLOSING, "%s pool is closing", pool->ops->pool_name);
 }
 
-/* Creates a lease of bytes, waiting up to timeout_ns for space. On success the caller is
- * an active publisher and must call lease_done. */
+void ferry__latch_locked(ferry_pool *pool, ferry_status status, const char *cause)
+{
+    if (pool->failed != FERRY_OK)
+        return;
+    pool->failed = status;
+    size_t n = strnlen(cause, sizeof(pool->failure) - 1);
+    memcpy(pool->failure, cause, n);
+    pool->failure[n] = '\0';
+    ferry__log(FERRY_LOG_ERROR, "%s pool failed: %s", pool->ops->pool_name, pool->failure);
+}
+
+/* Latches the first failure of the pool's background parts (its broker, the transport's). */
+static void check_health_locked(ferry_pool *pool)
+{
+    char cause[256];
+    ferry_status st = ferry__broker_error(pool->broker, cause, sizeof(cause));
+    if (st == FERRY_OK)
+        st = pool->ops->check(&pool->mem, cause, sizeof(cause));
+    if (st != FERRY_OK)
+        ferry__latch_locked(pool, st, cause);
+}
+
+/* FERRY_OK if the pool takes new work: not closing, not failed. */
+static ferry_status usable_locked(ferry_pool *pool)
+{
+    if (pool->closing)
+        return closing_error(pool);
+    check_health_locked(pool);
+    if (pool->failed != FERRY_OK)
+        return ferry__fail(FERRY_POOL_FAILED, "%s pool failed", pool->ops->pool_name);
+    return FERRY_OK;
+}
+
+static void lease_done_locked(ferry_pool *pool)
+{
+    if (--pool->active == 0 && pool->closing)
+        pthread_cond_broadcast(&pool->idle_cv);
+}
+
+static ferry_status wait_for_space_locked(ferry_pool *pool, uint64_t bytes, uint64_t timeout_ns,
+                                          uint64_t deadline, lease *out)
+{
+    ferry_status st = FERRY_POOL_FULL;
+    pool->stats.pool_full_events++;
+    if (!pool->warned_full) {
+        pool->warned_full = 1;
+        report_full_locked(pool, bytes);
+        ferry__log(FERRY_LOG_WARN, "%s (publishers get POOL_FULL or wait; warned once)",
+                   ferry_last_error());
+    }
+    if (timeout_ns) {
+        pthread_mutex_unlock(&pool->lock);
+        st = lease_wait(pool, bytes, deadline, out);
+        pthread_mutex_lock(&pool->lock);
+    }
+    if (st == FERRY_POOL_FULL)
+        report_full_locked(pool, bytes);
+    if (st == FERRY_CLOSING)
+        closing_error(pool);
+    return st;
+}
+
+/* Creates a lease of bytes, waiting up to timeout_ns for space. The caller is an active
+ * publisher from here (close waits for it) and, on success, must call lease_done. */
 static ferry_status lease_acquire(ferry_pool *pool, uint64_t bytes, uint64_t timeout_ns, lease *out)
 {
     uint64_t deadline = ferry__deadline(timeout_ns);
     pthread_mutex_lock(&pool->lock);
-    ferry_status st = pool->closing ? FERRY_CLOSING : lease_once_locked(pool, bytes, out);
-    if (st == FERRY_POOL_FULL) {
-        pool->stats.pool_full_events++;
-        if (!pool->warned_full) {
-            pool->warned_full = 1;
-            report_full_locked(pool, bytes);
-            ferry__log(FERRY_LOG_WARN, "%s (publishers get POOL_FULL or wait; warned once)",
-                       ferry_last_error());
-        }
-        if (timeout_ns) {
-            pthread_mutex_unlock(&pool->lock);
-            st = lease_wait(pool, bytes, deadline, out);
-            pthread_mutex_lock(&pool->lock);
-        }
-        if (st == FERRY_POOL_FULL)
-            report_full_locked(pool, bytes);
-    }
-    if (st == FERRY_CLOSING)
-        closing_error(pool);
-    if (st == FERRY_OK)
+    ferry_status st = usable_locked(pool);
+    if (st == FERRY_OK) {
         pool->active++;
+        st = lease_once_locked(pool, bytes, out);
+        if (st == FERRY_POOL_FULL)
+            st = wait_for_space_locked(pool, bytes, timeout_ns, deadline, out);
+        if (st != FERRY_OK)
+            lease_done_locked(pool);
+    }
     pthread_mutex_unlock(&pool->lock);
     return st;
 }
@@ -345,8 +443,7 @@ static ferry_status lease_acquire(ferry_pool *pool, uint64_t bytes, uint64_t tim
 static void lease_done(ferry_pool *pool)
 {
     pthread_mutex_lock(&pool->lock);
-    if (--pool->active == 0 && pool->closing)
-        pthread_cond_broadcast(&pool->idle_cv);
+    lease_done_locked(pool);
     pthread_mutex_unlock(&pool->lock);
 }
 
@@ -363,30 +460,40 @@ static void fill_descriptor(const ferry_pool *pool, const lease *l, uint64_t off
     d->generation = l->generation;
     d->offset = offset;
     d->length = length;
-    d->pool_size = (uint64_t)pool->config.memory_size;
+    d->pool_size = pool->memory_size;
     memcpy(d->pool_id, pool->pool_id, 16);
     memcpy(d->broker, pool->broker_name, 16);
     d->producer_pid = (uint32_t)pool->pid;
-    d->device = -1;
+    d->device = pool->mem.device;
+    d->flags |= pool->mem.flags;
+    memcpy(d->handle, pool->mem.handle, sizeof(d->handle));
     d->tensor = *t;
 }
 
-static void mark_ready(ferry_pool *pool, const lease *l)
+static uint64_t row_word(const ferry_pool *pool, uint32_t slot)
 {
-    uint32_t *row = ferry__row(pool->mem.control, pool->row_words, l->slot);
-    ferry__store_seqcst32(&row[0], l->generation);
-    ferry__signal_ready(pool, l->slot);
+    return (uint64_t)slot * pool->row_words;
 }
 
-/* Returns a lease that was never marked ready (a failed copy). */
+/* Returns a lease that was never marked ready (a failed copy): its row is completed so
+ * that its descriptor, if any escaped, reads as cancelled. */
 static void lease_abort(ferry_pool *pool, const lease *l)
 {
+    char cause[256];
+    snprintf(cause, sizeof(cause), "%s", ferry_last_error());
     pthread_mutex_lock(&pool->lock);
-    uint32_t *row = ferry__row(pool->mem.control, pool->row_words, l->slot);
-    for (uint32_t w = 0; w < pool->row_words; w++)
-        ferry__store_release32(&row[w], l->generation);
-    ferry__slot_release_locked(pool, l->slot);
+    if (pool->ops->write_words(&pool->mem, row_word(pool, l->slot), pool->row_words,
+                               l->generation) == FERRY_OK) {
+        ferry__slot_release_locked(pool, l->slot);
+    } else {
+        /* The slice cannot be handed back safely: the pool is failed from here on. */
+        char both[512];
+        snprintf(both, sizeof(both), "%.240s; its cleanup failed too: %.240s", cause,
+                 ferry_last_error());
+        ferry__latch_locked(pool, FERRY_POOL_FAILED, both);
+    }
     pthread_mutex_unlock(&pool->lock);
+    ferry__fail(FERRY_OK, "%s", cause); /* the caller reports the first cause */
 }
 
 static ferry_status check_pool_arg(ferry_pool *pool, const void *ptr, const char *what)
@@ -401,7 +508,20 @@ static ferry_status check_pool_arg(ferry_pool *pool, const void *ptr, const char
 ferry_status ferry_pool_publish(ferry_pool *pool, const ferry_tensor *tensor, const void *src,
                                 uint64_t timeout_ns, ferry_descriptor *desc)
 {
-    return ferry_pool_publish_many(pool, tensor, &src, 1, timeout_ns, desc);
+    return ferry_pool_publish_many_async(pool, tensor, &src, 1, NULL, timeout_ns, desc);
+}
+
+ferry_status ferry_pool_publish_async(ferry_pool *pool, const ferry_tensor *tensor, const void *src,
+                                      void *stream, uint64_t timeout_ns, ferry_descriptor *desc)
+{
+    return ferry_pool_publish_many_async(pool, tensor, &src, 1, stream, timeout_ns, desc);
+}
+
+ferry_status ferry_pool_publish_many(ferry_pool *pool, const ferry_tensor *tensors,
+                                     const void *const *srcs, size_t count, uint64_t timeout_ns,
+                                     ferry_descriptor *descs)
+{
+    return ferry_pool_publish_many_async(pool, tensors, srcs, count, NULL, timeout_ns, descs);
 }
 
 /* Byte layout of a multi-tensor lease: offsets[i] relative to the slice. */
@@ -439,8 +559,9 @@ static ferry_status check_fits(ferry_pool *pool, uint64_t total)
 #define FERRY_PACK_STACK 16
 
 static ferry_status publish_packed(ferry_pool *pool, const ferry_tensor *tensors,
-                                   const void *const *srcs, size_t count, uint64_t timeout_ns,
-                                   ferry_descriptor *descs, uint64_t *offsets, uint64_t *lengths)
+                                   const void *const *srcs, size_t count, void *stream,
+                                   uint64_t timeout_ns, ferry_descriptor *descs, uint64_t *offsets,
+                                   uint64_t *lengths)
 {
     uint64_t total = 0;
     lease l;
@@ -452,7 +573,10 @@ static ferry_status publish_packed(ferry_pool *pool, const ferry_tensor *tensors
     if (st != FERRY_OK)
         return st;
     for (size_t i = 0; i < count && st == FERRY_OK; i++)
-        st = pool->ops->copy_in(&pool->mem, l.offset + offsets[i], srcs[i], lengths[i]);
+        if (lengths[i])
+            st = pool->ops->copy_in(&pool->mem, l.offset + offsets[i], srcs[i], lengths[i], stream);
+    if (st == FERRY_OK)
+        st = pool->ops->mark_ready(&pool->mem, row_word(pool, l.slot), l.generation, stream);
     if (st != FERRY_OK) {
         lease_abort(pool, &l);
         lease_done(pool);
@@ -461,15 +585,15 @@ static ferry_status publish_packed(ferry_pool *pool, const ferry_tensor *tensors
     uint8_t flags = count > 1 ? FERRY_DESC_FLAG_MULTI : 0;
     for (size_t i = 0; i < count; i++)
         fill_descriptor(pool, &l, l.offset + offsets[i], lengths[i], &tensors[i], flags, &descs[i]);
-    mark_ready(pool, &l);
+    pool->slots[l.slot].committed = 1;
     lease_done(pool);
     ferry__clear_error();
     return FERRY_OK;
 }
 
-ferry_status ferry_pool_publish_many(ferry_pool *pool, const ferry_tensor *tensors,
-                                     const void *const *srcs, size_t count, uint64_t timeout_ns,
-                                     ferry_descriptor *descs)
+ferry_status ferry_pool_publish_many_async(ferry_pool *pool, const ferry_tensor *tensors,
+                                           const void *const *srcs, size_t count, void *stream,
+                                           uint64_t timeout_ns, ferry_descriptor *descs)
 {
     ferry_status st = check_pool_arg(pool, tensors, "tensors");
     if (st == FERRY_OK)
@@ -490,7 +614,7 @@ ferry_status ferry_pool_publish_many(ferry_pool *pool, const ferry_tensor *tenso
             goto free_layout;
         }
     }
-    st = publish_packed(pool, tensors, srcs, count, timeout_ns, descs, offsets, lengths);
+    st = publish_packed(pool, tensors, srcs, count, stream, timeout_ns, descs, offsets, lengths);
 free_layout:
     if (offsets != stack_off) {
         free(offsets);
@@ -537,7 +661,7 @@ static ferry_status find_lease_locked(ferry_pool *pool, const ferry_descriptor *
     if (memcmp(d->pool_id, pool->pool_id, 16) != 0)
         return ferry__fail(FERRY_MISMATCH, "descriptor names another pool");
     if (d->slot >= pool->max_inflight || pool->slots[d->slot].inflight_pos == FERRY_NIL ||
-        pool->slots[d->slot].generation != d->generation)
+        pool->slots[d->slot].generation != d->generation || pool->slots[d->slot].cancelled)
         return ferry__fail(FERRY_INACTIVE_LEASE,
                            "Cannot %s inactive %s pool lease (slot=%u, generation=%u)", verb,
                            pool->ops->name, d->slot, d->generation);
@@ -546,25 +670,47 @@ static ferry_status find_lease_locked(ferry_pool *pool, const ferry_descriptor *
 
 ferry_status ferry_pool_commit(ferry_pool *pool, const ferry_descriptor *desc)
 {
+    return ferry_pool_commit_async(pool, desc, NULL);
+}
+
+ferry_status ferry_pool_commit_async(ferry_pool *pool, const ferry_descriptor *desc, void *stream)
+{
     ferry_status st = check_pool_arg(pool, desc, "descriptor");
     if (st != FERRY_OK)
         return st;
     pthread_mutex_lock(&pool->lock);
-    st = find_lease_locked(pool, desc, "commit");
-    if (st == FERRY_OK) {
-        uint32_t *row = ferry__row(pool->mem.control, pool->row_words, desc->slot);
-        if (ferry__load_acquire32(&row[0]) == desc->generation)
-            st = ferry__fail(FERRY_INACTIVE_LEASE,
-                             "%s pool lease (slot=%u, generation=%u) is already committed",
-                             pool->ops->name, desc->slot, desc->generation);
-        else
-            ferry__store_seqcst32(&row[0], desc->generation);
-    }
+    st = pool->closing ? closing_error(pool) : find_lease_locked(pool, desc, "commit");
+    if (st == FERRY_OK && pool->slots[desc->slot].committed)
+        st = ferry__fail(FERRY_INACTIVE_LEASE,
+                         "%s pool lease (slot=%u, generation=%u) is already committed",
+                         pool->ops->name, desc->slot, desc->generation);
+    if (st == FERRY_OK)
+        st =
+            pool->ops->mark_ready(&pool->mem, row_word(pool, desc->slot), desc->generation, stream);
+    if (st == FERRY_OK)
+        pool->slots[desc->slot].committed = 1;
     pthread_mutex_unlock(&pool->lock);
+    if (st == FERRY_OK)
+        ferry__clear_error();
+    return st;
+}
+
+/* Completes a lease's row for every rank (and its ready word if it was never committed).
+ * A GPU copy may still be running into the slice: the slot is freed here only if its row is
+ * complete already, otherwise by the reclaimer once the producer's stream has written ready. */
+static ferry_status cancel_locked(ferry_pool *pool, uint32_t slot)
+{
+    ferry__slot *s = &pool->slots[slot];
+    uint64_t first = row_word(pool, slot) + (s->committed ? 1 : 0);
+    uint32_t count = pool->consumers + (s->committed ? 0 : 1);
+    ferry_status st = pool->ops->write_words(&pool->mem, first, count, s->generation);
     if (st != FERRY_OK)
         return st;
-    ferry__signal_ready(pool, desc->slot);
-    ferry__clear_error();
+    s->cancelled = 1;
+    ferry__store_release32(&pool->mem.generations[slot], s->generation | FERRY_GEN_CANCELLED);
+    pool->stats.cancelled++;
+    if (pool->ops->sync_control(&pool->mem) == FERRY_OK && ferry__row_released_locked(pool, slot))
+        ferry__slot_release_locked(pool, slot);
     return FERRY_OK;
 }
 
@@ -574,15 +720,9 @@ ferry_status ferry_pool_cancel(ferry_pool *pool, const ferry_descriptor *desc)
     if (st != FERRY_OK)
         return st;
     pthread_mutex_lock(&pool->lock);
-    st = find_lease_locked(pool, desc, "release");
-    if (st == FERRY_OK) {
-        uint32_t *row = ferry__row(pool->mem.control, pool->row_words, desc->slot);
-        for (uint32_t w = 1; w < pool->row_words; w++)
-            ferry__store_release32(&row[w], desc->generation);
-        ferry__store_seqcst32(&row[0], desc->generation);
-        ferry__slot_release_locked(pool, desc->slot);
-        pool->stats.cancelled++;
-    }
+    st = pool->closing ? closing_error(pool) : find_lease_locked(pool, desc, "release");
+    if (st == FERRY_OK)
+        st = cancel_locked(pool, desc->slot);
     pthread_mutex_unlock(&pool->lock);
     if (st != FERRY_OK)
         return st;
@@ -592,11 +732,29 @@ ferry_status ferry_pool_cancel(ferry_pool *pool, const ferry_descriptor *desc)
     return FERRY_OK;
 }
 
+ferry_status ferry_pool_describe(ferry_pool *pool, ferry_descriptor *desc)
+{
+    ferry_status st = check_pool_arg(pool, desc, "descriptor output");
+    if (st != FERRY_OK)
+        return st;
+    if (pool->closing)
+        return closing_error(pool);
+    lease none = {0};
+    ferry_tensor t = ferry_tensor_bytes(0);
+    fill_descriptor(pool, &none, 0, 0, &t, FERRY_DESC_FLAG_POOL_ONLY, desc);
+    ferry__clear_error();
+    return FERRY_OK;
+}
+
 ferry_status ferry_pool_reclaim(ferry_pool *pool, uint64_t *reclaimed)
 {
     if (!pool)
         return ferry__fail(FERRY_INVALID_ARGUMENT, "pool is NULL");
     pthread_mutex_lock(&pool->lock);
+    if (pool->closed) {
+        pthread_mutex_unlock(&pool->lock);
+        return closing_error(pool);
+    }
     uint64_t acked = ferry__reap_dead_locked(pool);
     uint64_t n = ferry__reclaim_locked(pool);
     pthread_mutex_unlock(&pool->lock);
@@ -635,10 +793,14 @@ ferry_status ferry_pool_stats_get(ferry_pool *pool, ferry_pool_stats *stats)
                            "sizeof(ferry_pool_stats) and FERRY_POOL_STATS_VERSION",
                            stats->struct_size, stats->version);
     pthread_mutex_lock(&pool->lock);
+    if (pool->closed) {
+        pthread_mutex_unlock(&pool->lock);
+        return closing_error(pool);
+    }
     ferry_pool_stats s = pool->stats;
     s.struct_size = stats->struct_size;
     s.version = stats->version;
-    s.capacity = (uint64_t)pool->config.memory_size;
+    s.capacity = pool->memory_size;
     s.usable_bytes = pool->data_size;
     s.bytes_in_use = pool->alloc.used_bytes;
     s.largest_free = ferry__alloc_largest_free(&pool->alloc);
@@ -654,6 +816,7 @@ ferry_status ferry_pool_stats_get(ferry_pool *pool, ferry_pool_stats *stats)
 static void rank_backlog_locked(ferry_pool *pool, uint32_t rank, ferry_consumer_info *info)
 {
     uint64_t now = ferry__now_ns();
+    pool->ops->sync_control(&pool->mem);
     for (uint32_t i = 0; i < pool->inflight_count; i++) {
         uint32_t slot = pool->inflight[i];
         const uint32_t *row = ferry__row(pool->mem.control, pool->row_words, slot);
@@ -677,6 +840,10 @@ ferry_status ferry_pool_consumer_info(ferry_pool *pool, uint32_t rank, ferry_con
                            pool->consumers);
     ferry_consumer_info ci = {0};
     pthread_mutex_lock(&pool->lock);
+    if (pool->closed) {
+        pthread_mutex_unlock(&pool->lock);
+        return closing_error(pool);
+    }
     const ferry__rank *rk = &pool->ranks[rank];
     ci.attached = rk->pid != 0;
     ci.pid = rk->pid;

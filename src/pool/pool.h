@@ -21,6 +21,8 @@ typedef struct ferry__slot {
     uint32_t handle;       /* allocator handle of the slice */
     uint32_t generation;   /* generation of the current (or last) lease */
     uint32_t inflight_pos; /* index in ferry_pool.inflight, FERRY_NIL when free */
+    uint8_t committed;     /* the ready write was issued */
+    uint8_t cancelled;     /* cancelled; freed once its row is complete */
 } ferry__slot;
 
 /* What the pool knows of the process attached as one rank. */
@@ -35,6 +37,7 @@ struct ferry_pool {
     const ferry__transport_ops *ops;
     ferry__pool_memory mem;
     ferry_pool_config config;
+    uint64_t memory_size; /* the pool region as the transport allocated it */
     uint64_t data_start;
     uint64_t data_size;
     uint32_t consumers;
@@ -42,6 +45,7 @@ struct ferry_pool {
     uint32_t row_words;
     uint8_t pool_id[16];
     uint8_t broker_name[16];
+    char broker_label[48]; /* "<transport> pool broker" */
     pid_t pid;
 
     pthread_mutex_t lock; /* guards everything below */
@@ -53,10 +57,14 @@ struct ferry_pool {
     uint32_t *inflight; /* leased slots */
     uint32_t inflight_count;
     ferry__rank *ranks;
+    uint64_t liveness_ns; /* when attached consumers' processes were last checked */
     ferry_pool_stats stats;
     int warned_full;
     int closing;
-    uint32_t active; /* publishers inside a publish */
+    int closed;          /* memory released (ferry_pool_close) */
+    ferry_status failed; /* latched background failure, FERRY_OK while healthy */
+    char failure[256];   /* its first cause */
+    uint32_t active;     /* publishers inside a publish */
     pthread_cond_t idle_cv;
 
     ferry__broker *broker;
@@ -72,6 +80,9 @@ ferry_status ferry__config_validate(const ferry_pool_config *config, const char 
 
 #endif
 
+/* Latches the pool's first background failure (every later publish fails POOL_FAILED). */
+void ferry__latch_locked(ferry_pool *pool, ferry_status status, const char *cause);
+
 /* reclaim.c */
 /* Frees every leased slot whose row equals its generation; returns how many. */
 uint64_t ferry__reclaim_locked(ferry_pool *pool);
@@ -83,6 +94,8 @@ void ferry__signal_space(ferry_pool *pool);
 /* Wakes consumers sleeping on a slot's ready word, after it was written with a seq_cst
  * store (which orders it before the read of the waiter count). */
 void ferry__signal_ready(ferry_pool *pool, uint32_t slot);
+/* 1 if every word of the slot's row equals its generation (mem.control in sync). */
+int ferry__row_released_locked(const ferry_pool *pool, uint32_t slot);
 /* Returns a leased slot and its slice to the free lists. */
 void ferry__slot_release_locked(ferry_pool *pool, uint32_t slot);
 /* Broker callback: rank attached from pid. */

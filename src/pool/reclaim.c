@@ -11,7 +11,7 @@
 #include "common/proc.h"
 #include "pool/pool.h"
 
-static int row_released(const ferry_pool *pool, uint32_t slot)
+int ferry__row_released_locked(const ferry_pool *pool, uint32_t slot)
 {
     const uint32_t *row = ferry__row(pool->mem.control, pool->row_words, slot);
     uint32_t gen = pool->slots[slot].generation;
@@ -41,10 +41,14 @@ void ferry__slot_release_locked(ferry_pool *pool, uint32_t slot)
 uint64_t ferry__reclaim_locked(ferry_pool *pool)
 {
     uint64_t n = 0;
+    if (pool->ops->sync_control(&pool->mem) != FERRY_OK) {
+        ferry__latch_locked(pool, FERRY_POOL_FAILED, ferry_last_error());
+        return 0;
+    }
     uint32_t i = 0;
     while (i < pool->inflight_count) {
         uint32_t slot = pool->inflight[i];
-        if (row_released(pool, slot)) {
+        if (ferry__row_released_locked(pool, slot)) {
             ferry__slot_release_locked(pool, slot); /* moves another slot into i */
             n++;
         } else {
@@ -62,23 +66,48 @@ static uint64_t ack_for_rank_locked(ferry_pool *pool, uint32_t rank)
         uint32_t slot = pool->inflight[i];
         uint32_t *row = ferry__row(pool->mem.control, pool->row_words, slot);
         uint32_t gen = pool->slots[slot].generation;
-        if (ferry__load_acquire32(&row[1 + rank]) != gen) {
-            ferry__store_release32(&row[1 + rank], gen);
+        if (ferry__load_acquire32(&row[1 + rank]) != gen &&
+            pool->ops->write_words(&pool->mem, (uint64_t)slot * pool->row_words + 1 + rank, 1,
+                                   gen) == FERRY_OK)
             n++;
-        }
     }
     return n;
+}
+
+/* Reading /proc costs microseconds per consumer: processes are looked at no more often
+ * than the reclaim interval (and at most every 10 ms), however often reclaim runs. */
+static int liveness_due_locked(ferry_pool *pool)
+{
+    uint64_t every = (uint64_t)pool->config.reclaim_interval_us * 1000ull;
+    if (every > 10000000ull)
+        every = 10000000ull;
+    uint64_t now = ferry__now_ns();
+    if (now - pool->liveness_ns < every)
+        return 0;
+    pool->liveness_ns = now;
+    return 1;
+}
+
+/* Marks attached ranks whose process is gone (when a look is due); 1 if any rank is dead. */
+static int find_dead_locked(ferry_pool *pool)
+{
+    int look = liveness_due_locked(pool), any = 0;
+    for (uint32_t r = 0; r < pool->consumers; r++) {
+        ferry__rank *rk = &pool->ranks[r];
+        if (look && rk->pid && !rk->dead && !ferry__proc_alive(rk->pid, rk->starttime))
+            rk->dead = 1;
+        any |= rk->dead;
+    }
+    return any;
 }
 
 uint64_t ferry__reap_dead_locked(ferry_pool *pool)
 {
     uint64_t n = 0;
+    if (!find_dead_locked(pool) || pool->ops->sync_control(&pool->mem) != FERRY_OK)
+        return 0;
     for (uint32_t r = 0; r < pool->consumers; r++) {
         ferry__rank *rk = &pool->ranks[r];
-        if (!rk->pid)
-            continue;
-        if (!rk->dead && !ferry__proc_alive(rk->pid, rk->starttime))
-            rk->dead = 1;
         if (!rk->dead)
             continue;
         uint64_t acked = ack_for_rank_locked(pool, r);
@@ -125,6 +154,7 @@ void ferry__rank_attached(void *arg, uint32_t rank, pid_t pid)
 static int slowest_rank_locked(ferry_pool *pool, uint64_t *oldest, uint64_t *held)
 {
     int worst = -1;
+    pool->ops->sync_control(&pool->mem);
     for (uint32_t r = 0; r < pool->consumers; r++) {
         uint64_t old = UINT64_MAX, count = 0;
         for (uint32_t i = 0; i < pool->inflight_count; i++) {

@@ -1,59 +1,93 @@
 /* Host transport: the whole segment (header, generations, control table, data) is one memfd
- * that consumers receive from the broker and map once. */
+ * that consumers receive from the broker and map once. Also the host-memory pieces that the
+ * GPU transports share. */
 #include <errno.h>
 #include <fcntl.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "common/atomic.h"
 #include "common/error.h"
+#include "common/futex.h"
 #include "transport/transport.h"
 
-static ferry_status host_map(int fd, uint64_t size, void **base)
+ferry_status ferry__segment_create(const char *transport, uint64_t size, int *fd_out,
+                                   void **base_out)
 {
-    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED)
-        return ferry__fail_errno(FERRY_NO_MEMORY, errno, "host pool: mmap of %llu bytes failed",
-                                 (unsigned long long)size);
-    *base = p;
+    ferry_status st;
+    int fd = memfd_create("ferry-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0)
+        return ferry__fail_errno(FERRY_SYSTEM, errno, "%s pool: memfd_create failed", transport);
+    if (ftruncate(fd, (off_t)size) != 0) {
+        st = ferry__fail_errno(FERRY_NO_MEMORY, errno, "%s pool: ftruncate to %llu bytes failed",
+                               transport, (unsigned long long)size);
+        goto close_fd;
+    }
+    /* The size is fixed for the pool's life: consumers may rely on it. */
+    if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+        st = ferry__fail_errno(FERRY_SYSTEM, errno, "%s pool: sealing the memfd failed", transport);
+        goto close_fd;
+    }
+    void *base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) {
+        st = ferry__fail_errno(FERRY_NO_MEMORY, errno, "%s pool: mmap of %llu bytes failed",
+                               transport, (unsigned long long)size);
+        goto close_fd;
+    }
+    *fd_out = fd;
+    *base_out = base;
+    return FERRY_OK;
+close_fd:
+    close(fd);
+    return st;
+}
+
+void ferry__segment_layout(ferry__pool_memory *mem, void *base, uint64_t max_inflight)
+{
+    mem->header = base;
+    mem->generations = (uint32_t *)((uint8_t *)base + FERRY_GEN_TABLE_OFFSET);
+    mem->control = (uint32_t *)((uint8_t *)base + ferry__header_bytes(max_inflight));
+}
+
+void ferry__fill_words(uint32_t *words, uint64_t count, uint32_t value)
+{
+    for (uint64_t i = 0; i < count; i++)
+        words[i] = value;
+}
+
+ferry_status ferry__host_write_words(ferry__pool_memory *mem, uint64_t first, uint32_t count,
+                                     uint32_t value)
+{
+    for (uint32_t i = 0; i < count; i++)
+        ferry__store_release32(&mem->control[first + i], value);
+    return FERRY_OK;
+}
+
+ferry_status ferry__host_sync_control(ferry__pool_memory *mem)
+{
+    (void)mem;
     return FERRY_OK;
 }
 
 static ferry_status host_create(const ferry_pool_config *config, uint64_t data_start,
                                 ferry__pool_memory *mem)
 {
-    uint64_t header_bytes = ferry__header_bytes((uint64_t)config->max_inflight_slices);
-    uint64_t size = header_bytes + (uint64_t)config->memory_size;
+    uint64_t max_inflight = (uint64_t)config->max_inflight_slices;
+    uint64_t size = ferry__header_bytes(max_inflight) + (uint64_t)config->memory_size;
     void *base = NULL;
-    ferry_status st;
-
-    int fd = memfd_create("ferry-host-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    if (fd < 0)
-        return ferry__fail_errno(FERRY_SYSTEM, errno, "host pool: memfd_create failed");
-    if (ftruncate(fd, (off_t)size) != 0) {
-        st = ferry__fail_errno(FERRY_NO_MEMORY, errno, "host pool: ftruncate to %llu bytes failed",
-                               (unsigned long long)size);
-        goto close_fd;
-    }
-    /* The size is fixed for the pool's life: consumers may rely on it. */
-    if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
-        st = ferry__fail_errno(FERRY_SYSTEM, errno, "host pool: sealing the memfd failed");
-        goto close_fd;
-    }
-    st = host_map(fd, size, &base);
+    ferry_status st = ferry__segment_create("host", size, &mem->shared_fd, &base);
     if (st != FERRY_OK)
-        goto close_fd;
-    mem->header = base;
-    mem->generations = (uint32_t *)((uint8_t *)base + FERRY_GEN_TABLE_OFFSET);
-    mem->control = (uint32_t *)((uint8_t *)base + header_bytes);
-    mem->data = (uint8_t *)base + header_bytes + data_start;
-    mem->shared_fd = fd;
+        return st;
+    ferry__segment_layout(mem, base, max_inflight);
+    ferry__fill_words(mem->control, max_inflight * (1 + (uint64_t)config->consumer_count),
+                      config->initial_generation);
+    mem->data_start = data_start;
+    mem->memory_size = (uint64_t)config->memory_size;
     mem->shared_size = size;
+    mem->device = -1;
     mem->priv = base;
     return FERRY_OK;
-close_fd:
-    close(fd);
-    return st;
 }
 
 static void host_destroy(ferry__pool_memory *mem)
@@ -66,26 +100,59 @@ static void host_destroy(ferry__pool_memory *mem)
     mem->shared_fd = -1;
 }
 
-static ferry_status host_copy_in(ferry__pool_memory *mem, uint64_t offset, const void *src,
-                                 uint64_t n)
+static ferry_status host_check(ferry__pool_memory *mem, char *cause, size_t size)
 {
+    (void)mem;
+    (void)cause;
+    (void)size;
+    return FERRY_OK;
+}
+
+static uint8_t *host_data(ferry__pool_memory *mem)
+{
+    return (uint8_t *)mem->control + mem->data_start;
+}
+
+static ferry_status host_copy_in(ferry__pool_memory *mem, uint64_t offset, const void *src,
+                                 uint64_t n, void *stream)
+{
+    if (stream)
+        return ferry__fail(FERRY_INVALID_ARGUMENT, "host pool: a stream needs a GPU pool");
     if (n)
-        memcpy(mem->data + offset, src, n);
+        memcpy(host_data(mem) + offset, src, n);
+    return FERRY_OK;
+}
+
+static ferry_status host_mark_ready(ferry__pool_memory *mem, uint64_t word, uint32_t generation,
+                                    void *stream)
+{
+    if (stream)
+        return ferry__fail(FERRY_INVALID_ARGUMENT, "host pool: a stream needs a GPU pool");
+    /* seq_cst, so that the read of the sleeper count below cannot pass it. */
+    ferry__store_seqcst32(&mem->control[word], generation);
+    if (ferry__load_seqcst32(&mem->header->consumer_waiters))
+        ferry__futex_wake_all(&mem->control[word]);
     return FERRY_OK;
 }
 
 static ferry_status host_slice_ptr(ferry__pool_memory *mem, uint64_t offset, void **ptr)
 {
-    *ptr = mem->data + offset;
+    *ptr = host_data(mem) + offset;
     return FERRY_OK;
 }
 
 const ferry__transport_ops ferry__host_transport = {
     .name = "host",
+    .pool_name = "host",
     .backend = FERRY_BACKEND_HOST,
+    .space_poll_ns = 100000000ull,
     .create = host_create,
     .destroy = host_destroy,
+    .check = host_check,
     .copy_in = host_copy_in,
+    .mark_ready = host_mark_ready,
+    .write_words = ferry__host_write_words,
+    .sync_control = ferry__host_sync_control,
     .slice_ptr = host_slice_ptr,
 };
 
@@ -97,9 +164,11 @@ ferry_status ferry__transport_select(ferry_backend backend, const ferry__transpo
         *ops = &ferry__host_transport;
         return FERRY_OK;
     case FERRY_BACKEND_CUDA_IPC:
+        *ops = &ferry__cuda_ipc_transport;
+        return FERRY_OK;
     case FERRY_BACKEND_CUDA_VMM:
-        return ferry__fail(FERRY_NOT_SUPPORTED, "%s backend is not available in this build",
-                           ferry_backend_name(backend));
+        *ops = &ferry__cuda_vmm_transport;
+        return FERRY_OK;
     }
     return ferry__fail(FERRY_INVALID_ARGUMENT, "unknown backend %d", (int)backend);
 }

@@ -1,9 +1,9 @@
 /* The contract between the pool engine and a memory transport.
  *
- * A transport owns the pool's memory: it allocates the shared segment (header, slot
- * generations, control words) and the pool region, copies tensors in, and tells consumers
- * how to reach the memory. One static const table per transport; every slot is filled, an
- * operation a transport cannot do answers NOT_SUPPORTED. */
+ * A transport owns the pool's memory: the shared host segment (header, slot generations and,
+ * unless they live on the device, the control words), the data region, and how consumers
+ * reach them. One static const table per transport with every slot filled; an operation a
+ * transport cannot do answers NOT_SUPPORTED. */
 #ifndef FERRY_TRANSPORT_TRANSPORT_H
 #define FERRY_TRANSPORT_TRANSPORT_H
 
@@ -13,33 +13,74 @@
 #include "pool/layout.h"
 
 typedef struct ferry__pool_memory {
+    uint8_t pool_id[16];       /* set by the engine before create: the pool's identity */
     ferry__shm_header *header; /* shared header (host memory) */
-    uint32_t *generations;     /* shared slot generation table */
-    uint32_t *control;         /* control table: max_inflight rows of row_words */
-    uint8_t *data;             /* data region (host-addressable for the host transport) */
-    int shared_fd;             /* fd the broker hands to consumers */
+    uint32_t *generations;     /* shared slot generation table (host memory) */
+    uint32_t *control;         /* control table as the CPU reads it: the shared words, or a
+                                * mirror refreshed by sync_control (device placement) */
+    uint64_t data_start;       /* data offset inside the pool region */
+    uint64_t memory_size;      /* bytes of the pool region as allocated (CUDA VMM rounds the
+                                * configured size down to its granularity) */
+    int shared_fd;             /* the host segment's fd, handed to consumers by the broker */
     uint64_t shared_size;      /* its size */
+    int device;                /* GPU ordinal, -1 for host memory */
+    uint8_t flags;             /* FERRY_DESC_FLAG_DEVICE_CONTROL when control is on the device */
+    uint8_t handle[64];        /* what consumers need to open the pool's data (CUDA IPC) */
     void *priv;                /* transport state */
 } ferry__pool_memory;
 
 typedef struct ferry__transport_ops {
-    const char *name; /* "host", "CUDA IPC", "CUDA VMM": used in messages */
+    const char *name;      /* "host", "CUDA IPC", "CUDA VMM": used in messages */
+    const char *pool_name; /* in "<pool_name> pool failed" / "... is closing" */
     ferry_backend backend;
-    /* Allocates and lays out the memory for a validated configuration. */
+    /* Nanoseconds a publisher waiting for space sleeps at most between looks at the control
+     * words: long where every acknowledgement wakes it (CPU acks bump a futex), short where
+     * GPU streams write acknowledgements that wake nobody. */
+    uint64_t space_poll_ns;
+    /* Allocates and lays out the memory for a validated configuration; every control word
+     * starts at config->initial_generation. Rolls back everything on failure. */
     ferry_status (*create)(const ferry_pool_config *config, uint64_t data_start,
                            ferry__pool_memory *mem);
     /* Releases everything create made. */
     void (*destroy)(ferry__pool_memory *mem);
-    /* Copies n bytes from src into the data region at offset. */
-    ferry_status (*copy_in)(ferry__pool_memory *mem, uint64_t offset, const void *src, uint64_t n);
-    /* Pointer to the data region at offset for a zero-copy writer. */
+    /* FERRY_OK while the transport's background parts are healthy; otherwise the first
+     * failure's status, its message copied into cause. */
+    ferry_status (*check)(ferry__pool_memory *mem, char *cause, size_t size);
+    /* Copies n bytes from src to the data region at offset, ordered on stream (GPU) or at
+     * once (host, stream must be NULL). */
+    ferry_status (*copy_in)(ferry__pool_memory *mem, uint64_t offset, const void *src, uint64_t n,
+                            void *stream);
+    /* Writes a slot's ready word after what stream already holds, and wakes CPU waiters
+     * where it can. */
+    ferry_status (*mark_ready)(ferry__pool_memory *mem, uint64_t word, uint32_t generation,
+                               void *stream);
+    /* Writes count consecutive control words from first, now (cancel, dead consumers). */
+    ferry_status (*write_words)(ferry__pool_memory *mem, uint64_t first, uint32_t count,
+                                uint32_t value);
+    /* Brings mem->control up to date before the CPU reads it. */
+    ferry_status (*sync_control)(ferry__pool_memory *mem);
+    /* Pointer to the data region at offset for a zero-copy writer (device pointer on GPUs). */
     ferry_status (*slice_ptr)(ferry__pool_memory *mem, uint64_t offset, void **ptr);
 } ferry__transport_ops;
 
 extern const ferry__transport_ops ferry__host_transport;
+extern const ferry__transport_ops ferry__cuda_ipc_transport;
+extern const ferry__transport_ops ferry__cuda_vmm_transport;
 
 /* The transport for a backend: NOT_SUPPORTED (with a message) for backends this build or
  * machine cannot serve. */
 ferry_status ferry__transport_select(ferry_backend backend, const ferry__transport_ops **ops);
+
+/* Breaks a CUDA VMM pool's POSIX FD broker (tests of the latched failure). */
+struct ferry_pool;
+int ferry__vmm_break_broker_for_tests(struct ferry_pool *pool);
+
+/* Shared pieces of the transports that keep control words in host memory. */
+ferry_status ferry__segment_create(const char *transport, uint64_t size, int *fd, void **base);
+void ferry__segment_layout(ferry__pool_memory *mem, void *base, uint64_t max_inflight);
+ferry_status ferry__host_write_words(ferry__pool_memory *mem, uint64_t first, uint32_t count,
+                                     uint32_t value);
+ferry_status ferry__host_sync_control(ferry__pool_memory *mem);
+void ferry__fill_words(uint32_t *words, uint64_t count, uint32_t value);
 
 #endif

@@ -59,6 +59,18 @@ static int all_zero(const uint8_t *p, size_t n)
 
 /* ---- field rules, shared by encode (INVALID_ARGUMENT) and decode (MALFORMED) ---------- */
 
+/* A descriptor that names a pool but no lease (ferry_pool_describe), for opening early. */
+static ferry_status check_pool_only(const ferry_descriptor *d, ferry_status st)
+{
+    if (d->flags & FERRY_DESC_FLAG_MULTI || d->slot || d->generation || d->offset || d->length)
+        return ferry__fail(st,
+                           "pool-only descriptor must have no lease (flags 0x%02x, slot %u, "
+                           "generation %u, offset %llu, length %llu)",
+                           d->flags, d->slot, d->generation, (unsigned long long)d->offset,
+                           (unsigned long long)d->length);
+    return FERRY_OK;
+}
+
 static ferry_status check_lease(const ferry_descriptor *d, ferry_status st)
 {
     if (d->backend < FERRY_BACKEND_HOST || d->backend > FERRY_BACKEND_CUDA_VMM)
@@ -76,6 +88,8 @@ static ferry_status check_lease(const ferry_descriptor *d, ferry_status st)
     if (d->slot >= d->max_inflight)
         return ferry__fail(st, "descriptor slot %u is not below max_inflight %u", d->slot,
                            d->max_inflight);
+    if (d->flags & FERRY_DESC_FLAG_POOL_ONLY)
+        return check_pool_only(d, st);
     if (d->generation == 0 || d->generation > GENERATION_MAX)
         return ferry__fail(st, "descriptor generation %u is out of range (1..0x%x)", d->generation,
                            GENERATION_MAX);
@@ -84,8 +98,9 @@ static ferry_status check_lease(const ferry_descriptor *d, ferry_status st)
 
 static ferry_status check_host_identity(const ferry_descriptor *d, ferry_status st)
 {
-    if (d->flags & FERRY_DESC_FLAG_DEVICE_CONTROL)
-        return ferry__fail(st, "descriptor flag DEVICE_CONTROL is set for the host backend");
+    if (d->flags & (FERRY_DESC_FLAG_DEVICE_CONTROL | FERRY_DESC_FLAG_FABRIC))
+        return ferry__fail(st, "descriptor flag DEVICE_CONTROL or FABRIC is set for the host "
+                               "backend");
     if (all_zero(d->broker, sizeof(d->broker)))
         return ferry__fail(st, "descriptor broker name is all zero (required for the host "
                                "backend)");
@@ -105,6 +120,9 @@ static ferry_status check_identity(const ferry_descriptor *d, ferry_status st)
         return check_host_identity(d, st);
     if (d->device < 0)
         return ferry__fail(st, "descriptor device %d is negative for backend %s", (int)d->device,
+                           ferry_backend_name((ferry_backend)d->backend));
+    if ((d->flags & FERRY_DESC_FLAG_FABRIC) && d->backend != FERRY_BACKEND_CUDA_VMM)
+        return ferry__fail(st, "descriptor flag FABRIC is set for backend %s",
                            ferry_backend_name((ferry_backend)d->backend));
     return FERRY_OK;
 }

@@ -1,0 +1,79 @@
+/* CUDA IPC transport: the pool is one cuMemAlloc on the producer's device, exported once as a
+ * CUDA IPC handle that travels in every descriptor (the rest: cuda_pool.c). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/error.h"
+#include "transport/cuda_pool.h"
+
+static void ipc_release(ferry__cuda_pool *c, ferry__pool_memory *mem)
+{
+    if (c->base && ferry__cuda_pool_use_device(c) == FERRY_OK)
+        c->cuda->cuMemFree(c->base);
+    ferry__cuda_pool_release(c, mem);
+    free(c);
+}
+
+static ferry_status ipc_build(ferry__cuda_pool *c, const ferry_pool_config *config,
+                              uint64_t data_start, ferry__pool_memory *mem)
+{
+    ferry_status st = ferry__cuda_pool_init(c, "CUDA IPC", config, data_start, mem);
+    if (st != FERRY_OK)
+        return st;
+    FERRY_CU_TRY(c->cuda, cuMemAlloc, (&c->base, (size_t)config->memory_size));
+    st = ferry__cuda_pool_place(c, config, mem);
+    if (st != FERRY_OK)
+        return st;
+    CUipcMemHandle handle;
+    FERRY_CU_TRY(c->cuda, cuIpcGetMemHandle, (&handle, c->base));
+    memcpy(mem->handle, &handle, sizeof(mem->handle));
+    mem->memory_size = (uint64_t)config->memory_size;
+    return FERRY_OK;
+}
+
+static ferry_status ipc_create(const ferry_pool_config *config, uint64_t data_start,
+                               ferry__pool_memory *mem)
+{
+    ferry__cuda_pool *c = calloc(1, sizeof(*c));
+    if (!c)
+        return ferry__fail(FERRY_NO_MEMORY, "CUDA IPC pool: out of memory");
+    mem->shared_fd = -1;
+    ferry_status st = ipc_build(c, config, data_start, mem);
+    if (st != FERRY_OK) {
+        ipc_release(c, mem);
+        memset(mem, 0, sizeof(*mem));
+        mem->shared_fd = -1;
+    }
+    return st;
+}
+
+static void ipc_destroy(ferry__pool_memory *mem)
+{
+    if (mem->priv)
+        ipc_release(mem->priv, mem);
+    memset(mem, 0, sizeof(*mem));
+    mem->shared_fd = -1;
+}
+
+static ferry_status ipc_check(ferry__pool_memory *mem, char *cause, size_t size)
+{
+    (void)mem;
+    (void)cause;
+    (void)size;
+    return FERRY_OK;
+}
+
+const ferry__transport_ops ferry__cuda_ipc_transport = {
+    .name = "CUDA IPC",
+    .pool_name = "CUDA IPC",
+    .backend = FERRY_BACKEND_CUDA_IPC,
+    .space_poll_ns = 20000ull,
+    .create = ipc_create,
+    .destroy = ipc_destroy,
+    .check = ipc_check,
+    .copy_in = ferry__cuda_copy_in,
+    .mark_ready = ferry__cuda_mark_ready,
+    .write_words = ferry__cuda_write_words,
+    .sync_control = ferry__cuda_sync_control,
+    .slice_ptr = ferry__cuda_slice_ptr,
+};

@@ -1,0 +1,900 @@
+/* The GPU transports (CUDA IPC, then CUDA VMM) across real processes. Runs against the real
+ * driver on a GPU machine, and in CI against the fake driver (FERRY_CUDA_DRIVER); exits 77
+ * (skipped) where there is no driver or no device. The test binary re-runs itself as
+ * consumers and producers that talk to it over a SOCK_SEQPACKET pair on fd 3; they learn the
+ * backend under test from FERRY_TEST_BACKEND. */
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "common/clock.h"
+#include "driver/driver.h"
+#include "ferry.h"
+#include "helpers.h"
+#include "transport/transport.h"
+
+#define MS         1000000ull
+#define CHANNEL_FD 3
+#define MAX_ITEM   (1 << 20)
+
+extern char **environ;
+static char self_exe[4096];
+static const ferry__cuda *cu;
+static ferry_backend backend = FERRY_BACKEND_CUDA_IPC; /* under test */
+
+static const char *transport_name(void)
+{
+    return backend == FERRY_BACKEND_CUDA_VMM ? "CUDA VMM" : "CUDA IPC";
+}
+
+/* ---- messages and helpers --------------------------------------------------------------- */
+
+enum { MSG_ITEM = 1, MSG_DONE = 2, MSG_RESULT = 3 };
+
+typedef struct msg {
+    uint32_t type;
+    uint32_t status;
+    uint64_t seed;
+    uint8_t desc[FERRY_DESCRIPTOR_SIZE];
+    char text[256];
+} msg;
+
+static int send_msg(int fd, const msg *m)
+{
+    return send(fd, m, sizeof(*m), MSG_NOSIGNAL) == (ssize_t)sizeof(*m) ? 0 : -1;
+}
+
+static int recv_msg(int fd, msg *m, int timeout_ms)
+{
+    struct timeval tv = {timeout_ms / 1000, (timeout_ms % 1000) * 1000};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    return recv(fd, m, sizeof(*m), 0) == (ssize_t)sizeof(*m) ? 0 : -1;
+}
+
+static void report(uint32_t status, uint64_t count)
+{
+    msg m = {.type = MSG_RESULT, .status = status, .seed = count};
+    snprintf(m.text, sizeof(m.text), "%s", ferry_last_error());
+    send_msg(CHANNEL_FD, &m);
+}
+
+typedef struct helper {
+    pid_t pid;
+    int fd;
+} helper;
+
+static helper spawn_helper(const char *role, const char *a, const char *b)
+{
+    int sv[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, sv[1], CHANNEL_FD);
+    char *argv[] = {self_exe, "--helper", (char *)role, (char *)a, (char *)b, NULL};
+    helper h = {.fd = sv[0]};
+    assert_int_equal(posix_spawn(&h.pid, self_exe, &fa, NULL, argv, environ), 0);
+    posix_spawn_file_actions_destroy(&fa);
+    close(sv[1]);
+    return h;
+}
+
+static msg finish_helper(helper *h)
+{
+    msg m = {0};
+    if (recv_msg(h->fd, &m, 60000) != 0 || m.type != MSG_RESULT)
+        m.status = 0xdead;
+    int status;
+    waitpid(h->pid, &status, 0);
+    close(h->fd);
+    return m;
+}
+
+/* An item whose status is ITEM_NOACK is read but not acknowledged (another descriptor of
+ * the same lease will be). */
+#define ITEM_NOACK 1u
+
+static void send_item_flags(int fd, const ferry_descriptor *d, uint64_t seed, uint32_t flags)
+{
+    msg m = {.type = MSG_ITEM, .seed = seed, .status = flags};
+    assert_int_equal(ferry_descriptor_encode(d, m.desc), FERRY_OK);
+    assert_int_equal(send_msg(fd, &m), 0);
+}
+
+static void send_item(int fd, const ferry_descriptor *d, uint64_t seed)
+{
+    msg m = {.type = MSG_ITEM, .seed = seed};
+    assert_int_equal(ferry_descriptor_encode(d, m.desc), FERRY_OK);
+    assert_int_equal(send_msg(fd, &m), 0);
+}
+
+static void send_done(int fd)
+{
+    msg m = {.type = MSG_DONE};
+    assert_int_equal(send_msg(fd, &m), 0);
+}
+
+static void assert_result(msg m, uint64_t count)
+{
+    if (m.status != FERRY_OK)
+        fail_msg("helper failed with %u: %s", m.status, m.text);
+    assert_int_equal(m.seed, count);
+}
+
+/* ---- device memory ---------------------------------------------------------------------- */
+
+static CUdeviceptr dev_alloc(size_t n)
+{
+    CUdeviceptr p = 0;
+    if (cu->cuMemAlloc(&p, n) != CUDA_SUCCESS)
+        return 0;
+    return p;
+}
+
+static int device_count(void)
+{
+    return cu ? cu->device_count : 0;
+}
+
+/* ---- consumer helper -------------------------------------------------------------------- */
+
+/* Modes: "async" (stream-ordered read + ack, checked after a stream sync), "sync" (CPU wait
+ * and read, CPU ack), "view" (zero-copy view, copied out on the stream, ack on the stream),
+ * "hold" (read, never ack; reports each item), "reread" (async read, then a second read
+ * must be STALE). */
+static ferry_status consume_one(ferry_consumer *c, const char *mode, const ferry_descriptor *d,
+                                uint32_t flags, CUdeviceptr dbuf, uint8_t *host, CUstream s)
+{
+    ferry_status st = FERRY_OK;
+    if (strcmp(mode, "sync") == 0 || strcmp(mode, "hold") == 0) {
+        st = ferry_consumer_read(c, d, host, MAX_ITEM, 10000 * MS);
+        if (st == FERRY_OK && strcmp(mode, "sync") == 0 && !(flags & ITEM_NOACK))
+            st = ferry_consumer_ack(c, d);
+        return st;
+    }
+    if (strcmp(mode, "view") == 0) {
+        const void *view;
+        st = ferry_consumer_view_async(c, d, s, &view);
+        if (st == FERRY_OK && d->length &&
+            cu->cuMemcpyAsync(dbuf, (CUdeviceptr)(uintptr_t)view, d->length, s) != CUDA_SUCCESS)
+            st = FERRY_DRIVER;
+        if (st == FERRY_OK)
+            st = ferry_consumer_ack_async(c, d, s);
+    } else {
+        st = ferry_consumer_read_async(c, d, (void *)(uintptr_t)dbuf, MAX_ITEM, s);
+    }
+    if (st == FERRY_OK && cu->cuStreamSynchronize(s) != CUDA_SUCCESS)
+        st = FERRY_DRIVER;
+    if (st == FERRY_OK && d->length &&
+        cu->cuMemcpy((CUdeviceptr)(uintptr_t)host, dbuf, d->length) != CUDA_SUCCESS)
+        st = FERRY_DRIVER;
+    if (st == FERRY_OK && strcmp(mode, "reread") == 0) {
+        st = ferry_consumer_read_async(c, d, (void *)(uintptr_t)dbuf, MAX_ITEM, s);
+        st = st == FERRY_STALE ? FERRY_OK : 0xbad;
+    }
+    return st;
+}
+
+static int consumer_main(uint32_t rank, int device, const char *mode)
+{
+    ferry_consumer *c;
+    CUstream s;
+    if (ferry__cuda_get(&cu) != FERRY_OK ||
+        ferry_consumer_create_on(rank, device, &c) != FERRY_OK ||
+        ferry__cuda_use_device(cu, device) != FERRY_OK ||
+        cu->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
+        return 1;
+    CUdeviceptr dbuf = dev_alloc(MAX_ITEM);
+    uint8_t *host = malloc(MAX_ITEM);
+    uint64_t verified = 0;
+    uint32_t st = FERRY_OK;
+    msg m;
+    while (st == FERRY_OK && recv_msg(CHANNEL_FD, &m, 60000) == 0 && m.type == MSG_ITEM) {
+        ferry_descriptor d;
+        st = ferry_descriptor_decode(m.desc, sizeof(m.desc), &d);
+        if (st == FERRY_OK)
+            st = consume_one(c, mode, &d, m.status, dbuf, host, s);
+        if (st == FERRY_OK && !th_check(host, d.length, m.seed))
+            st = 0xbad;
+        if (st == FERRY_OK)
+            verified++;
+        if (st == FERRY_OK && strcmp(mode, "hold") == 0)
+            report(FERRY_OK, verified);
+    }
+    report(st, verified);
+    ferry_consumer_destroy(c);
+    cu->cuMemFree(dbuf);
+    cu->cuStreamDestroy(s);
+    free(host);
+    return st == FERRY_OK ? 0 : 1;
+}
+
+/* Producer helper: a pool with one reserved lease never committed; sleeps until killed. */
+static int producer_main(const char *placement)
+{
+    ferry_pool_config cfg = FERRY_POOL_CONFIG_INIT;
+    cfg.backend = backend;
+    cfg.memory_size = 4 << 20;
+    cfg.consumer_count = 1;
+    cfg.control_placement = atoi(placement);
+    ferry_pool *pool;
+    if (ferry_pool_create(&cfg, &pool) != FERRY_OK)
+        return 1;
+    ferry_tensor t = ferry_tensor_bytes(4096);
+    void *data;
+    ferry_descriptor d;
+    if (ferry_pool_reserve(pool, &t, 0, &data, &d) != FERRY_OK)
+        return 1;
+    msg m = {.type = MSG_ITEM};
+    ferry_descriptor_encode(&d, m.desc);
+    send_msg(CHANNEL_FD, &m);
+    for (;;)
+        pause();
+}
+
+/* Without a driver, a CUDA IPC pool fails plainly and the host backend still works. */
+static int nodriver_main(void)
+{
+    ferry_pool_config cfg = FERRY_POOL_CONFIG_INIT;
+    cfg.backend = backend;
+    cfg.memory_size = 4 << 20;
+    ferry_pool *pool;
+    ferry_status st = ferry_pool_create(&cfg, &pool);
+    report(st, 0);
+    cfg.backend = FERRY_BACKEND_HOST;
+    if (ferry_pool_create(&cfg, &pool) != FERRY_OK)
+        return 1;
+    ferry_pool_destroy(pool);
+    return 0;
+}
+
+static int helper_main(int argc, char **argv)
+{
+    if (argc >= 5 && strcmp(argv[2], "consumer") == 0) {
+        int device = 0;
+        char mode[32] = "async";
+        sscanf(argv[4], "%d:%31s", &device, mode);
+        return consumer_main((uint32_t)atoi(argv[3]), device, mode);
+    }
+    if (argc >= 4 && strcmp(argv[2], "producer") == 0)
+        return producer_main(argv[3]);
+    if (argc >= 3 && strcmp(argv[2], "nodriver") == 0)
+        return nodriver_main();
+    return 2;
+}
+
+/* ---- the tests ------------------------------------------------------------------------- */
+
+static ferry_pool *make_pool(int64_t size, int64_t consumers, int placement)
+{
+    ferry_pool_config c = FERRY_POOL_CONFIG_INIT;
+    c.backend = backend;
+    c.memory_size = size;
+    c.consumer_count = consumers;
+    c.max_inflight_slices = 256;
+    c.reclaim_interval_us = 500;
+    c.control_placement = placement;
+    ferry_pool *pool = NULL;
+    if (ferry_pool_create(&c, &pool) != FERRY_OK)
+        fail_msg("pool: %s", ferry_last_error());
+    return pool;
+}
+
+static ferry_pool_stats stats_of(ferry_pool *pool)
+{
+    ferry_pool_stats s = {.struct_size = sizeof(s), .version = FERRY_POOL_STATS_VERSION};
+    assert_int_equal(ferry_pool_stats_get(pool, &s), FERRY_OK);
+    return s;
+}
+
+static void wait_drained(ferry_pool *pool)
+{
+    uint64_t n;
+    for (int i = 0; i < 5000 && stats_of(pool).leases_in_flight; i++) {
+        ferry_pool_reclaim(pool, &n);
+        usleep(1000);
+    }
+    assert_int_equal(stats_of(pool).leases_in_flight, 0);
+}
+
+/* The producer's items: filled on the host, moved to device memory, then published from
+ * there on a stream, without synchronising the host with it. */
+typedef struct source {
+    CUdeviceptr dev[4];
+    uint8_t *host[4]; /* the same patterns in pageable host memory */
+    CUstream stream;
+} source;
+
+static source make_source(void)
+{
+    source s;
+    assert_int_equal(cu->cuStreamCreate(&s.stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    for (int i = 0; i < 4; i++) {
+        s.dev[i] = dev_alloc(MAX_ITEM);
+        assert_true(s.dev[i] != 0);
+        s.host[i] = malloc(MAX_ITEM);
+        th_fill(s.host[i], MAX_ITEM, (uint64_t)i + 100);
+        assert_int_equal(cu->cuMemcpy(s.dev[i], (CUdeviceptr)(uintptr_t)s.host[i], MAX_ITEM), 0);
+    }
+    return s;
+}
+
+static void free_source(source *s)
+{
+    cu->cuStreamSynchronize(s->stream);
+    for (int i = 0; i < 4; i++) {
+        cu->cuMemFree(s->dev[i]);
+        free(s->host[i]);
+    }
+    cu->cuStreamDestroy(s->stream);
+}
+
+/* Items reuse 4 sources, each a prefix of a seeded pattern: item i has seed 100 + i % 4
+ * and a length that varies; every fifth item comes from pageable host memory. */
+static ferry_descriptor publish_item(ferry_pool *pool, source *src, int i, size_t n,
+                                     uint64_t timeout)
+{
+    ferry_tensor t = ferry_tensor_bytes(n);
+    ferry_descriptor d;
+    const void *from =
+        i % 5 == 4 ? (const void *)src->host[i % 4] : (const void *)(uintptr_t)src->dev[i % 4];
+    ferry_status st = ferry_pool_publish_async(pool, &t, from, src->stream, timeout, &d);
+    if (st != FERRY_OK)
+        fail_msg("publish: %s", ferry_last_error());
+    return d;
+}
+
+static void stream_test(int placement, const char *const *modes, int nconsumers, int items)
+{
+    ferry_pool *pool = make_pool(8 << 20, nconsumers, placement);
+    source src = make_source();
+    helper h[4];
+    for (int r = 0; r < nconsumers; r++) {
+        char rank[16];
+        snprintf(rank, sizeof(rank), "%d", r);
+        h[r] = spawn_helper("consumer", rank, modes[r]);
+    }
+    srand(11);
+    for (int i = 0; i < items; i++) {
+        size_t n = 1 + (size_t)rand() % MAX_ITEM;
+        ferry_descriptor d = publish_item(pool, &src, i, n, 20000 * MS);
+        for (int r = 0; r < nconsumers; r++)
+            send_item(h[r].fd, &d, (uint64_t)(100 + i % 4));
+    }
+    for (int r = 0; r < nconsumers; r++) {
+        send_done(h[r].fd);
+        assert_result(finish_helper(&h[r]), (uint64_t)items);
+    }
+    wait_drained(pool);
+    ferry_pool_stats s = stats_of(pool);
+    assert_int_equal(s.publishes, (uint64_t)items);
+    assert_int_equal(s.reclaimed, (uint64_t)items);
+    free_source(&src);
+    ferry_pool_destroy(pool);
+}
+
+static void test_round_trip_host_control(void **state)
+{
+    (void)state;
+    const char *modes[] = {"0:async", "0:sync", "0:view"};
+    stream_test(FERRY_CONTROL_HOST, modes, 3, 60);
+}
+
+static void test_round_trip_device_control(void **state)
+{
+    (void)state;
+    const char *modes[] = {"0:async", "0:sync", "0:view"};
+    stream_test(FERRY_CONTROL_DEVICE, modes, 3, 60);
+}
+
+static void test_second_gpu(void **state)
+{
+    (void)state;
+    if (device_count() < 2)
+        skip();
+    const char *modes[] = {"1:async", "1:view"};
+    stream_test(FERRY_CONTROL_HOST, modes, 2, 40);
+    stream_test(FERRY_CONTROL_DEVICE, modes, 2, 40);
+}
+
+static void stale_test(int placement)
+{
+    ferry_pool *pool = make_pool(8 << 20, 1, placement);
+    source src = make_source();
+    helper h = spawn_helper("consumer", "0", "0:reread");
+    ferry_descriptor d = publish_item(pool, &src, 0, 5000, 0);
+    send_item(h.fd, &d, 100);
+    d = publish_item(pool, &src, 1, 5000, 0);
+    assert_int_equal(ferry_pool_cancel(pool, &d), FERRY_OK);
+    assert_int_equal(ferry_pool_cancel(pool, &d), FERRY_INACTIVE_LEASE);
+    char want[64];
+    snprintf(want, sizeof(want), "Cannot release inactive %s pool lease", transport_name());
+    assert_non_null(strstr(ferry_last_error(), want));
+    send_item(h.fd, &d, 101);
+    msg m = finish_helper(&h);
+    assert_int_equal(m.status, FERRY_STALE);
+    assert_int_equal(m.seed, 1);
+    wait_drained(pool);
+    free_source(&src);
+    ferry_pool_destroy(pool);
+}
+
+static void test_stale_and_cancelled(void **state)
+{
+    (void)state;
+    stale_test(FERRY_CONTROL_HOST);
+    stale_test(FERRY_CONTROL_DEVICE);
+}
+
+static void full_test(int placement)
+{
+    /* A few 1 MiB slices; the consumer acknowledges from its stream. */
+    ferry_pool *pool = make_pool(6 << 20, 1, placement);
+    source src = make_source();
+    ferry_descriptor d[8];
+    int held = 0;
+    ferry_tensor t = ferry_tensor_bytes(MAX_ITEM);
+    while (held < 8 && ferry_pool_publish_async(pool, &t, (void *)(uintptr_t)src.dev[held % 4],
+                                                src.stream, 0, &d[held]) == FERRY_OK)
+        held++;
+    assert_true(held >= 2 && held < 8);
+    char want[64];
+    snprintf(want, sizeof(want), "%s pool is full", transport_name());
+    ferry_descriptor out;
+    assert_int_equal(
+        ferry_pool_publish_async(pool, &t, (void *)(uintptr_t)src.dev[0], src.stream, 0, &out),
+        FERRY_POOL_FULL);
+    assert_non_null(strstr(ferry_last_error(), want));
+    helper h = spawn_helper("consumer", "0", "0:async");
+    for (int i = 0; i < held; i++)
+        send_item(h.fd, &d[i], (uint64_t)(100 + i % 4));
+    for (int i = held; i < held + 16; i++) {
+        ferry_descriptor e = publish_item(pool, &src, i, MAX_ITEM, 20000 * MS);
+        send_item(h.fd, &e, (uint64_t)(100 + i % 4));
+    }
+    send_done(h.fd);
+    assert_result(finish_helper(&h), (uint64_t)held + 16);
+    wait_drained(pool);
+    free_source(&src);
+    ferry_pool_destroy(pool);
+}
+
+static void test_pool_full_then_recovery(void **state)
+{
+    (void)state;
+    full_test(FERRY_CONTROL_HOST);
+    full_test(FERRY_CONTROL_DEVICE);
+}
+
+/* Zero-copy publish (reserve, fill on the stream, commit on the stream) and two tensors of
+ * one request in one lease, acknowledged once. */
+static void reserve_many_test(int placement)
+{
+    ferry_pool *pool = make_pool(8 << 20, 1, placement);
+    source src = make_source();
+    helper h = spawn_helper("consumer", "0", "0:sync");
+    ferry_tensor t = ferry_tensor_bytes(300000);
+    void *slice;
+    ferry_descriptor d;
+    assert_int_equal(ferry_pool_reserve(pool, &t, 0, &slice, &d), FERRY_OK);
+    send_item(h.fd, &d, 101); /* sent before the commit: the consumer waits for it */
+    assert_int_equal(
+        cu->cuMemcpyAsync((CUdeviceptr)(uintptr_t)slice, src.dev[1], 300000, src.stream),
+        CUDA_SUCCESS);
+    assert_int_equal(ferry_pool_commit_async(pool, &d, src.stream), FERRY_OK);
+    assert_int_equal(ferry_pool_commit_async(pool, &d, src.stream), FERRY_INACTIVE_LEASE);
+    ferry_tensor two[2] = {ferry_tensor_bytes(1000), ferry_tensor_bytes(70000)};
+    const void *srcs[2] = {(void *)(uintptr_t)src.dev[2], (void *)(uintptr_t)src.dev[3]};
+    ferry_descriptor dd[2];
+    assert_int_equal(ferry_pool_publish_many_async(pool, two, srcs, 2, src.stream, 0, dd),
+                     FERRY_OK);
+    assert_int_equal(dd[0].slot, dd[1].slot);
+    send_item_flags(h.fd, &dd[0], 102, ITEM_NOACK);
+    send_item(h.fd, &dd[1], 103);
+    send_done(h.fd);
+    assert_result(finish_helper(&h), 3);
+    wait_drained(pool);
+    assert_int_equal(stats_of(pool).publishes, 2);
+    free_source(&src);
+    ferry_pool_destroy(pool);
+}
+
+static void test_reserve_commit_and_many(void **state)
+{
+    (void)state;
+    reserve_many_test(FERRY_CONTROL_HOST);
+    reserve_many_test(FERRY_CONTROL_DEVICE);
+}
+
+static void test_consumer_killed(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(8 << 20, 2, FERRY_CONTROL_HOST);
+    source src = make_source();
+    helper good = spawn_helper("consumer", "0", "0:async");
+    helper bad = spawn_helper("consumer", "1", "0:hold");
+    msg m;
+    for (int i = 0; i < 4; i++) {
+        ferry_descriptor d = publish_item(pool, &src, i, MAX_ITEM, 20000 * MS);
+        send_item(good.fd, &d, (uint64_t)(100 + i % 4));
+        send_item(bad.fd, &d, (uint64_t)(100 + i % 4));
+        assert_int_equal(recv_msg(bad.fd, &m, 20000), 0);
+        assert_int_equal(m.status, FERRY_OK);
+    }
+    kill(bad.pid, SIGKILL);
+    int status;
+    waitpid(bad.pid, &status, 0);
+    close(bad.fd);
+    /* 8 MiB of pool: 30 more 1 MiB items fit only if the dead rank's leases come back. */
+    for (int i = 4; i < 34; i++) {
+        ferry_descriptor d = publish_item(pool, &src, i, MAX_ITEM, 20000 * MS);
+        send_item(good.fd, &d, (uint64_t)(100 + i % 4));
+    }
+    send_done(good.fd);
+    assert_result(finish_helper(&good), 34);
+    wait_drained(pool);
+    assert_true(stats_of(pool).acked_for_dead >= 4);
+    free_source(&src);
+    ferry_pool_destroy(pool);
+}
+
+static void producer_killed(const char *placement)
+{
+    helper prod = spawn_helper("producer", placement, "");
+    msg m;
+    assert_int_equal(recv_msg(prod.fd, &m, 60000), 0);
+    ferry_descriptor d;
+    assert_int_equal(ferry_descriptor_decode(m.desc, sizeof(m.desc), &d), FERRY_OK);
+    ferry_consumer *c;
+    assert_int_equal(ferry_consumer_create_on(0, 0, &c), FERRY_OK);
+    assert_int_equal(ferry_consumer_wait(c, &d, 20 * MS), FERRY_TIMEOUT);
+    kill(prod.pid, SIGKILL);
+    uint64_t t0 = ferry__now_ns();
+    assert_int_equal(ferry_consumer_wait(c, &d, 30000 * MS), FERRY_PRODUCER_GONE);
+    assert_true(ferry__now_ns() - t0 < 2000 * MS);
+    ferry_consumer_destroy(c);
+    int status;
+    waitpid(prod.pid, &status, 0);
+    close(prod.fd);
+}
+
+static void test_producer_killed(void **state)
+{
+    (void)state;
+    producer_killed("0");
+    producer_killed("1");
+}
+
+/* ---- fault injection (fake driver only) ------------------------------------------------ */
+
+typedef struct fake_control {
+    void (*inject)(const char *, int, int);
+    int (*live)(void);
+} fake_control;
+
+static int fake_of(fake_control *f)
+{
+    void *fail = dlsym(cu->library, "ferry_fake_cuda_fail");
+    void *live = dlsym(cu->library, "ferry_fake_cuda_live_allocations");
+    memcpy(&f->inject, &fail, sizeof(fail));
+    memcpy(&f->live, &live, sizeof(live));
+    return fail && live;
+}
+
+/* Each construction step failing in turn: the first cause is reported with the driver's
+ * error name, and nothing is left behind. */
+typedef struct step {
+    const char *call;
+    int placement;
+    int code;
+    ferry_status status;
+} step;
+
+static const step ipc_steps[] = {
+    {"cuMemAlloc", FERRY_CONTROL_HOST, 2, FERRY_NO_MEMORY},
+    {"cuMemHostRegister", FERRY_CONTROL_HOST, 1, FERRY_DRIVER},
+    {"cuMemHostGetDevicePointer", FERRY_CONTROL_HOST, 1, FERRY_DRIVER},
+    {"cuIpcGetMemHandle", FERRY_CONTROL_HOST, 801, FERRY_DRIVER},
+    {"cuMemsetD32", FERRY_CONTROL_DEVICE, 1, FERRY_DRIVER},
+    {"cuIpcGetMemHandle", FERRY_CONTROL_DEVICE, 801, FERRY_DRIVER},
+    {NULL, 0, 0, 0},
+};
+
+static const step vmm_steps[] = {
+    {"cuMemCreate", FERRY_CONTROL_HOST, 2, FERRY_NO_MEMORY},
+    {"cuMemAddressReserve", FERRY_CONTROL_HOST, 2, FERRY_NO_MEMORY},
+    {"cuMemMap", FERRY_CONTROL_HOST, 1, FERRY_DRIVER},
+    {"cuMemSetAccess", FERRY_CONTROL_HOST, 1, FERRY_DRIVER},
+    {"cuMemHostRegister", FERRY_CONTROL_HOST, 1, FERRY_DRIVER},
+    {"cuMemExportToShareableHandle", FERRY_CONTROL_HOST, 801, FERRY_DRIVER},
+    {"cuMemsetD32", FERRY_CONTROL_DEVICE, 1, FERRY_DRIVER},
+    {"cuMemExportToShareableHandle", FERRY_CONTROL_DEVICE, 801, FERRY_DRIVER},
+    {NULL, 0, 0, 0},
+};
+
+/* Each construction step failing in turn: the first cause is reported with the driver's
+ * error name, and every step done before it is undone exactly once. */
+static void test_create_rollback(void **state)
+{
+    (void)state;
+    fake_control f;
+    if (!fake_of(&f))
+        skip();
+    /* One pool first, so that the handle-type probes (cached) are behind us. */
+    ferry_pool_destroy(make_pool(4 << 20, 1, FERRY_CONTROL_HOST));
+    int base = f.live();
+    const step *steps = backend == FERRY_BACKEND_CUDA_VMM ? vmm_steps : ipc_steps;
+    for (const step *st = steps; st->call; st++) {
+        ferry_pool_config c = FERRY_POOL_CONFIG_INIT;
+        c.backend = backend;
+        c.memory_size = 4 << 20;
+        c.control_placement = st->placement;
+        ferry_pool *pool = (ferry_pool *)0x1;
+        f.inject(st->call, 1, st->code);
+        assert_int_equal(ferry_pool_create(&c, &pool), st->status);
+        f.inject(st->call, 0, 0);
+        char want[64];
+        snprintf(want, sizeof(want), "%s failed: CUDA_ERROR_", st->call);
+        if (!strstr(ferry_last_error(), want))
+            fail_msg("step %s: %s", st->call, ferry_last_error());
+        assert_ptr_equal(pool, (ferry_pool *)0x1);
+        assert_int_equal(f.live(), base);
+    }
+    /* And a pool made afterwards works and releases everything. */
+    ferry_pool_destroy(make_pool(4 << 20, 1, FERRY_CONTROL_DEVICE));
+    assert_int_equal(f.live(), base);
+}
+
+/* A consumer whose first cuIpcOpenMemHandle fails tries once more, and reports a second
+ * failure with the driver's error name. */
+static void test_open_retry(void **state)
+{
+    (void)state;
+    fake_control f;
+    if (!fake_of(&f) || backend != FERRY_BACKEND_CUDA_IPC)
+        skip();
+    setenv("FERRY_FAKE_CUDA_FAIL", "cuIpcOpenMemHandle:1:400", 1);
+    ferry_pool *pool = make_pool(8 << 20, 2, FERRY_CONTROL_HOST);
+    source src = make_source();
+    helper once = spawn_helper("consumer", "0", "0:async");
+    setenv("FERRY_FAKE_CUDA_FAIL", "cuIpcOpenMemHandle:0:400", 1);
+    helper never = spawn_helper("consumer", "1", "0:async");
+    unsetenv("FERRY_FAKE_CUDA_FAIL");
+    ferry_descriptor d = publish_item(pool, &src, 0, 4096, 0);
+    send_item(once.fd, &d, 100);
+    send_item(never.fd, &d, 100);
+    send_done(once.fd);
+    assert_result(finish_helper(&once), 1);
+    msg m = finish_helper(&never);
+    assert_int_equal(m.status, FERRY_DRIVER);
+    assert_non_null(strstr(m.text, "cuIpcOpenMemHandle failed: CUDA_ERROR_INVALID_HANDLE"));
+    wait_drained(pool); /* rank 1's process is gone: its acknowledgement is written for it */
+    free_source(&src);
+    ferry_pool_destroy(pool);
+}
+
+/* ---- CUDA VMM only ------------------------------------------------------------------------ */
+
+static ferry_pool_config vmm_config(int64_t size, int handle)
+{
+    ferry_pool_config c = FERRY_POOL_CONFIG_INIT;
+    c.backend = FERRY_BACKEND_CUDA_VMM;
+    c.memory_size = size;
+    c.vmm_handle = handle;
+    return c;
+}
+
+/* On these machines (and in the fake) cuMemCreate refuses FABRIC: a pool that requires it
+ * fails with the documented message, one that allows the fallback uses POSIX_FD. */
+static void test_vmm_handle_types(void **state)
+{
+    (void)state;
+    if (backend != FERRY_BACKEND_CUDA_VMM)
+        skip();
+    ferry_pool_config c = vmm_config(4 << 20, FERRY_VMM_HANDLE_FABRIC);
+    ferry_pool *pool = (ferry_pool *)0x1;
+    ferry_status st = ferry_pool_create(&c, &pool);
+    if (st == FERRY_OK) { /* a machine with an IMEX channel grants FABRIC */
+        ferry_descriptor d;
+        assert_int_equal(ferry_pool_describe(pool, &d), FERRY_OK);
+        assert_true(d.flags & FERRY_DESC_FLAG_FABRIC);
+        ferry_pool_destroy(pool);
+        return;
+    }
+    assert_int_equal(st, FERRY_NOT_SUPPORTED);
+    assert_non_null(strstr(ferry_last_error(), "CUDA VMM multimodal transport selected POSIX_FD, "
+                                               "but this pool requires FABRIC"));
+    assert_ptr_equal(pool, (ferry_pool *)0x1);
+    c.vmm_handle = FERRY_VMM_HANDLE_AUTO;
+    assert_int_equal(ferry_pool_create(&c, &pool), FERRY_OK);
+    ferry_descriptor d;
+    assert_int_equal(ferry_pool_describe(pool, &d), FERRY_OK);
+    assert_false(d.flags & FERRY_DESC_FLAG_FABRIC);
+    ferry_pool_destroy(pool);
+}
+
+/* The size is rounded down to the granularity; below one granule the pool is refused. */
+static void test_vmm_granularity(void **state)
+{
+    (void)state;
+    if (backend != FERRY_BACKEND_CUDA_VMM)
+        skip();
+    ferry_pool_config c = vmm_config(1 << 20, FERRY_VMM_HANDLE_AUTO);
+    ferry_pool *pool = (ferry_pool *)0x1;
+    assert_int_equal(ferry_pool_create(&c, &pool), FERRY_INVALID_ARGUMENT);
+    assert_string_equal(ferry_last_error(),
+                        "memory_size=1048576 is smaller than CUDA VMM granularity=2097152");
+    c.memory_size = (3 << 20) + 12345;
+    assert_int_equal(ferry_pool_create(&c, &pool), FERRY_OK);
+    ferry_pool_stats s = stats_of(pool);
+    assert_int_equal(s.capacity, 2 << 20);
+    ferry_descriptor d;
+    assert_int_equal(ferry_pool_describe(pool, &d), FERRY_OK);
+    assert_int_equal(d.pool_size, 2 << 20);
+    ferry_pool_destroy(pool);
+}
+
+/* A failure of the POSIX FD broker is latched: every later publish fails, and the first
+ * cause stays retrievable. */
+static void test_vmm_broker_failure_latched(void **state)
+{
+    (void)state;
+    if (backend != FERRY_BACKEND_CUDA_VMM)
+        skip();
+    ferry_pool *pool = make_pool(4 << 20, 1, FERRY_CONTROL_HOST);
+    source src = make_source();
+    ferry_descriptor d = publish_item(pool, &src, 0, 4096, 0);
+    assert_int_equal(ferry_pool_error(pool, NULL, 0), FERRY_OK);
+    /* Break the fd broker's listening socket: its thread latches the failure. */
+    assert_int_equal(ferry__vmm_break_broker_for_tests(pool), 0);
+    ferry_tensor t = ferry_tensor_bytes(4096);
+    ferry_status st = FERRY_OK;
+    for (int i = 0; i < 2000 && st == FERRY_OK; i++) {
+        st = ferry_pool_publish_async(pool, &t, (void *)(uintptr_t)src.dev[0], src.stream, 0, &d);
+        if (st == FERRY_OK)
+            assert_int_equal(ferry_pool_cancel(pool, &d), FERRY_OK);
+        usleep(1000);
+    }
+    assert_int_equal(st, FERRY_POOL_FAILED);
+    assert_string_equal(ferry_last_error(), "CUDA VMM multimodal pool failed");
+    char cause[256];
+    assert_int_equal(ferry_pool_error(pool, cause, sizeof(cause)), FERRY_POOL_FAILED);
+    assert_non_null(strstr(cause, "CUDA VMM POSIX FD broker failed"));
+    assert_int_equal(
+        ferry_pool_publish_async(pool, &t, (void *)(uintptr_t)src.dev[0], src.stream, 0, &d),
+        FERRY_POOL_FAILED);
+    free_source(&src);
+    ferry_pool_destroy(pool);
+}
+
+typedef struct copy_job {
+    ferry_pool *pool;
+    const void *src;
+    size_t n;
+    ferry_status status;
+    uint64_t done_ns;
+} copy_job;
+
+static void *publish_big(void *arg)
+{
+    copy_job *j = arg;
+    ferry_tensor t = ferry_tensor_bytes(j->n);
+    ferry_descriptor d;
+    j->status = ferry_pool_publish(j->pool, &t, j->src, 0, &d);
+    j->done_ns = ferry__now_ns();
+    return NULL;
+}
+
+/* Shutdown refuses new publishers, waits for the one inside its copy, then releases; closing
+ * twice is harmless. */
+static void test_shutdown_during_copy(void **state)
+{
+    (void)state;
+    size_t n = 64 << 20;
+    ferry_pool *pool = make_pool(80 << 20, 1, FERRY_CONTROL_HOST);
+    uint8_t *big = malloc(n);
+    memset(big, 0x5a, n);
+    copy_job job = {.pool = pool, .src = big, .n = n, .status = 0xdead};
+    pthread_t th;
+    pthread_create(&th, NULL, publish_big, &job);
+    usleep(200);
+    ferry_pool_close(pool);
+    uint64_t closed_ns = ferry__now_ns();
+    pthread_join(th, NULL);
+    /* The publisher either got in first (and close waited for it) or was refused. */
+    if (job.status == FERRY_OK)
+        assert_true(job.done_ns <= closed_ns);
+    else
+        assert_int_equal(job.status, FERRY_CLOSING);
+    ferry_tensor t = ferry_tensor_bytes(16);
+    ferry_descriptor d;
+    char want[64];
+    snprintf(want, sizeof(want), "%s pool is closing",
+             backend == FERRY_BACKEND_CUDA_VMM ? "CUDA VMM multimodal" : "CUDA IPC");
+    assert_int_equal(ferry_pool_publish(pool, &t, big, 0, &d), FERRY_CLOSING);
+    assert_string_equal(ferry_last_error(), want);
+    assert_int_equal(ferry_pool_reclaim(pool, NULL), FERRY_CLOSING);
+    ferry_pool_close(pool);
+    ferry_pool_destroy(pool);
+    free(big);
+}
+
+static void test_no_driver(void **state)
+{
+    (void)state;
+    const char *saved = getenv("FERRY_CUDA_DRIVER");
+    char *copy = saved ? strdup(saved) : NULL;
+    setenv("FERRY_CUDA_DRIVER", "/nonexistent/libcuda.so.1", 1);
+    helper h = spawn_helper("nodriver", "", "");
+    if (copy) {
+        setenv("FERRY_CUDA_DRIVER", copy, 1);
+        free(copy);
+    } else {
+        unsetenv("FERRY_CUDA_DRIVER");
+    }
+    msg m = finish_helper(&h);
+    assert_int_equal(m.status, FERRY_NOT_SUPPORTED);
+    char want[64];
+    snprintf(want, sizeof(want), "%s pool needs the CUDA driver: no CUDA driver", transport_name());
+    assert_non_null(strstr(m.text, want));
+}
+
+int main(int argc, char **argv)
+{
+    ssize_t n = readlink("/proc/self/exe", self_exe, sizeof(self_exe) - 1);
+    if (n <= 0)
+        return 1;
+    self_exe[n] = '\0';
+    if (argc >= 3 && strcmp(argv[1], "--helper") == 0) {
+        const char *b = getenv("FERRY_TEST_BACKEND");
+        if (b && ferry_backend_parse(b, &backend) != FERRY_OK)
+            return 2;
+        return helper_main(argc, argv);
+    }
+    signal(SIGPIPE, SIG_IGN);
+    if (ferry__cuda_get(&cu) != FERRY_OK || cu->device_count < 1 ||
+        ferry__cuda_use_device(cu, 0) != FERRY_OK) {
+        printf("skipped: %s\n", cu ? "no CUDA device" : ferry_last_error());
+        return 77;
+    }
+    printf("driver %s, %d device(s)\n", cu->path, cu->device_count);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_round_trip_host_control),
+        cmocka_unit_test(test_round_trip_device_control),
+        cmocka_unit_test(test_second_gpu),
+        cmocka_unit_test(test_stale_and_cancelled),
+        cmocka_unit_test(test_pool_full_then_recovery),
+        cmocka_unit_test(test_reserve_commit_and_many),
+        cmocka_unit_test(test_consumer_killed),
+        cmocka_unit_test(test_producer_killed),
+        cmocka_unit_test(test_no_driver),
+        cmocka_unit_test(test_create_rollback),
+        cmocka_unit_test(test_open_retry),
+        cmocka_unit_test(test_vmm_handle_types),
+        cmocka_unit_test(test_vmm_granularity),
+        cmocka_unit_test(test_vmm_broker_failure_latched),
+        cmocka_unit_test(test_shutdown_during_copy),
+    };
+    int failed = 0;
+    const ferry_backend backends[] = {FERRY_BACKEND_CUDA_IPC, FERRY_BACKEND_CUDA_VMM};
+    for (size_t i = 0; i < 2; i++) {
+        backend = backends[i];
+        setenv("FERRY_TEST_BACKEND", ferry_backend_name(backend), 1);
+        failed += _cmocka_run_group_tests(ferry_backend_name(backend), tests,
+                                          sizeof(tests) / sizeof(tests[0]), NULL, NULL);
+    }
+    return failed ? 1 : 0;
+}
