@@ -25,113 +25,18 @@
 #include "driver/driver.h"
 #include "ferry.h"
 #include "helpers.h"
+#include "procs.h"
 #include "transport/transport.h"
 
-#define MS         1000000ull
-#define CHANNEL_FD 3
-#define MAX_ITEM   (1 << 20)
+#define MS       1000000ull
+#define MAX_ITEM (1 << 20)
 
-extern char **environ;
-static char self_exe[4096];
 static const ferry__cuda *cu;
 static ferry_backend backend = FERRY_BACKEND_CUDA_IPC; /* under test */
 
 static const char *transport_name(void)
 {
     return backend == FERRY_BACKEND_CUDA_VMM ? "CUDA VMM" : "CUDA IPC";
-}
-
-/* ---- messages and helpers --------------------------------------------------------------- */
-
-enum { MSG_ITEM = 1, MSG_DONE = 2, MSG_RESULT = 3 };
-
-typedef struct msg {
-    uint32_t type;
-    uint32_t status;
-    uint64_t seed;
-    uint8_t desc[FERRY_DESCRIPTOR_SIZE];
-    char text[256];
-} msg;
-
-static int send_msg(int fd, const msg *m)
-{
-    return send(fd, m, sizeof(*m), MSG_NOSIGNAL) == (ssize_t)sizeof(*m) ? 0 : -1;
-}
-
-static int recv_msg(int fd, msg *m, int timeout_ms)
-{
-    struct timeval tv = {timeout_ms / 1000, (timeout_ms % 1000) * 1000};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    return recv(fd, m, sizeof(*m), 0) == (ssize_t)sizeof(*m) ? 0 : -1;
-}
-
-static void report(uint32_t status, uint64_t count)
-{
-    msg m = {.type = MSG_RESULT, .status = status, .seed = count};
-    snprintf(m.text, sizeof(m.text), "%s", ferry_last_error());
-    send_msg(CHANNEL_FD, &m);
-}
-
-typedef struct helper {
-    pid_t pid;
-    int fd;
-} helper;
-
-static helper spawn_helper(const char *role, const char *a, const char *b)
-{
-    int sv[2];
-    assert_int_equal(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, sv[1], CHANNEL_FD);
-    char *argv[] = {self_exe, "--helper", (char *)role, (char *)a, (char *)b, NULL};
-    helper h = {.fd = sv[0]};
-    assert_int_equal(posix_spawn(&h.pid, self_exe, &fa, NULL, argv, environ), 0);
-    posix_spawn_file_actions_destroy(&fa);
-    close(sv[1]);
-    return h;
-}
-
-static msg finish_helper(helper *h)
-{
-    msg m = {0};
-    if (recv_msg(h->fd, &m, 60000) != 0 || m.type != MSG_RESULT)
-        m.status = 0xdead;
-    int status;
-    waitpid(h->pid, &status, 0);
-    close(h->fd);
-    return m;
-}
-
-/* An item whose status is ITEM_NOACK is read but not acknowledged (another descriptor of
- * the same lease will be). */
-#define ITEM_NOACK 1u
-
-static void send_item_flags(int fd, const ferry_descriptor *d, uint64_t seed, uint32_t flags)
-{
-    msg m = {.type = MSG_ITEM, .seed = seed, .status = flags};
-    assert_int_equal(ferry_descriptor_encode(d, m.desc), FERRY_OK);
-    assert_int_equal(send_msg(fd, &m), 0);
-}
-
-static void send_item(int fd, const ferry_descriptor *d, uint64_t seed)
-{
-    msg m = {.type = MSG_ITEM, .seed = seed};
-    assert_int_equal(ferry_descriptor_encode(d, m.desc), FERRY_OK);
-    assert_int_equal(send_msg(fd, &m), 0);
-}
-
-static void send_done(int fd)
-{
-    msg m = {.type = MSG_DONE};
-    assert_int_equal(send_msg(fd, &m), 0);
-}
-
-static void assert_result(msg m, uint64_t count)
-{
-    if (m.status != FERRY_OK)
-        fail_msg("helper failed with %u: %s", m.status, m.text);
-    assert_int_equal(m.seed, count);
 }
 
 /* ---- device memory ---------------------------------------------------------------------- */
@@ -161,7 +66,7 @@ static ferry_status consume_one(ferry_consumer *c, const char *mode, const ferry
     ferry_status st = FERRY_OK;
     if (strcmp(mode, "sync") == 0 || strcmp(mode, "hold") == 0) {
         st = ferry_consumer_read(c, d, host, MAX_ITEM, 10000 * MS);
-        if (st == FERRY_OK && strcmp(mode, "sync") == 0 && !(flags & ITEM_NOACK))
+        if (st == FERRY_OK && strcmp(mode, "sync") == 0 && !(flags & TH_ITEM_NOACK))
             st = ferry_consumer_ack(c, d);
         return st;
     }
@@ -201,8 +106,8 @@ static int consumer_main(uint32_t rank, int device, const char *mode)
     uint8_t *host = malloc(MAX_ITEM);
     uint64_t verified = 0;
     uint32_t st = FERRY_OK;
-    msg m;
-    while (st == FERRY_OK && recv_msg(CHANNEL_FD, &m, 60000) == 0 && m.type == MSG_ITEM) {
+    th_msg m;
+    while (st == FERRY_OK && th_recv_msg(TH_CHANNEL_FD, &m, 60000) == 0 && m.type == TH_MSG_ITEM) {
         ferry_descriptor d;
         st = ferry_descriptor_decode(m.desc, sizeof(m.desc), &d);
         if (st == FERRY_OK)
@@ -212,9 +117,9 @@ static int consumer_main(uint32_t rank, int device, const char *mode)
         if (st == FERRY_OK)
             verified++;
         if (st == FERRY_OK && strcmp(mode, "hold") == 0)
-            report(FERRY_OK, verified);
+            th_report(FERRY_OK, verified);
     }
-    report(st, verified);
+    th_report(st, verified);
     ferry_consumer_destroy(c);
     cu->cuMemFree(dbuf);
     cu->cuStreamDestroy(s);
@@ -238,9 +143,9 @@ static int producer_main(const char *placement)
     ferry_descriptor d;
     if (ferry_pool_reserve(pool, &t, 0, &data, &d) != FERRY_OK)
         return 1;
-    msg m = {.type = MSG_ITEM};
+    th_msg m = {.type = TH_MSG_ITEM};
     ferry_descriptor_encode(&d, m.desc);
-    send_msg(CHANNEL_FD, &m);
+    th_send_msg(TH_CHANNEL_FD, &m);
     for (;;)
         pause();
 }
@@ -253,7 +158,7 @@ static int nodriver_main(void)
     cfg.memory_size = 4 << 20;
     ferry_pool *pool;
     ferry_status st = ferry_pool_create(&cfg, &pool);
-    report(st, 0);
+    th_report(st, 0);
     cfg.backend = FERRY_BACKEND_HOST;
     if (ferry_pool_create(&cfg, &pool) != FERRY_OK)
         return 1;
@@ -361,22 +266,22 @@ static void stream_test(int placement, const char *const *modes, int nconsumers,
 {
     ferry_pool *pool = make_pool(8 << 20, nconsumers, placement);
     source src = make_source();
-    helper h[4];
+    th_helper h[4];
     for (int r = 0; r < nconsumers; r++) {
         char rank[16];
         snprintf(rank, sizeof(rank), "%d", r);
-        h[r] = spawn_helper("consumer", rank, modes[r]);
+        h[r] = th_spawn_helper("consumer", rank, modes[r]);
     }
     srand(11);
     for (int i = 0; i < items; i++) {
         size_t n = 1 + (size_t)rand() % MAX_ITEM;
         ferry_descriptor d = publish_item(pool, &src, i, n, 20000 * MS);
         for (int r = 0; r < nconsumers; r++)
-            send_item(h[r].fd, &d, (uint64_t)(100 + i % 4));
+            th_send_item(h[r].fd, &d, (uint64_t)(100 + i % 4), 0);
     }
     for (int r = 0; r < nconsumers; r++) {
-        send_done(h[r].fd);
-        assert_result(finish_helper(&h[r]), (uint64_t)items);
+        th_send_type(h[r].fd, TH_MSG_DONE);
+        th_assert_result(th_finish_helper(&h[r], 60000), (uint64_t)items);
     }
     wait_drained(pool);
     ferry_pool_stats s = stats_of(pool);
@@ -414,17 +319,17 @@ static void stale_test(int placement)
 {
     ferry_pool *pool = make_pool(8 << 20, 1, placement);
     source src = make_source();
-    helper h = spawn_helper("consumer", "0", "0:reread");
+    th_helper h = th_spawn_helper("consumer", "0", "0:reread");
     ferry_descriptor d = publish_item(pool, &src, 0, 5000, 0);
-    send_item(h.fd, &d, 100);
+    th_send_item(h.fd, &d, 100, 0);
     d = publish_item(pool, &src, 1, 5000, 0);
     assert_int_equal(ferry_pool_cancel(pool, &d), FERRY_OK);
     assert_int_equal(ferry_pool_cancel(pool, &d), FERRY_INACTIVE_LEASE);
     char want[64];
     snprintf(want, sizeof(want), "Cannot release inactive %s pool lease", transport_name());
     assert_non_null(strstr(ferry_last_error(), want));
-    send_item(h.fd, &d, 101);
-    msg m = finish_helper(&h);
+    th_send_item(h.fd, &d, 101, 0);
+    th_msg m = th_finish_helper(&h, 60000);
     assert_int_equal(m.status, FERRY_STALE);
     assert_int_equal(m.seed, 1);
     wait_drained(pool);
@@ -458,15 +363,15 @@ static void full_test(int placement)
         ferry_pool_publish_async(pool, &t, (void *)(uintptr_t)src.dev[0], src.stream, 0, &out),
         FERRY_POOL_FULL);
     assert_non_null(strstr(ferry_last_error(), want));
-    helper h = spawn_helper("consumer", "0", "0:async");
+    th_helper h = th_spawn_helper("consumer", "0", "0:async");
     for (int i = 0; i < held; i++)
-        send_item(h.fd, &d[i], (uint64_t)(100 + i % 4));
+        th_send_item(h.fd, &d[i], (uint64_t)(100 + i % 4), 0);
     for (int i = held; i < held + 16; i++) {
         ferry_descriptor e = publish_item(pool, &src, i, MAX_ITEM, 20000 * MS);
-        send_item(h.fd, &e, (uint64_t)(100 + i % 4));
+        th_send_item(h.fd, &e, (uint64_t)(100 + i % 4), 0);
     }
-    send_done(h.fd);
-    assert_result(finish_helper(&h), (uint64_t)held + 16);
+    th_send_type(h.fd, TH_MSG_DONE);
+    th_assert_result(th_finish_helper(&h, 60000), (uint64_t)held + 16);
     wait_drained(pool);
     free_source(&src);
     ferry_pool_destroy(pool);
@@ -485,12 +390,12 @@ static void reserve_many_test(int placement)
 {
     ferry_pool *pool = make_pool(8 << 20, 1, placement);
     source src = make_source();
-    helper h = spawn_helper("consumer", "0", "0:sync");
+    th_helper h = th_spawn_helper("consumer", "0", "0:sync");
     ferry_tensor t = ferry_tensor_bytes(300000);
     void *slice;
     ferry_descriptor d;
     assert_int_equal(ferry_pool_reserve(pool, &t, 0, &slice, &d), FERRY_OK);
-    send_item(h.fd, &d, 101); /* sent before the commit: the consumer waits for it */
+    th_send_item(h.fd, &d, 101, 0); /* sent before the commit: the consumer waits for it */
     assert_int_equal(
         cu->cuMemcpyAsync((CUdeviceptr)(uintptr_t)slice, src.dev[1], 300000, src.stream),
         CUDA_SUCCESS);
@@ -502,10 +407,10 @@ static void reserve_many_test(int placement)
     assert_int_equal(ferry_pool_publish_many_async(pool, two, srcs, 2, src.stream, 0, dd),
                      FERRY_OK);
     assert_int_equal(dd[0].slot, dd[1].slot);
-    send_item_flags(h.fd, &dd[0], 102, ITEM_NOACK);
-    send_item(h.fd, &dd[1], 103);
-    send_done(h.fd);
-    assert_result(finish_helper(&h), 3);
+    th_send_item(h.fd, &dd[0], 102, TH_ITEM_NOACK);
+    th_send_item(h.fd, &dd[1], 103, 0);
+    th_send_type(h.fd, TH_MSG_DONE);
+    th_assert_result(th_finish_helper(&h, 60000), 3);
     wait_drained(pool);
     assert_int_equal(stats_of(pool).publishes, 2);
     free_source(&src);
@@ -524,14 +429,14 @@ static void test_consumer_killed(void **state)
     (void)state;
     ferry_pool *pool = make_pool(8 << 20, 2, FERRY_CONTROL_HOST);
     source src = make_source();
-    helper good = spawn_helper("consumer", "0", "0:async");
-    helper bad = spawn_helper("consumer", "1", "0:hold");
-    msg m;
+    th_helper good = th_spawn_helper("consumer", "0", "0:async");
+    th_helper bad = th_spawn_helper("consumer", "1", "0:hold");
+    th_msg m;
     for (int i = 0; i < 4; i++) {
         ferry_descriptor d = publish_item(pool, &src, i, MAX_ITEM, 20000 * MS);
-        send_item(good.fd, &d, (uint64_t)(100 + i % 4));
-        send_item(bad.fd, &d, (uint64_t)(100 + i % 4));
-        assert_int_equal(recv_msg(bad.fd, &m, 20000), 0);
+        th_send_item(good.fd, &d, (uint64_t)(100 + i % 4), 0);
+        th_send_item(bad.fd, &d, (uint64_t)(100 + i % 4), 0);
+        assert_int_equal(th_recv_msg(bad.fd, &m, 20000), 0);
         assert_int_equal(m.status, FERRY_OK);
     }
     kill(bad.pid, SIGKILL);
@@ -541,10 +446,10 @@ static void test_consumer_killed(void **state)
     /* 8 MiB of pool: 30 more 1 MiB items fit only if the dead rank's leases come back. */
     for (int i = 4; i < 34; i++) {
         ferry_descriptor d = publish_item(pool, &src, i, MAX_ITEM, 20000 * MS);
-        send_item(good.fd, &d, (uint64_t)(100 + i % 4));
+        th_send_item(good.fd, &d, (uint64_t)(100 + i % 4), 0);
     }
-    send_done(good.fd);
-    assert_result(finish_helper(&good), 34);
+    th_send_type(good.fd, TH_MSG_DONE);
+    th_assert_result(th_finish_helper(&good, 60000), 34);
     wait_drained(pool);
     assert_true(stats_of(pool).acked_for_dead >= 4);
     free_source(&src);
@@ -553,9 +458,9 @@ static void test_consumer_killed(void **state)
 
 static void producer_killed(const char *placement)
 {
-    helper prod = spawn_helper("producer", placement, "");
-    msg m;
-    assert_int_equal(recv_msg(prod.fd, &m, 60000), 0);
+    th_helper prod = th_spawn_helper("producer", placement, "");
+    th_msg m;
+    assert_int_equal(th_recv_msg(prod.fd, &m, 60000), 0);
     ferry_descriptor d;
     assert_int_equal(ferry_descriptor_decode(m.desc, sizeof(m.desc), &d), FERRY_OK);
     ferry_consumer *c;
@@ -669,16 +574,16 @@ static void test_open_retry(void **state)
     setenv("FERRY_FAKE_CUDA_FAIL", "cuIpcOpenMemHandle:1:400", 1);
     ferry_pool *pool = make_pool(8 << 20, 2, FERRY_CONTROL_HOST);
     source src = make_source();
-    helper once = spawn_helper("consumer", "0", "0:async");
+    th_helper once = th_spawn_helper("consumer", "0", "0:async");
     setenv("FERRY_FAKE_CUDA_FAIL", "cuIpcOpenMemHandle:0:400", 1);
-    helper never = spawn_helper("consumer", "1", "0:async");
+    th_helper never = th_spawn_helper("consumer", "1", "0:async");
     unsetenv("FERRY_FAKE_CUDA_FAIL");
     ferry_descriptor d = publish_item(pool, &src, 0, 4096, 0);
-    send_item(once.fd, &d, 100);
-    send_item(never.fd, &d, 100);
-    send_done(once.fd);
-    assert_result(finish_helper(&once), 1);
-    msg m = finish_helper(&never);
+    th_send_item(once.fd, &d, 100, 0);
+    th_send_item(never.fd, &d, 100, 0);
+    th_send_type(once.fd, TH_MSG_DONE);
+    th_assert_result(th_finish_helper(&once, 60000), 1);
+    th_msg m = th_finish_helper(&never, 60000);
     assert_int_equal(m.status, FERRY_DRIVER);
     assert_non_null(strstr(m.text, "cuIpcOpenMemHandle failed: CUDA_ERROR_INVALID_HANDLE"));
     wait_drained(pool); /* rank 1's process is gone: its acknowledgement is written for it */
@@ -838,14 +743,14 @@ static void test_no_driver(void **state)
     const char *saved = getenv("FERRY_CUDA_DRIVER");
     char *copy = saved ? strdup(saved) : NULL;
     setenv("FERRY_CUDA_DRIVER", "/nonexistent/libcuda.so.1", 1);
-    helper h = spawn_helper("nodriver", "", "");
+    th_helper h = th_spawn_helper("nodriver", "", "");
     if (copy) {
         setenv("FERRY_CUDA_DRIVER", copy, 1);
         free(copy);
     } else {
         unsetenv("FERRY_CUDA_DRIVER");
     }
-    msg m = finish_helper(&h);
+    th_msg m = th_finish_helper(&h, 60000);
     assert_int_equal(m.status, FERRY_NOT_SUPPORTED);
     char want[64];
     snprintf(want, sizeof(want), "%s pool needs the CUDA driver: no CUDA driver", transport_name());
@@ -854,10 +759,6 @@ static void test_no_driver(void **state)
 
 int main(int argc, char **argv)
 {
-    ssize_t n = readlink("/proc/self/exe", self_exe, sizeof(self_exe) - 1);
-    if (n <= 0)
-        return 1;
-    self_exe[n] = '\0';
     if (argc >= 3 && strcmp(argv[1], "--helper") == 0) {
         const char *b = getenv("FERRY_TEST_BACKEND");
         if (b && ferry_backend_parse(b, &backend) != FERRY_OK)

@@ -21,99 +21,12 @@
 #include "common/clock.h"
 #include "ferry.h"
 #include "helpers.h"
+#include "procs.h"
 
-#define MS         1000000ull
-#define CHANNEL_FD 3
-#define MAX_ITEM   (256 * 1024)
-
-extern char **environ;
-
-/* ---- messages between the test and its helpers --------------------------------------- */
-
-enum { MSG_ITEM = 1, MSG_DONE = 2, MSG_RESULT = 3, MSG_GO = 4 };
-
-typedef struct msg {
-    uint32_t type;
-    uint32_t status; /* MSG_RESULT: a ferry_status */
-    uint64_t seed;   /* MSG_ITEM: pattern seed; MSG_RESULT: items verified */
-    uint8_t desc[FERRY_DESCRIPTOR_SIZE];
-    char text[256]; /* MSG_RESULT: ferry_last_error() of a failure */
-} msg;
-
-static int send_msg(int fd, const msg *m)
-{
-    return send(fd, m, sizeof(*m), MSG_NOSIGNAL) == (ssize_t)sizeof(*m) ? 0 : -1;
-}
-
-static int recv_msg(int fd, msg *m, int timeout_ms)
-{
-    struct timeval tv = {timeout_ms / 1000, (timeout_ms % 1000) * 1000};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    return recv(fd, m, sizeof(*m), 0) == (ssize_t)sizeof(*m) ? 0 : -1;
-}
-
-static void send_item(int fd, const ferry_descriptor *d, uint64_t seed)
-{
-    msg m = {.type = MSG_ITEM, .seed = seed};
-    assert_int_equal(ferry_descriptor_encode(d, m.desc), FERRY_OK);
-    assert_int_equal(send_msg(fd, &m), 0);
-}
-
-static void send_type(int fd, uint32_t type)
-{
-    msg m = {.type = type};
-    assert_int_equal(send_msg(fd, &m), 0);
-}
+#define MS       1000000ull
+#define MAX_ITEM (256 * 1024)
 
 /* ---- helper processes ------------------------------------------------------------------ */
-
-typedef struct helper {
-    pid_t pid;
-    int fd; /* the test's end of the channel */
-} helper;
-
-static char self_exe[4096];
-
-static helper spawn_helper(const char *role, const char *arg1, const char *arg2)
-{
-    int sv[2];
-    assert_int_equal(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, sv[1], CHANNEL_FD);
-    char *argv[] = {self_exe, "--helper", (char *)role, (char *)arg1, (char *)arg2, NULL};
-    helper h = {.fd = sv[0]};
-    assert_int_equal(posix_spawn(&h.pid, self_exe, &fa, NULL, argv, environ), 0);
-    posix_spawn_file_actions_destroy(&fa);
-    close(sv[1]);
-    return h;
-}
-
-/* Waits for the helper's result message and its exit. */
-static msg finish_helper(helper *h)
-{
-    msg m = {0};
-    if (recv_msg(h->fd, &m, 30000) != 0 || m.type != MSG_RESULT)
-        m.status = 0xdead;
-    int status;
-    waitpid(h->pid, &status, 0);
-    close(h->fd);
-    return m;
-}
-
-static void reap_helper(helper *h)
-{
-    int status;
-    waitpid(h->pid, &status, 0);
-    close(h->fd);
-}
-
-static void report(uint32_t status, uint64_t verified)
-{
-    msg m = {.type = MSG_RESULT, .status = status, .seed = verified};
-    snprintf(m.text, sizeof(m.text), "%s", ferry_last_error());
-    send_msg(CHANNEL_FD, &m);
-}
 
 /* Consumer helper. mode: "ack" (read, verify, ack), "range:F:N" (read, verify, ack ranks
  * [F, F+N)), "hold" (read, verify, never ack; report each item), "reread" (ack, then read
@@ -128,8 +41,9 @@ static int consumer_main(uint32_t rank, const char *mode)
     uint32_t status = FERRY_OK;
     unsigned first = 0, count = 0;
     int range = sscanf(mode, "range:%u:%u", &first, &count) == 2;
-    msg m;
-    while (status == FERRY_OK && recv_msg(CHANNEL_FD, &m, 60000) == 0 && m.type == MSG_ITEM) {
+    th_msg m;
+    while (status == FERRY_OK && th_recv_msg(TH_CHANNEL_FD, &m, 60000) == 0 &&
+           m.type == TH_MSG_ITEM) {
         ferry_descriptor d;
         status = ferry_descriptor_decode(m.desc, sizeof(m.desc), &d);
         if (status == FERRY_OK)
@@ -143,7 +57,7 @@ static int consumer_main(uint32_t rank, const char *mode)
         }
         verified++;
         if (strcmp(mode, "hold") == 0) {
-            report(FERRY_OK, verified);
+            th_report(FERRY_OK, verified);
             continue;
         }
         status = range ? ferry_consumer_ack_range(c, &d, first, count) : ferry_consumer_ack(c, &d);
@@ -152,7 +66,7 @@ static int consumer_main(uint32_t rank, const char *mode)
             status = status == FERRY_STALE ? FERRY_OK : 0xbad;
         }
     }
-    report(status, verified);
+    th_report(status, verified);
     free(buf);
     ferry_consumer_destroy(c);
     return status == FERRY_OK ? 0 : 1;
@@ -174,9 +88,9 @@ static int producer_main(void)
     ferry_descriptor d;
     if (ferry_pool_reserve(pool, &t, 0, &data, &d) != FERRY_OK)
         return 1;
-    msg m = {.type = MSG_ITEM};
+    th_msg m = {.type = TH_MSG_ITEM};
     ferry_descriptor_encode(&d, m.desc);
-    send_msg(CHANNEL_FD, &m);
+    th_send_msg(TH_CHANNEL_FD, &m);
     for (;;)
         pause();
 }
@@ -184,19 +98,19 @@ static int producer_main(void)
 /* A consumer that drops to another uid before asking the broker for the pool. */
 static int foreign_main(void)
 {
-    msg m;
-    if (recv_msg(CHANNEL_FD, &m, 30000) != 0)
+    th_msg m;
+    if (th_recv_msg(TH_CHANNEL_FD, &m, 30000) != 0)
         return 1;
     ferry_descriptor d;
     ferry_descriptor_decode(m.desc, sizeof(m.desc), &d);
     if (setresgid(65534, 65534, 65534) != 0 || setresuid(65534, 65534, 65534) != 0) {
-        report(0xbad, 0);
+        th_report(0xbad, 0);
         return 1;
     }
     ferry_consumer *c;
     ferry_consumer_create(0, &c);
     ferry_status st = ferry_consumer_open(c, &d);
-    report(st, 0);
+    th_report(st, 0);
     ferry_consumer_destroy(c);
     return 0;
 }
@@ -247,13 +161,6 @@ static ferry_descriptor publish_seeded(ferry_pool *pool, size_t n, uint64_t seed
     return d;
 }
 
-static void assert_result(msg m, uint64_t verified)
-{
-    if (m.status != FERRY_OK)
-        fail_msg("helper failed with %u: %s", m.status, m.text);
-    assert_int_equal(m.seed, verified);
-}
-
 static void wait_drained(ferry_pool *pool)
 {
     uint64_t n;
@@ -270,11 +177,11 @@ static void test_stream_to_consumers(void **state)
     (void)state;
     enum { N = 3, ITEMS = 300 };
     ferry_pool *pool = make_pool(1 << 20, N, 1000); /* far less than the bytes moved */
-    helper h[N];
+    th_helper h[N];
     for (int r = 0; r < N; r++) {
         char rank[16];
         snprintf(rank, sizeof(rank), "%d", r);
-        h[r] = spawn_helper("consumer", rank, "ack");
+        h[r] = th_spawn_helper("consumer", rank, "ack");
     }
     srand(7);
     uint64_t bytes = 0;
@@ -283,11 +190,11 @@ static void test_stream_to_consumers(void **state)
         ferry_descriptor d = publish_seeded(pool, n, (uint64_t)i, 10000 * MS);
         bytes += n;
         for (int r = 0; r < N; r++)
-            send_item(h[r].fd, &d, (uint64_t)i);
+            th_send_item(h[r].fd, &d, (uint64_t)i, 0);
     }
     for (int r = 0; r < N; r++) {
-        send_type(h[r].fd, MSG_DONE);
-        assert_result(finish_helper(&h[r]), ITEMS);
+        th_send_type(h[r].fd, TH_MSG_DONE);
+        th_assert_result(th_finish_helper(&h[r], 60000), ITEMS);
     }
     wait_drained(pool);
     ferry_pool_stats s = stats_of(pool);
@@ -304,17 +211,17 @@ static void test_ack_by_range_across_processes(void **state)
 {
     (void)state;
     ferry_pool *pool = make_pool(1 << 20, 3, 1000);
-    helper a = spawn_helper("consumer", "0", "range:0:2");
-    helper b = spawn_helper("consumer", "2", "ack");
+    th_helper a = th_spawn_helper("consumer", "0", "range:0:2");
+    th_helper b = th_spawn_helper("consumer", "2", "ack");
     for (int i = 0; i < 50; i++) {
         ferry_descriptor d = publish_seeded(pool, 50000, (uint64_t)i + 1000, 10000 * MS);
-        send_item(a.fd, &d, (uint64_t)i + 1000);
-        send_item(b.fd, &d, (uint64_t)i + 1000);
+        th_send_item(a.fd, &d, (uint64_t)i + 1000, 0);
+        th_send_item(b.fd, &d, (uint64_t)i + 1000, 0);
     }
-    send_type(a.fd, MSG_DONE);
-    send_type(b.fd, MSG_DONE);
-    assert_result(finish_helper(&a), 50);
-    assert_result(finish_helper(&b), 50);
+    th_send_type(a.fd, TH_MSG_DONE);
+    th_send_type(b.fd, TH_MSG_DONE);
+    th_assert_result(th_finish_helper(&a, 60000), 50);
+    th_assert_result(th_finish_helper(&b, 60000), 50);
     wait_drained(pool);
     ferry_pool_destroy(pool);
 }
@@ -324,13 +231,13 @@ static void test_stale_and_cancelled_refused(void **state)
 {
     (void)state;
     ferry_pool *pool = make_pool(1 << 20, 1, 1000);
-    helper h = spawn_helper("consumer", "0", "reread");
+    th_helper h = th_spawn_helper("consumer", "0", "reread");
     ferry_descriptor d = publish_seeded(pool, 1000, 1, 0);
-    send_item(h.fd, &d, 1);
+    th_send_item(h.fd, &d, 1, 0);
     d = publish_seeded(pool, 1000, 2, 0);
     assert_int_equal(ferry_pool_cancel(pool, &d), FERRY_OK);
-    send_item(h.fd, &d, 2);
-    msg m = finish_helper(&h);
+    th_send_item(h.fd, &d, 2, 0);
+    th_msg m = th_finish_helper(&h, 60000);
     assert_int_equal(m.status, FERRY_STALE);
     assert_int_equal(m.seed, 1);
     assert_non_null(strstr(m.text, "stale descriptor"));
@@ -343,7 +250,7 @@ static void test_pool_full_then_recovery(void **state)
 {
     (void)state;
     ferry_pool *pool = make_pool(256 * 1024 + 16384, 1, 1000);
-    helper h = spawn_helper("consumer", "0", "ack");
+    th_helper h = th_spawn_helper("consumer", "0", "ack");
     ferry_descriptor d[4];
     for (int i = 0; i < 4; i++)
         d[i] = publish_seeded(pool, 60000, (uint64_t)i, 0);
@@ -353,14 +260,14 @@ static void test_pool_full_then_recovery(void **state)
     assert_int_equal(ferry_pool_publish(pool, &t, buf, 0, &out), FERRY_POOL_FULL);
     assert_non_null(strstr(ferry_last_error(), "rank 0 (pid 0, not attached yet)"));
     for (int i = 0; i < 4; i++)
-        send_item(h.fd, &d[i], (uint64_t)i);
+        th_send_item(h.fd, &d[i], (uint64_t)i, 0);
     /* Waits for the consumer's acknowledgements instead of failing. */
     for (int i = 4; i < 40; i++) {
         ferry_descriptor e = publish_seeded(pool, 60000, (uint64_t)i, 10000 * MS);
-        send_item(h.fd, &e, (uint64_t)i);
+        th_send_item(h.fd, &e, (uint64_t)i, 0);
     }
-    send_type(h.fd, MSG_DONE);
-    assert_result(finish_helper(&h), 40);
+    th_send_type(h.fd, TH_MSG_DONE);
+    th_assert_result(th_finish_helper(&h, 60000), 40);
     assert_true(stats_of(pool).pool_full_events >= 1);
     wait_drained(pool);
     ferry_pool_destroy(pool);
@@ -372,32 +279,32 @@ static void test_consumer_killed(void **state)
 {
     (void)state;
     ferry_pool *pool = make_pool(1 << 20, 2, 2000);
-    helper good = spawn_helper("consumer", "0", "ack");
-    helper bad = spawn_helper("consumer", "1", "hold");
-    msg m;
+    th_helper good = th_spawn_helper("consumer", "0", "ack");
+    th_helper bad = th_spawn_helper("consumer", "1", "hold");
+    th_msg m;
     for (int i = 0; i < 8; i++) {
         ferry_descriptor d = publish_seeded(pool, 100000, (uint64_t)i, 10000 * MS);
-        send_item(good.fd, &d, (uint64_t)i);
-        send_item(bad.fd, &d, (uint64_t)i);
-        assert_int_equal(recv_msg(bad.fd, &m, 10000), 0); /* read, not acknowledged */
+        th_send_item(good.fd, &d, (uint64_t)i, 0);
+        th_send_item(bad.fd, &d, (uint64_t)i, 0);
+        assert_int_equal(th_recv_msg(bad.fd, &m, 10000), 0); /* read, not acknowledged */
     }
     ferry_consumer_info info;
     assert_int_equal(ferry_pool_consumer_info(pool, 1, &info), FERRY_OK);
     assert_int_equal(info.alive, 1);
     assert_int_equal(info.outstanding, 8);
     kill(bad.pid, SIGKILL);
-    reap_helper(&bad);
+    th_reap_helper(&bad);
     /* The pool holds 1 MiB: 100 more items only fit if the dead rank's leases come back. */
     for (int i = 8; i < 108; i++) {
         ferry_descriptor d = publish_seeded(pool, 100000, (uint64_t)i, 10000 * MS);
-        send_item(good.fd, &d, (uint64_t)i);
+        th_send_item(good.fd, &d, (uint64_t)i, 0);
     }
     ferry_pool_stats s = stats_of(pool);
     assert_true(s.acked_for_dead >= 8);
     assert_int_equal(s.consumers_attached, 2);
     assert_int_equal(s.consumers_alive, 1);
-    send_type(good.fd, MSG_DONE);
-    assert_result(finish_helper(&good), 108);
+    th_send_type(good.fd, TH_MSG_DONE);
+    th_assert_result(th_finish_helper(&good, 60000), 108);
     wait_drained(pool);
     assert_int_equal(ferry_pool_consumer_info(pool, 1, &info), FERRY_OK);
     assert_int_equal(info.alive, 0);
@@ -407,7 +314,7 @@ static void test_consumer_killed(void **state)
 
 static void *kill_later(void *arg)
 {
-    helper *h = arg;
+    th_helper *h = arg;
     usleep(100000);
     kill(h->pid, SIGKILL);
     return NULL;
@@ -417,9 +324,9 @@ static void *kill_later(void *arg)
 static void test_producer_killed(void **state)
 {
     (void)state;
-    helper prod = spawn_helper("producer", "", "");
-    msg m;
-    assert_int_equal(recv_msg(prod.fd, &m, 30000), 0);
+    th_helper prod = th_spawn_helper("producer", "", "");
+    th_msg m;
+    assert_int_equal(th_recv_msg(prod.fd, &m, 30000), 0);
     ferry_descriptor d;
     assert_int_equal(ferry_descriptor_decode(m.desc, sizeof(m.desc), &d), FERRY_OK);
     ferry_consumer *c;
@@ -436,7 +343,7 @@ static void test_producer_killed(void **state)
     uint8_t buf[4096];
     assert_int_equal(ferry_consumer_read(c, &d, buf, sizeof(buf), 1000 * MS), FERRY_PRODUCER_GONE);
     ferry_consumer_destroy(c);
-    reap_helper(&prod);
+    th_reap_helper(&prod);
 }
 
 /* A process of another uid is refused by the broker and counted. */
@@ -447,9 +354,9 @@ static void test_foreign_uid_refused(void **state)
         skip();
     ferry_pool *pool = make_pool(1 << 20, 1, 1000);
     ferry_descriptor d = publish_seeded(pool, 100, 1, 0);
-    helper h = spawn_helper("foreign", "", "");
-    send_item(h.fd, &d, 1);
-    msg m = finish_helper(&h);
+    th_helper h = th_spawn_helper("foreign", "", "");
+    th_send_item(h.fd, &d, 1, 0);
+    th_msg m = th_finish_helper(&h, 60000);
     assert_int_equal(m.status, FERRY_PERMISSION);
     ferry_pool_stats s = stats_of(pool);
     assert_int_equal(s.broker_refused, 1);
@@ -459,10 +366,6 @@ static void test_foreign_uid_refused(void **state)
 
 int main(int argc, char **argv)
 {
-    ssize_t n = readlink("/proc/self/exe", self_exe, sizeof(self_exe) - 1);
-    if (n <= 0)
-        return 1;
-    self_exe[n] = '\0';
     if (argc >= 3 && strcmp(argv[1], "--helper") == 0)
         return helper_main(argc, argv);
     signal(SIGPIPE, SIG_IGN);

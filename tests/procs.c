@@ -1,0 +1,89 @@
+#include <setjmp.h>
+#include <spawn.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "procs.h"
+
+extern char **environ;
+
+int th_send_msg(int fd, const th_msg *m)
+{
+    return send(fd, m, sizeof(*m), MSG_NOSIGNAL) == (ssize_t)sizeof(*m) ? 0 : -1;
+}
+
+int th_recv_msg(int fd, th_msg *m, int timeout_ms)
+{
+    struct timeval tv = {timeout_ms / 1000, (timeout_ms % 1000) * 1000};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    return recv(fd, m, sizeof(*m), 0) == (ssize_t)sizeof(*m) ? 0 : -1;
+}
+
+th_helper th_spawn_helper(const char *role, const char *arg1, const char *arg2)
+{
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    assert_true(n > 0);
+    exe[n] = '\0';
+    int sv[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, sv[1], TH_CHANNEL_FD);
+    char *argv[] = {exe, "--helper", (char *)role, (char *)arg1, (char *)arg2, NULL};
+    th_helper h = {.fd = sv[0]};
+    assert_int_equal(posix_spawn(&h.pid, exe, &fa, NULL, argv, environ), 0);
+    posix_spawn_file_actions_destroy(&fa);
+    close(sv[1]);
+    return h;
+}
+
+void th_send_item(int fd, const ferry_descriptor *d, uint64_t seed, uint32_t flags)
+{
+    th_msg m = {.type = TH_MSG_ITEM, .seed = seed, .status = flags};
+    assert_int_equal(ferry_descriptor_encode(d, m.desc), FERRY_OK);
+    assert_int_equal(th_send_msg(fd, &m), 0);
+}
+
+void th_send_type(int fd, uint32_t type)
+{
+    th_msg m = {.type = type};
+    assert_int_equal(th_send_msg(fd, &m), 0);
+}
+
+th_msg th_finish_helper(th_helper *h, int timeout_ms)
+{
+    th_msg m = {0};
+    if (th_recv_msg(h->fd, &m, timeout_ms) != 0 || m.type != TH_MSG_RESULT)
+        m.status = 0xdead;
+    th_reap_helper(h);
+    return m;
+}
+
+void th_reap_helper(th_helper *h)
+{
+    int status;
+    waitpid(h->pid, &status, 0);
+    close(h->fd);
+}
+
+void th_assert_result(th_msg m, uint64_t count)
+{
+    if (m.status != FERRY_OK)
+        fail_msg("helper failed with %u: %s", m.status, m.text);
+    assert_int_equal(m.seed, count);
+}
+
+void th_report(uint32_t status, uint64_t count)
+{
+    th_msg m = {.type = TH_MSG_RESULT, .status = status, .seed = count};
+    snprintf(m.text, sizeof(m.text), "%s", ferry_last_error());
+    th_send_msg(TH_CHANNEL_FD, &m);
+}

@@ -1,0 +1,49 @@
+/* Helper processes of the multi-process tests: the test binary re-runs itself with
+ * "--helper ROLE ARG ARG", and the two talk over a SOCK_SEQPACKET pair that the helper finds
+ * on fd TH_CHANNEL_FD. Messages are fixed-size records. */
+#ifndef FERRY_TESTS_PROCS_H
+#define FERRY_TESTS_PROCS_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "ferry.h"
+
+#define TH_CHANNEL_FD 3
+
+enum { TH_MSG_ITEM = 1, TH_MSG_DONE = 2, TH_MSG_RESULT = 3 };
+
+/* An ITEM whose status is TH_ITEM_NOACK is read but not acknowledged. */
+#define TH_ITEM_NOACK 1u
+
+typedef struct th_msg {
+    uint32_t type;
+    uint32_t status; /* ITEM: flags; RESULT: a ferry_status */
+    uint64_t seed;   /* ITEM: pattern seed; RESULT: items verified */
+    uint8_t desc[FERRY_DESCRIPTOR_SIZE];
+    char text[256]; /* RESULT: ferry_last_error() of a failure */
+} th_msg;
+
+typedef struct th_helper {
+    pid_t pid;
+    int fd; /* the test's end of the channel */
+} th_helper;
+
+int th_send_msg(int fd, const th_msg *m);
+int th_recv_msg(int fd, th_msg *m, int timeout_ms);
+
+/* Test side (cmocka asserts on failure). */
+th_helper th_spawn_helper(const char *role, const char *arg1, const char *arg2);
+void th_send_item(int fd, const ferry_descriptor *d, uint64_t seed, uint32_t flags);
+void th_send_type(int fd, uint32_t type);
+/* Waits for the helper's RESULT (status 0xdead if none came) and its exit. */
+th_msg th_finish_helper(th_helper *h, int timeout_ms);
+/* Waits for a helper's exit (one that was killed). */
+void th_reap_helper(th_helper *h);
+/* Fails the test unless the result is OK with count items. */
+void th_assert_result(th_msg m, uint64_t count);
+
+/* Helper side: sends RESULT with ferry_last_error(). */
+void th_report(uint32_t status, uint64_t count);
+
+#endif
