@@ -4,7 +4,6 @@
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -15,8 +14,6 @@
 #include <unistd.h>
 
 #include "cli/bench_gpu.h"
-
-extern char **environ;
 
 #define CHECK_PERIOD_NS 2000000ull    /* liveness checks during hot loops */
 #define POLL_SLICE_MS   10            /* longest single sleep on a full channel */
@@ -107,13 +104,9 @@ static int spawn_one(gb_run *run, uint32_t rank, int child_sock)
     snprintf(rank_text, sizeof(rank_text), "%u", rank);
     char *argv[] = {"ferry", "bench-gpu-worker", "--rank", rank_text, "--fd",
                     "3",     "--results-fd",     "4",      NULL};
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, child_sock, 3);
-    posix_spawn_file_actions_adddup2(&fa, run->region.fd, 4);
+    int fds[2] = {child_sock, run->region.fd};
     pid_t pid;
-    int err = posix_spawn(&pid, "/proc/self/exe", &fa, NULL, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
+    int err = cli_spawn_self(argv, fds, 2, &pid);
     if (err)
         return gb_fail(run, "starting consumer rank %u failed: %s", rank, strerror(err));
     run->workers[rank].pid = pid;
@@ -124,13 +117,8 @@ static int spawn_one(gb_run *run, uint32_t rank, int child_sock)
 int gb_spawn_workers(gb_run *run)
 {
     for (uint32_t r = 0; r < run->consumers; r++) {
-        int sv[2];
-        if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
-            return gb_fail(run, "socketpair for consumer rank %u failed: %s", r, strerror(errno));
-        run->workers[r].sock = bench_high_fd(sv[0]);
-        int child = bench_high_fd(sv[1]);
-        int rc = run->workers[r].sock < 0 || child < 0
-                     ? gb_fail(run, "duplicating a channel descriptor failed: %s", strerror(errno))
+        int child = -1, err = cli_channel(&run->workers[r].sock, &child);
+        int rc = err ? gb_fail(run, "the channel of consumer rank %u: %s", r, strerror(err))
                      : spawn_one(run, r, child);
         if (child >= 0)
             close(child);
@@ -151,11 +139,12 @@ static const char *rank_message(const gb_run *run, uint32_t rank)
 static int worker_died(gb_run *run, uint32_t rank)
 {
     const gb_worker *w = &run->workers[rank];
+    char why[96];
+    cli_exit_reason(w->wstatus, why, sizeof(why));
     if (WIFSIGNALED(w->wstatus))
-        return gb_fail(run, "consumer rank %u (pid %d) was killed by signal %d (%s)", rank,
-                       (int)w->pid, WTERMSIG(w->wstatus), strsignal(WTERMSIG(w->wstatus)));
-    return gb_fail(run, "consumer rank %u (pid %d) exited with status %d before the end: %s", rank,
-                   (int)w->pid, WEXITSTATUS(w->wstatus), rank_message(run, rank));
+        return gb_fail(run, "consumer rank %u (pid %d) %s", rank, (int)w->pid, why);
+    return gb_fail(run, "consumer rank %u (pid %d) %s before the end: %s", rank, (int)w->pid, why,
+                   rank_message(run, rank));
 }
 
 static int reap(gb_run *run, uint32_t rank, int flags)

@@ -1,10 +1,8 @@
 /* The producer's side of its worker processes: starting them, the channel, liveness,
  * progress waits and the end of the run. */
 #include <errno.h>
-#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -13,8 +11,6 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
-
-extern char **environ;
 
 #define CHECK_PERIOD_NS 5000000ull    /* liveness checks during hot loops */
 #define SLEEP_SLICE_NS  10000000ull   /* longest single sleep before re-checking workers */
@@ -32,15 +28,6 @@ int bench_fail(bench_run *run, const char *fmt, ...)
     return -1;
 }
 
-int bench_high_fd(int fd)
-{
-    int nfd = fcntl(fd, F_DUPFD_CLOEXEC, 10);
-    int err = errno;
-    close(fd);
-    errno = err;
-    return nfd;
-}
-
 static int spawn_one(bench_run *run, uint32_t rank, int child_sock)
 {
     char rank_text[16];
@@ -49,15 +36,9 @@ static int spawn_one(bench_run *run, uint32_t rank, int child_sock)
         "ferry", "bench-worker", "--rank", rank_text,    "--fd",
         "3",     "--results-fd", "4",      "--floor-fd", run->floor_fd >= 0 ? "5" : "-1",
         NULL};
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, child_sock, 3);
-    posix_spawn_file_actions_adddup2(&fa, run->region.fd, 4);
-    if (run->floor_fd >= 0)
-        posix_spawn_file_actions_adddup2(&fa, run->floor_fd, 5);
+    int fds[3] = {child_sock, run->region.fd, run->floor_fd};
     pid_t pid;
-    int err = posix_spawn(&pid, "/proc/self/exe", &fa, NULL, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
+    int err = cli_spawn_self(argv, fds, 3, &pid);
     if (err)
         return bench_fail(run, "starting consumer rank %u failed: %s", rank, strerror(err));
     run->workers[rank].pid = pid;
@@ -67,13 +48,9 @@ static int spawn_one(bench_run *run, uint32_t rank, int child_sock)
 
 static int make_channel(bench_run *run, uint32_t rank, int *child_sock)
 {
-    int sv[2];
-    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
-        return bench_fail(run, "socketpair for consumer rank %u failed: %s", rank, strerror(errno));
-    run->workers[rank].sock = bench_high_fd(sv[0]);
-    *child_sock = bench_high_fd(sv[1]);
-    if (run->workers[rank].sock < 0 || *child_sock < 0)
-        return bench_fail(run, "duplicating a channel descriptor failed: %s", strerror(errno));
+    int err = cli_channel(&run->workers[rank].sock, child_sock);
+    if (err)
+        return bench_fail(run, "the channel of consumer rank %u: %s", rank, strerror(err));
     return 0;
 }
 
@@ -101,11 +78,12 @@ static const char *rank_message(const bench_run *run, uint32_t rank)
 static int worker_died(bench_run *run, uint32_t rank)
 {
     const bench_worker *w = &run->workers[rank];
+    char why[96];
+    cli_exit_reason(w->wstatus, why, sizeof(why));
     if (WIFSIGNALED(w->wstatus))
-        return bench_fail(run, "consumer rank %u (pid %d) was killed by signal %d (%s)", rank,
-                          (int)w->pid, WTERMSIG(w->wstatus), strsignal(WTERMSIG(w->wstatus)));
-    return bench_fail(run, "consumer rank %u (pid %d) exited with status %d before the end: %s",
-                      rank, (int)w->pid, WEXITSTATUS(w->wstatus), rank_message(run, rank));
+        return bench_fail(run, "consumer rank %u (pid %d) %s", rank, (int)w->pid, why);
+    return bench_fail(run, "consumer rank %u (pid %d) %s before the end: %s", rank, (int)w->pid,
+                      why, rank_message(run, rank));
 }
 
 /* Reaps rank if it exited; returns 1 if it did. */

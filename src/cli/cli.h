@@ -266,6 +266,13 @@ int bench_fail(bench_run *run, const char *fmt, ...) __attribute__((format(print
 /* Makes fd close-on-exec and numbered at least 10 (so that the spawn's dup2 to 3..5 never
  * meets it). Returns the new fd or -1. */
 int bench_high_fd(int fd);
+
+/* procs.c: worker processes. A SOCK_SEQPACKET pair on high, close-on-exec descriptors (0 or
+ * an errno); this binary re-executed with fds[i] on descriptor 3 + i (fds[i] < 0: none) (0 or
+ * an errno); "was killed by signal N (name)" / "exited with status N". */
+int cli_channel(int *parent, int *child);
+int cli_spawn_self(char *const argv[], const int *fds, int nfds, pid_t *pid);
+void cli_exit_reason(int wstatus, char *buf, size_t size);
 /* Starts one worker process per consumer. Returns 0 or -1 (run->error). */
 int bench_spawn_workers(bench_run *run);
 /* Waits until every worker is READY. */
