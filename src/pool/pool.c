@@ -726,8 +726,10 @@ ferry_status ferry_pool_cancel(ferry_pool *pool, const ferry_descriptor *desc)
     pthread_mutex_unlock(&pool->lock);
     if (st != FERRY_OK)
         return st;
-    ferry__signal_ready(pool, desc->slot);
+    /* The space signal's read-modify-write comes first: it orders the row just written
+     * before signal_ready's read of the sleeper count. */
     ferry__signal_space(pool);
+    ferry__signal_ready(pool, desc->slot);
     ferry__clear_error();
     return FERRY_OK;
 }
