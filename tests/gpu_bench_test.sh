@@ -25,7 +25,7 @@ expect_fail() { # wanted-rc wanted-message environment ("" for none) args...
     fi
 }
 
-expect_json() { # name wanted-substrings... -- args...
+expect_json() { # name wanted-substrings ('!TEXT': TEXT must be absent)... -- args...
     local name="$1"
     shift
     local wants=()
@@ -39,7 +39,11 @@ expect_json() { # name wanted-substrings... -- args...
     rc=$?
     [ $rc -eq 0 ] || fail "$name: exit $rc: $(cat /tmp/gpu_bench_test.$$)"
     for want in '"backend": "cuda_' "${wants[@]}"; do
-        [[ "$out" == *"$want"* ]] || fail "$name lacks '$want': $out"
+        if [[ "$want" == '!'* ]]; then
+            [[ "$out" != *"${want#!}"* ]] || fail "$name has '${want#!}': $out"
+        else
+            [[ "$out" == *"$want"* ]] || fail "$name lacks '$want': $out"
+        fi
     done
     [[ "$out" == *'"errors": 0}' ]] || fail "$name: errors are not 0: $out"
     [[ "$out" == *'"verified": 0,'* ]] && fail "$name verified nothing: $out"
@@ -64,7 +68,9 @@ expect_fail 1 "device 5 does not exist" "" bench --backend cuda_ipc --producer-d
 expect_fail 1 "consumer device 3 does not exist" "" \
     bench --backend cuda_ipc --consumer-device 3 --quiet
 expect_fail 2 "invalid --mode" "" bench --backend cuda_ipc --mode banana
-expect_fail 2 "runs one consumer" "" bench --backend cuda_ipc --mode rtt --consumers 2
+expect_fail 2 "runs one consumer" "" bench --backend cuda_ipc --mode cpu --consumers 2
+expect_fail 2 "lists 2 devices for 3 consumers" "" \
+    bench --backend cuda_ipc --mode rtt --consumers 3 --consumer-devices 0,1
 expect_fail 2 "unknown option '--no-floor' for --backend cuda_ipc" "" \
     bench --backend cuda_ipc --no-floor
 
@@ -75,10 +81,28 @@ expect_json "rtt same GPU" '"mode": "rtt"' '"control": "host", "item_size": 4096
     --control both
 expect_json "rtt other GPU" '"consumer_devices": [1]' -- \
     --mode rtt --item-size 4KiB --iterations 10 --warmup 2 --verify-every 3 --consumer-device 1
+# Tensor parallel: one consumer per GPU, the round trip ends at the last acknowledgement.
+expect_json "rtt 2 consumers" '"consumers": 2' '"consumer_devices": [0, 1]' \
+    '"control": "host", "item_size": 4096' '"control": "device", "item_size": 65536' \
+    '"floor": {"mean_us": ' '"items_per_s": ' -- \
+    --mode rtt --consumers 2 --consumer-devices 0,1 --item-size 4KiB,64KiB --iterations 12 \
+    --warmup 4 --verify-every 4 --rounds 2 --control both
+expect_json "rtt 2 consumers implied" '"consumers": 2' '"consumer_devices": [1, 0]' -- \
+    --backend cuda_vmm --mode rtt --consumer-devices 1,0 --item-size 4KiB --iterations 6 \
+    --warmup 2 --verify-every 2
 expect_json "stream 2 consumers" '"mode": "stream"' '"consumers": 2' '"effective_gbytes_per_s": ' \
-    '"control": "device"' -- \
+    '"control": "device"' '"consumer_read_gbytes_per_s": ' '"peer_floor": [{"device": 1, ' \
+    '"ratio_vs_peer_floor": null' -- \
     --mode stream --consumers 2 --consumer-devices 0,1 --item-size 3MiB --items 6 --warmup 2 \
     --pool-size 16MiB --control both --floor-copies 4
+expect_json "stream 2 consumers on the other GPU" '"consumer_devices": [1, 1]' \
+    '"peer_floor": [{"device": 1, "copies": 3, ' '"ratio_vs_peer_floor": ' \
+    '!"ratio_vs_peer_floor": null' '!}, {"device"' '"control": "device"' -- \
+    --mode stream --consumers 2 --consumer-devices 1,1 --item-size 1MiB --items 6 --warmup 2 \
+    --pool-size 8MiB --control both --floor-copies 3
+expect_json "stream same GPU" '"peer_floor": [], "ratio_vs_peer_floor": null' -- \
+    --mode stream --consumers 2 --consumer-devices 0 --item-size 64KiB --items 6 --warmup 2 \
+    --pool-size 1MiB --floor-copies 4
 expect_json "stream 4 consumers" '"consumers": 4' '"consumer_devices": [1, 1, 1, 1]' -- \
     --mode stream --consumers 4 --consumer-devices 1 --item-size 64KiB --items 30 --warmup 2 \
     --pool-size 1MiB --floor-copies 16
@@ -96,11 +120,32 @@ out=$($limit "$ferry" bench --backend cuda_ipc --mode rtt --item-size 4KiB --ite
     --warmup 1 --quiet 2>&1)
 rc=$?
 [ $rc -eq 0 ] && [[ "$out" == *"ferry/floor mean: "* ]] || fail "rtt text report (rc=$rc): $out"
+out=$($limit "$ferry" bench --backend cuda_ipc --mode rtt --consumer-devices 0,1 --item-size 4KiB \
+    --iterations 5 --warmup 1 --quiet 2>&1)
+rc=$?
+[ $rc -eq 0 ] && [[ "$out" == *"items/s"* ]] &&
+    [[ "$out" == *"acknowledgement of the last of the 2 consumers"* ]] ||
+    fail "rtt text report, 2 consumers (rc=$rc): $out"
+out=$($limit "$ferry" bench --backend cuda_ipc --mode stream --consumer-devices 1,1 \
+    --item-size 64KiB --items 6 --warmup 2 --pool-size 1MiB --floor-copies 4 --quiet 2>&1)
+rc=$?
+[ $rc -eq 0 ] && [[ "$out" == *"peer floor GPU 1: "* ]] &&
+    [[ "$out" == *"consumer read / peer floor: "* ]] || fail "stream text report (rc=$rc): $out"
 
 # A consumer whose driver call fails: reported with its rank, exit 1, no hang.
 expect_fail 1 "consumer rank 0" FERRY_FAKE_CUDA_FAIL=cuStreamWaitValue32:3:1 \
     bench --backend cuda_ipc --mode rtt --item-size 4KiB --iterations 5 --warmup 1 \
     --timeout-ms 5000 --quiet
+
+# A consumer that cannot open the producer's buffer for the peer floor: its rank, exit 1.
+expect_fail 1 "consumer rank 1 failed: cuIpcOpenMemHandle failed" \
+    FERRY_FAKE_CUDA_FAIL=cuIpcOpenMemHandle:1:1 \
+    bench --backend cuda_ipc --mode stream --consumer-devices 0,1 --item-size 64KiB --items 4 \
+    --warmup 1 --pool-size 1MiB --floor-copies 2 --timeout-ms 5000 --quiet
+# One of two rtt consumers whose driver call fails: no hang.
+expect_fail 1 "consumer rank " FERRY_FAKE_CUDA_FAIL=cuStreamWaitValue32:3:1 \
+    bench --backend cuda_ipc --mode rtt --consumer-devices 0,1 --item-size 4KiB --iterations 5 \
+    --warmup 1 --timeout-ms 5000 --quiet
 
 [ $fails -eq 0 ] && echo "gpu bench tests passed"
 exit $((fails > 0))

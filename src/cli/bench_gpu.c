@@ -175,31 +175,38 @@ static int make_sources(gb_run *run)
     return 0;
 }
 
-/* rtt: the floor's device buffer, exported to the consumer; stream: the copy floor's target;
- * cpu: a device word for the raw calls. rtt and cpu: the flag page, registered. */
+static int export_floor(gb_run *run)
+{
+    CUipcMemHandle h;
+    CUresult rc = run->cu->cuIpcGetMemHandle(&h, run->aux);
+    if (rc != CUDA_SUCCESS) {
+        ferry__cuda_fail(run->cu, "cuIpcGetMemHandle", rc);
+        return cu_failed(run, "exporting the floor's device buffer");
+    }
+    memcpy(run->region.params->floor_handle, &h, sizeof(h));
+    run->region.params->has_floor = 1;
+    return 0;
+}
+
+/* rtt: the floor's device buffer, exported to the consumers; stream: the copy floor's target,
+ * exported when a consumer on another GPU times the peer floor from it; cpu: a device word
+ * for the raw calls. rtt and cpu: the flag pages, registered. */
 static int mode_buffers(gb_run *run)
 {
     const ferry__cuda *cu = run->cu;
     int mode = run->opt->mode;
     if (mode != GB_MODE_CPU && gb_alloc(cu, &run->aux, max_size(run->opt)) != FERRY_OK)
         return cu_failed(run, "the floor's device buffer");
-    if (mode == GB_MODE_RTT) {
-        CUipcMemHandle h;
-        CUresult rc = cu->cuIpcGetMemHandle(&h, run->aux);
-        if (rc != CUDA_SUCCESS) {
-            ferry__cuda_fail(cu, "cuIpcGetMemHandle", rc);
-            return cu_failed(run, "exporting the floor's device buffer");
-        }
-        memcpy(run->region.params->floor_handle, &h, sizeof(h));
-        run->region.params->has_floor = 1;
-    }
+    if ((mode == GB_MODE_RTT || (mode == GB_MODE_STREAM && gb_has_remote(run))) &&
+        export_floor(run) != 0)
+        return -1;
     if (mode == GB_MODE_CPU && gb_alloc(cu, &run->word, FLAG_WORDS_DEVICE) != FERRY_OK)
         return cu_failed(run, "the raw calls' device word");
     if (mode == GB_MODE_STREAM)
         return 0;
     if (gb_register_flags(cu, &run->region, &run->flags_dev) != FERRY_OK) {
         run->flags_dev = 0;
-        return cu_failed(run, "registering the flag page");
+        return cu_failed(run, "registering the flag pages");
     }
     return 0;
 }

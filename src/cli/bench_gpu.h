@@ -3,9 +3,9 @@
  *
  * The producer (the `ferry bench` process) starts its consumers by re-executing itself
  * (`/proc/self/exe bench-gpu-worker ...`). Each consumer gets an AF_UNIX SOCK_SEQPACKET
- * channel and maps a shared results region: the run's parameters, one page of 32-bit words
- * that both sides register with CUDA (the round-trip floor's ready and ack words), and one
- * record per rank (progress, counters, first failure). */
+ * channel and maps a shared results region: the run's parameters, two pages of 32-bit words
+ * that both sides register with CUDA (the round-trip floor's ready word and one ack word per
+ * rank), and one record per rank (progress, counters, first failure). */
 #ifndef FERRY_CLI_BENCH_GPU_H
 #define FERRY_CLI_BENCH_GPU_H
 
@@ -15,13 +15,15 @@
 #include "cli/cli.h"
 #include "driver/driver.h"
 
-#define GB_MAX_SIZES   8
-#define GB_MAX_RANKS   64
-#define GB_KEYS        4 /* pre-filled source buffers, each with its own pattern */
-#define GB_MESSAGE_MAX 320
-#define GB_PAGE        4096u
-#define GB_CPU_BATCH   256 /* cpu: calls per batch (the pool holds a batch at once) */
-#define GB_UNSET       INT64_MIN
+#define GB_MAX_SIZES    8
+#define GB_MAX_RANKS    64
+#define GB_KEYS         4 /* pre-filled source buffers, each with its own pattern */
+#define GB_MESSAGE_MAX  320
+#define GB_PAGE         4096u
+#define GB_FLAG_BYTES   (2 * GB_PAGE) /* the flag words: GB_WORD_ACK(GB_MAX_RANKS - 1) fits */
+#define GB_CPU_BATCH    256           /* cpu: calls per batch (the pool holds a batch at once) */
+#define GB_FLOOR_WARMUP 2             /* stream: untimed copies before a floor's timed ones */
+#define GB_UNSET        INT64_MIN
 
 enum { GB_MODE_RTT = 0, GB_MODE_STREAM = 1, GB_MODE_CPU = 2 };
 
@@ -36,12 +38,12 @@ typedef struct gb_options {
     int64_t warmup;                /* --warmup (rtt) */
     int64_t rounds;                /* --rounds: ferry/floor alternation (rtt) */
     int64_t items;                 /* --items (stream) */
-    int64_t consumers;             /* --consumers (stream) */
+    int64_t consumers;             /* --consumers (rtt, stream) */
     int64_t verify_every;          /* --verify-every */
-    int64_t floor_copies;          /* --floor-copies (stream): device copies the floor times */
+    int64_t floor_copies;          /* --floor-copies (stream): copies each floor times */
     int64_t producer_device;       /* --producer-device */
     int64_t consumer_device;       /* --consumer-device */
-    int64_t devices[GB_MAX_RANKS]; /* --consumer-devices (stream) */
+    int64_t devices[GB_MAX_RANKS]; /* --consumer-devices (rtt, stream) */
     uint32_t ndevices;
     int64_t pool_size, max_inflight, reclaim_interval_us, timeout_ms;
     uint64_t seed;
@@ -59,14 +61,15 @@ const char *gb_placement_name(int placement);
 
 #define GB_MAGIC 0x6665727279475055ull /* "ferryGPU" */
 
-/* Word indices in the flag page (each on its own cache line). */
+/* Word indices in the flag pages (each on its own cache line). */
 enum {
     GB_WORD_READY = 0,     /* rtt floor: the producer's stream writes the iteration */
-    GB_WORD_ACK = 16,      /* rtt floor: the consumer's stream writes it back */
     GB_WORD_RAW_P = 32,    /* cpu: the producer's raw stream writes */
     GB_WORD_RAW_WAIT = 48, /* cpu: the consumer's raw waits (always satisfied) */
     GB_WORD_RAW_C = 64,    /* cpu: the consumer's raw stream writes */
 };
+/* rtt floor: rank's stream writes the iteration back to its own ack word. */
+#define GB_WORD_ACK(rank) (128u + 16u * (uint32_t)(rank))
 
 typedef struct gb_params {
     uint64_t magic;
@@ -78,7 +81,8 @@ typedef struct gb_params {
     uint64_t items;        /* stream: items per phase, warm-up included (sizes the sample ring) */
     uint64_t sample_bytes; /* stream: most sampled bytes of one item */
     int32_t devices[GB_MAX_RANKS];
-    uint32_t has_floor; /* rtt: floor_handle names the producer's floor buffer */
+    uint32_t has_floor; /* floor_handle names the producer's floor buffer (rtt; stream with a
+                         * consumer on another GPU: the peer floor reads it) */
     int32_t producer_pid;
     uint8_t floor_handle[FERRY_CU_IPC_HANDLE_SIZE];
     uint64_t region_bytes;
@@ -92,13 +96,14 @@ typedef struct gb_rank {
     uint64_t progress; /* seq of the last message handled (release store) */
     uint32_t state;
     uint32_t reserved;
-    uint64_t verified;            /* items that passed verification */
-    uint64_t errors;              /* items that failed it */
-    uint64_t read_ns;             /* cpu: thread CPU time in ferry_consumer_read_async */
-    uint64_t raw_ns;              /* cpu: the same in the raw driver calls */
-    uint64_t decode_ns;           /* cpu: in ferry_descriptor_decode */
-    uint64_t calls;               /* cpu: timed calls of each kind */
-    char message[GB_MESSAGE_MAX]; /* first failure, "" if none */
+    uint64_t verified;             /* items that passed verification */
+    uint64_t errors;               /* items that failed it */
+    uint64_t read_ns;              /* cpu: thread CPU time in ferry_consumer_read_async */
+    uint64_t raw_ns;               /* cpu: the same in the raw driver calls */
+    uint64_t decode_ns;            /* cpu: in ferry_descriptor_decode */
+    uint64_t calls;                /* cpu: timed calls of each kind */
+    uint64_t peer_ns, peer_copies; /* stream: the last peer floor this rank timed */
+    char message[GB_MESSAGE_MAX];  /* first failure, "" if none */
 } __attribute__((aligned(64))) gb_rank;
 
 typedef struct gb_region {
@@ -106,7 +111,7 @@ typedef struct gb_region {
     size_t bytes;
     int fd;
     gb_params *params;
-    uint32_t *flags; /* one page of words, registered with CUDA by both sides */
+    uint32_t *flags; /* GB_FLAG_BYTES of words, registered with CUDA by both sides */
     gb_rank *ranks;
 } gb_region;
 
@@ -124,6 +129,8 @@ enum {
     GB_MSG_STREAM = 5, /* stream: a descriptor to read_async, samples kept for checking */
     GB_MSG_CPU = 6,    /* cpu: a descriptor of the current batch */
     GB_MSG_DONE = 7,   /* the run is over */
+    GB_MSG_PEER = 8,   /* stream: rank `key` times `iter` copies of `size` bytes of the
+                        * producer's floor buffer into its own (the peer floor) */
 };
 
 #define GB_F_VERIFY    0x1u /* verify this item before noting progress */
@@ -170,7 +177,7 @@ ferry_status gb_stream_wait(const ferry__cuda *cu, CUstream s, uint64_t timeout_
 /* Fills a device buffer with pattern key (through a host staging buffer). */
 ferry_status gb_fill_device(const ferry__cuda *cu, CUdeviceptr dst, uint64_t bytes, uint64_t seed,
                             uint64_t key);
-/* Registers the region's flag page with CUDA (current context) and gets its device address. */
+/* Registers the region's flag pages with CUDA (current context), gets their device address. */
 ferry_status gb_register_flags(const ferry__cuda *cu, gb_region *r, CUdeviceptr *dev);
 /* Mapping with CUDA as helpers that record "call failed: ..." in ferry_last_error(). */
 ferry_status gb_alloc(const ferry__cuda *cu, CUdeviceptr *p, uint64_t bytes);
@@ -190,7 +197,15 @@ typedef struct gb_lat {
     uint64_t samples;
     double mean_us, p50_us, p99_us;
     uint64_t background; /* rtt: iterations the background reclaimer took (not counted) */
+    double items_per_s;  /* iterations / time in them (verification pauses not counted) */
 } gb_lat;
+
+/* stream: the peer floor of one consumer GPU other than the producer's. */
+typedef struct gb_peer {
+    int device;
+    uint64_t copies;
+    double seconds, gbps; /* gbps: bytes read (size * copies) per second */
+} gb_peer;
 
 /* One result row: a (control placement, item size) pair. */
 typedef struct gb_row {
@@ -200,8 +215,11 @@ typedef struct gb_row {
     gb_lat ferry, floor;                                       /* rtt */
     double seconds, items_per_s, payload_gbps, effective_gbps; /* stream */
     uint64_t pool_full;                                        /* stream */
-    double floor_gbps, floor_seconds;       /* stream: device copy, read + written */
-    uint64_t floor_copies;                  /* stream */
+    double floor_gbps, floor_seconds; /* stream: device copy, read + written */
+    uint64_t floor_copies;            /* stream */
+    double read_gbps;                 /* stream: items * size * consumers / s */
+    gb_peer peers[GB_MAX_RANKS];      /* stream: one per remote consumer GPU */
+    uint32_t npeers;
     double publish_ns, publish_raw_ns;      /* cpu, per call */
     double read_ns, read_raw_ns, decode_ns; /* cpu, per call */
     double context_ns;                      /* cpu: one cuCtxSetCurrent */
@@ -221,9 +239,10 @@ typedef struct gb_run {
     int placement; /* of the current pool */
     CUstream stream;
     CUdeviceptr src[GB_KEYS]; /* pre-filled sources of the largest item size */
-    CUdeviceptr aux;          /* rtt: the floor buffer; stream: the copy floor's target */
+    CUdeviceptr aux;          /* rtt: the floor buffer; stream: the copy floor's target, the peer
+                               * floor's source */
     CUdeviceptr word;         /* cpu: a device word for the raw calls (device placement) */
-    CUdeviceptr flags_dev;    /* the flag page's device address (0: not registered) */
+    CUdeviceptr flags_dev;    /* the flag pages' device address (0: not registered) */
     uint64_t key;             /* last key handed out */
     gb_row rows[2 * GB_MAX_SIZES];
     uint32_t nrows;
@@ -256,6 +275,12 @@ uint64_t gb_take_key(gb_run *run, uint64_t item);
 int gb_rtt_row(gb_run *run, gb_row *row);
 int gb_stream_row(gb_run *run, gb_row *row);
 int gb_cpu_row(gb_run *run, gb_row *row);
+/* stream: copies a floor times for items of size bytes (--floor-copies, else about 4 GiB). */
+uint64_t gb_floor_copies(const gb_options *o, uint64_t size);
+/* stream: whether any consumer is on a GPU other than the producer's. */
+int gb_has_remote(const gb_run *run);
+/* stream: the peer floor of every remote consumer GPU, into row->peers. */
+int gb_peer_floors(gb_run *run, gb_row *row);
 
 void gb_report_text(const gb_run *run);
 void gb_report_json(const gb_run *run);
@@ -280,8 +305,9 @@ typedef struct gb_ws {
     CUdeviceptr dst;       /* p.max_item bytes: where ferry's reads land */
     CUdeviceptr raw_dst;   /* cpu: where the raw calls' copies land */
     CUdeviceptr word;      /* cpu, device placement: the raw calls' words */
-    CUdeviceptr flags_dev; /* the flag page, registered (rtt, cpu) */
-    CUdeviceptr peer;      /* rtt: the producer's floor buffer, opened through CUDA IPC */
+    CUdeviceptr flags_dev; /* the flag pages, registered (rtt, cpu) */
+    CUdeviceptr peer;      /* the producer's floor buffer, opened through CUDA IPC (rtt; stream
+                            * ranks that time a peer floor) */
     uint8_t *host;         /* verification staging */
     uint64_t host_bytes;
     ferry_consumer *consumer; /* between BEGIN and END */
@@ -311,6 +337,9 @@ int gw_on_stream(gb_ws *w, const gb_msg *m);
 /* Checks every item whose samples wait in the ring. */
 int gw_flush(gb_ws *w);
 int gw_on_cpu(gb_ws *w, const gb_msg *m);
+/* Opens the producer's floor buffer (w->peer) through CUDA IPC. */
+int gw_open_floor(gb_ws *w);
+int gw_on_peer(gb_ws *w, const gb_msg *m);
 
 int cmd_bench_gpu(int argc, char **argv);
 int cmd_bench_gpu_worker(int argc, char **argv);

@@ -150,8 +150,9 @@ ferry_status gb_fill_device(const ferry__cuda *cu, CUdeviceptr dst, uint64_t byt
 
 ferry_status gb_register_flags(const ferry__cuda *cu, gb_region *r, CUdeviceptr *dev)
 {
-    FERRY_CU_TRY(cu, cuMemHostRegister,
-                 (r->flags, GB_PAGE, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP));
+    FERRY_CU_TRY(
+        cu, cuMemHostRegister,
+        (r->flags, GB_FLAG_BYTES, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP));
     CUresult rc = cu->cuMemHostGetDevicePointer(dev, r->flags, 0);
     if (rc != CUDA_SUCCESS) {
         cu->cuMemHostUnregister(r->flags);

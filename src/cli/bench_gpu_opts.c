@@ -247,10 +247,12 @@ static void mode_defaults(gb_options *o)
     }
 }
 
+/* --consumer-devices with several GPUs implies one consumer each; --consumer-device D is the
+ * shorthand of --consumer-devices D. */
 static void consumer_defaults(gb_options *o)
 {
     if (o->consumers == GB_UNSET)
-        o->consumers = o->mode == GB_MODE_STREAM && o->ndevices > 1 ? o->ndevices : 1;
+        o->consumers = o->ndevices > 1 ? o->ndevices : 1;
     if (o->ndevices == 0)
         o->devices[o->ndevices++] = o->consumer_device;
     if (o->ndevices == 1)
@@ -279,9 +281,8 @@ static int check_limits(const gb_options *o)
         check_range("--producer-device", o->producer_device, 0, GB_MAX_RANKS - 1) ||
         check_range("--consumer-device", o->consumer_device, 0, GB_MAX_RANKS - 1))
         return -1;
-    if (o->mode != GB_MODE_STREAM && o->consumers != 1) {
-        fprintf(stderr, "ferry bench: --mode %s runs one consumer (--consumers 1)\n",
-                gb_mode_name(o->mode));
+    if (o->mode == GB_MODE_CPU && o->consumers != 1) {
+        fprintf(stderr, "ferry bench: --mode cpu runs one consumer (--consumers 1)\n");
         return -1;
     }
     if (check_range("--consumers", o->consumers, 1, GB_MAX_RANKS))

@@ -31,18 +31,20 @@ int gb_fail(gb_run *run, const char *fmt, ...)
     return -1;
 }
 
-/* ---- the region: page 0 parameters, page 1 flag words, then one record per rank --------- */
+/* ---- the region: page 0 parameters, then the flag words, then one record per rank ------ */
+
+#define RANKS_AT (GB_PAGE + GB_FLAG_BYTES)
 
 static size_t region_size(uint32_t consumers)
 {
-    return 2 * GB_PAGE + (size_t)consumers * sizeof(gb_rank);
+    return RANKS_AT + (size_t)consumers * sizeof(gb_rank);
 }
 
 static void attach(gb_region *r)
 {
     r->params = r->base;
     r->flags = (uint32_t *)((uint8_t *)r->base + GB_PAGE);
-    r->ranks = (gb_rank *)((uint8_t *)r->base + 2 * GB_PAGE);
+    r->ranks = (gb_rank *)((uint8_t *)r->base + RANKS_AT);
 }
 
 int gb_region_create(const gb_params *p, gb_region *r)
@@ -69,7 +71,7 @@ int gb_region_map(int fd, gb_region *r)
     struct stat st;
     memset(r, 0, sizeof(*r));
     r->fd = fd;
-    if (fstat(fd, &st) != 0 || (size_t)st.st_size < 2 * GB_PAGE)
+    if (fstat(fd, &st) != 0 || (size_t)st.st_size < RANKS_AT)
         return -1;
     void *base = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (base == MAP_FAILED)

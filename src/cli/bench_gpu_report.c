@@ -9,6 +9,16 @@ static double ratio(double a, double b)
     return isfinite(a) && isfinite(b) && b > 0 ? a / b : NAN;
 }
 
+/* stream: consumer read GB/s / the peer floor when every consumer is on one GPU other than
+ * the producer's; NAN otherwise (a consumer on the producer's GPU, or several GPUs). */
+static double peer_ratio(const gb_run *run, const gb_row *r)
+{
+    for (uint32_t c = 1; c < run->consumers; c++)
+        if (run->opt->devices[c] != run->opt->devices[0])
+            return NAN;
+    return r->npeers == 1 ? ratio(r->read_gbps, r->peers[0].gbps) : NAN;
+}
+
 static void totals(const gb_run *run, uint64_t *verified, uint64_t *errors)
 {
     *verified = *errors = 0;
@@ -33,9 +43,10 @@ static void text_header(const gb_run *run)
     printf(", pool %s, max-inflight %lld, seed %llu\n", pool, (long long)o->max_inflight,
            (unsigned long long)o->seed);
     if (o->mode == GB_MODE_RTT)
-        printf("%lld iterations after %lld warm-up, %lld rounds, verify every %lld\n",
-               (long long)o->iterations, (long long)o->warmup, (long long)o->rounds,
-               (long long)o->verify_every);
+        printf("%u consumer%s, %lld iterations after %lld warm-up, %lld rounds, verify every "
+               "%lld\n",
+               run->consumers, run->consumers > 1 ? "s" : "", (long long)o->iterations,
+               (long long)o->warmup, (long long)o->rounds, (long long)o->verify_every);
     else if (o->mode == GB_MODE_STREAM)
         printf("%u consumer%s, %lld items after %lld warm-up, verify every %lld\n", run->consumers,
                run->consumers > 1 ? "s" : "", (long long)o->items, (long long)o->warmup,
@@ -47,38 +58,59 @@ static void text_header(const gb_run *run)
 
 static void rtt_text(const gb_run *run)
 {
-    printf("\n%-8s %9s %6s %10s %10s %10s %8s\n", "control", "size", "run", "mean us", "p50 us",
-           "p99 us", "samples");
+    printf("\n%-8s %9s %6s %10s %10s %10s %8s %10s\n", "control", "size", "run", "mean us",
+           "p50 us", "p99 us", "samples", "items/s");
     for (uint32_t i = 0; i < run->nrows; i++) {
         const gb_row *r = &run->rows[i];
         char size[32];
         cli_format_size(r->size, size, sizeof(size));
         const gb_lat *l[2] = {&r->ferry, &r->floor};
         for (int k = 0; k < 2; k++)
-            printf("%-8s %9s %6s %10.1f %10.1f %10.1f %8llu\n", gb_placement_name(r->placement),
-                   size, k ? "floor" : "ferry", l[k]->mean_us, l[k]->p50_us, l[k]->p99_us,
-                   (unsigned long long)l[k]->samples);
+            printf("%-8s %9s %6s %10.1f %10.1f %10.1f %8llu %10.1f\n",
+                   gb_placement_name(r->placement), size, k ? "floor" : "ferry", l[k]->mean_us,
+                   l[k]->p50_us, l[k]->p99_us, (unsigned long long)l[k]->samples,
+                   l[k]->items_per_s);
         printf("%-8s %9s ferry/floor mean: %.3f\n", "", "",
                ratio(r->ferry.mean_us, r->floor.mean_us));
     }
+    if (run->consumers > 1)
+        printf("\nround trip = publish to the acknowledgement of the last of the %u consumers\n",
+               run->consumers);
+}
+
+static void peer_text(const gb_run *run, const gb_row *r)
+{
+    for (uint32_t p = 0; p < r->npeers; p++)
+        printf("%-8s %9s peer floor GPU %d: %.2f GB/s read (%llu copies)\n", "", "",
+               r->peers[p].device, r->peers[p].gbps, (unsigned long long)r->peers[p].copies);
+    double pr = peer_ratio(run, r);
+    if (isfinite(pr))
+        printf("%-8s %9s consumer read / peer floor: %.3f\n", "", "", pr);
 }
 
 static void stream_text(const gb_run *run)
 {
-    printf("\n%-8s %9s %9s %10s %11s %13s %11s %7s %9s\n", "control", "size", "seconds", "items/s",
-           "payload GB/s", "effective GB/s", "floor GB/s", "ratio", "pool-full");
+    printf("\n%-8s %9s %9s %10s %11s %13s %11s %7s %9s %10s\n", "control", "size", "seconds",
+           "items/s", "payload GB/s", "effective GB/s", "floor GB/s", "ratio", "pool-full",
+           "read GB/s");
     for (uint32_t i = 0; i < run->nrows; i++) {
         const gb_row *r = &run->rows[i];
         char size[32];
         cli_format_size(r->size, size, sizeof(size));
-        printf("%-8s %9s %9.4f %10.1f %11.2f %13.2f %11.2f %7.3f %9llu\n",
+        printf("%-8s %9s %9.4f %10.1f %11.2f %13.2f %11.2f %7.3f %9llu %10.2f\n",
                gb_placement_name(r->placement), size, r->seconds, r->items_per_s, r->payload_gbps,
                r->effective_gbps, r->floor_gbps, ratio(r->effective_gbps, r->floor_gbps),
-               (unsigned long long)r->pool_full);
+               (unsigned long long)r->pool_full, r->read_gbps);
+        peer_text(run, r);
     }
     printf("\neffective = (producer copy + every consumer's copy), each byte read and written;\n"
            "floor = device-to-device cuMemcpyAsync of the same size on the producer's GPU, read "
-           "+ written;\nratio = ferry effective copy bandwidth / device copy bandwidth\n");
+           "+ written;\nratio = ferry effective copy bandwidth / device copy bandwidth;\n"
+           "read = bytes the consumers read (items * size * consumers) / s\n");
+    if (gb_has_remote(run))
+        printf("peer floor = copies of the same size from the producer's GPU into that GPU "
+               "(consumer side,\nCUDA IPC mapping), bytes read; consumer read / peer floor "
+               "when every consumer is on that GPU\n");
 }
 
 static void cpu_text(const gb_run *run)
@@ -138,8 +170,23 @@ static void json_lat(const char *key, const gb_lat *l)
     num("mean_us", l->mean_us, ", ");
     num("p50_us", l->p50_us, ", ");
     num("p99_us", l->p99_us, ", ");
+    num("items_per_s", l->items_per_s, ", ");
     printf("\"samples\": %llu, \"background_reclaims\": %llu}, ", (unsigned long long)l->samples,
            (unsigned long long)l->background);
+}
+
+static void json_peers(const gb_run *run, const gb_row *r)
+{
+    num("consumer_read_gbytes_per_s", r->read_gbps, ", ");
+    printf("\"peer_floor\": [");
+    for (uint32_t p = 0; p < r->npeers; p++) {
+        printf("%s{\"device\": %d, \"copies\": %llu, ", p ? ", " : "", r->peers[p].device,
+               (unsigned long long)r->peers[p].copies);
+        num("seconds", r->peers[p].seconds, ", ");
+        num("gbytes_per_s", r->peers[p].gbps, "}");
+    }
+    printf("], ");
+    num("ratio_vs_peer_floor", peer_ratio(run, r), ", ");
 }
 
 static void json_row(const gb_run *run, const gb_row *r)
@@ -160,6 +207,7 @@ static void json_row(const gb_run *run, const gb_row *r)
         num("seconds", r->floor_seconds, ", ");
         num("gbytes_per_s", r->floor_gbps, "}, ");
         num("ratio_vs_floor", ratio(r->effective_gbps, r->floor_gbps), ", ");
+        json_peers(run, r);
     } else {
         num("publish_ns", r->publish_ns, ", ");
         num("publish_driver_ns", r->publish_raw_ns, ", ");

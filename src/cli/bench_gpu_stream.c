@@ -10,15 +10,26 @@
  * Bytes moved = the producer's copy plus every consumer's copy, each byte read and written:
  * items * size * (1 + consumers) * 2. The floor, in the same run: cuMemcpyAsync of the same
  * size between two buffers of the producer's device, timed over many copies with
- * CLOCK_MONOTONIC around one cuStreamSynchronize (bounded), also counted read + written. */
+ * CLOCK_MONOTONIC around one bounded wait for the stream, also counted read + written.
+ *
+ * Consumers read items * size * consumers bytes. Those on another GPU read them over the link
+ * between the GPUs: for each such GPU the peer floor (bench_gpu_peer.c) times copies of the
+ * same size from the producer's GPU into it, counted as bytes read. */
 #include <string.h>
 
 #include "cli/bench_gpu.h"
 
-#define FLOOR_BYTES  (4ull << 30) /* bytes copied by the floor, between FLOOR_MIN and MAX copies */
-#define FLOOR_MIN    8ull
-#define FLOOR_MAX    1000ull
-#define FLOOR_WARMUP 2ull
+#define FLOOR_BYTES (4ull << 30) /* bytes copied by a floor, between FLOOR_MIN and MAX copies */
+#define FLOOR_MIN   8ull
+#define FLOOR_MAX   1000ull
+
+uint64_t gb_floor_copies(const gb_options *o, uint64_t size)
+{
+    uint64_t n = FLOOR_BYTES / size;
+    if (o->floor_copies > 0)
+        return (uint64_t)o->floor_copies;
+    return n < FLOOR_MIN ? FLOOR_MIN : n > FLOOR_MAX ? FLOOR_MAX : n;
+}
 
 static int copies(gb_run *run, uint64_t size, uint64_t n)
 {
@@ -38,11 +49,8 @@ static int copies(gb_run *run, uint64_t size, uint64_t n)
 
 static int copy_floor(gb_run *run, gb_row *row)
 {
-    uint64_t n = FLOOR_BYTES / row->size;
-    n = n < FLOOR_MIN ? FLOOR_MIN : n > FLOOR_MAX ? FLOOR_MAX : n;
-    if (run->opt->floor_copies > 0)
-        n = (uint64_t)run->opt->floor_copies;
-    if (copies(run, row->size, FLOOR_WARMUP) != 0)
+    uint64_t n = gb_floor_copies(run->opt, row->size);
+    if (copies(run, row->size, GB_FLOOR_WARMUP) != 0)
         return -1;
     uint64_t t0 = cli_now_ns();
     if (copies(run, row->size, n) != 0)
@@ -110,14 +118,15 @@ static int handoff(gb_run *run, gb_row *row)
     row->items_per_s = (double)items / seconds;
     row->payload_gbps = payload / seconds / 1e9;
     row->effective_gbps = row->payload_gbps * 2.0 * (1.0 + (double)run->consumers);
+    row->read_gbps = row->payload_gbps * (double)run->consumers;
     row->pool_full = full1 - full0;
     return 0;
 }
 
 int gb_stream_row(gb_run *run, gb_row *row)
 {
-    if (copy_floor(run, row) != 0 || gb_phase_begin(run, run->consumers) != 0 ||
-        handoff(run, row) != 0)
+    if (copy_floor(run, row) != 0 || gb_peer_floors(run, row) != 0 ||
+        gb_phase_begin(run, run->consumers) != 0 || handoff(run, row) != 0)
         return -1;
     if (gb_stream_wait(run->cu, run->stream, run->region.params->timeout_ns,
                        "the producer's stream") != FERRY_OK)

@@ -1,6 +1,7 @@
 /* A consumer process of `ferry bench --backend cuda_ipc` (the hidden `ferry bench-gpu-worker`
  * command): maps the results region, makes its device current, allocates its buffers, opens
- * the round-trip floor's buffer once, then serves the producer's messages until DONE. It
+ * the round-trip floor's buffer once (rtt; in stream, a rank that times a peer floor opens it
+ * then), then serves the producer's messages until DONE. It
  * exits 1 on any failure (noted in the region) or verification error, and dies with the
  * producer (PR_SET_PDEATHSIG): it never outlives it waiting. */
 #include <errno.h>
@@ -143,7 +144,7 @@ static int on_floor(gb_ws *w, const gb_msg *m)
     const ferry__cuda *cu = w->cu;
     uint32_t value = (uint32_t)m->seq;
     CUdeviceptr ready = w->flags_dev + GB_WORD_READY * sizeof(uint32_t);
-    CUdeviceptr ack = w->flags_dev + GB_WORD_ACK * sizeof(uint32_t);
+    CUdeviceptr ack = w->flags_dev + GB_WORD_ACK(w->rank) * sizeof(uint32_t);
     if (!w->peer || m->size > w->p.max_item || m->key >= GB_KEYS)
         return gw_fail(w, "a floor message the run did not prepare for");
     if (cu_check(w, cu->cuStreamWaitValue32(w->stream, ready, value, CU_STREAM_WAIT_VALUE_GEQ),
@@ -172,6 +173,8 @@ static int handle(gb_ws *w, const gb_msg *m)
         return w->consumer ? gw_on_stream(w, m) : gw_fail(w, "a descriptor outside a phase");
     case GB_MSG_CPU:
         return w->consumer ? gw_on_cpu(w, m) : gw_fail(w, "a descriptor outside a phase");
+    case GB_MSG_PEER:
+        return gw_on_peer(w, m);
     }
     return gw_fail(w, "unknown message type %u", m->type);
 }
@@ -222,7 +225,7 @@ static int parse_args(int argc, char **argv, int64_t v[3])
     return v[0] >= 0 && v[0] < GB_MAX_RANKS ? 0 : -1;
 }
 
-static int open_floor(gb_ws *w)
+int gw_open_floor(gb_ws *w)
 {
     CUipcMemHandle h;
     memcpy(&h, w->p.floor_handle, sizeof(h));
@@ -240,10 +243,10 @@ static int device_buffers(gb_ws *w)
         return gw_stream_init(w);
     if (gb_register_flags(cu, &w->region, &w->flags_dev) != FERRY_OK) {
         w->flags_dev = 0;
-        return gw_fail(w, "registering the flag page: %s", ferry_last_error());
+        return gw_fail(w, "registering the flag pages: %s", ferry_last_error());
     }
     if (w->p.mode == GB_MODE_RTT)
-        return w->p.has_floor ? open_floor(w) : 0;
+        return w->p.has_floor ? gw_open_floor(w) : 0;
     if (cu_check(w, cu->cuMemAlloc(&w->raw_dst, w->p.max_item), "cuMemAlloc") ||
         cu_check(w, cu->cuMemAlloc(&w->word, DEVICE_WORDS), "cuMemAlloc") ||
         cu_check(w, cu->cuMemsetD32(w->word, 0, DEVICE_WORDS / 4), "cuMemsetD32"))
