@@ -4,7 +4,7 @@ BUILD ?= build
 CMAKE ?= cmake
 BENCH_ARGS ?=
 
-.PHONY: all deps check check-fast check-asan check-tsan bench fuzz format clean
+.PHONY: all deps check check-fast check-asan check-tsan check-python bench fuzz format clean
 
 all: deps $(BUILD)/Makefile
 	$(CMAKE) --build $(BUILD) -j $(JOBS)
@@ -22,8 +22,12 @@ build-asan/Makefile:
 build-tsan/Makefile:
 	$(CMAKE) -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DFERRY_SANITIZE=thread
 
-# Every test, in the normal build and in the ASan+UBSan and TSan builds.
-check: check-fast check-asan check-tsan
+# Every test: the C suite in the normal build and in the ASan+UBSan and TSan builds, then the
+# Python package's tests (pip installs numpy, pytest and scikit-build-core).
+check: check-fast check-asan check-tsan check-python
+
+check-python: all
+	python/run-tests
 
 check-fast: all
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
@@ -58,4 +62,4 @@ format:
 	clang-format -i include/*.h src/*/*.[ch] tests/*.[ch] bench/*.c
 
 clean:
-	rm -rf $(BUILD) build-asan build-tsan build-fuzz
+	rm -rf $(BUILD) build-asan build-tsan build-fuzz python/build

@@ -166,6 +166,29 @@ static int nodriver_main(void)
     return 0;
 }
 
+/* A consumer that makes no CUDA call of its own: ferry must set up every context it needs
+ * (a thread with no current context, as in a freshly started worker). */
+static int fresh_main(void)
+{
+    th_msg m;
+    ferry_consumer *c;
+    static uint8_t host[MAX_ITEM];
+    ferry_descriptor d;
+    if (th_recv_msg(TH_CHANNEL_FD, &m, 60000) != 0 ||
+        ferry_consumer_create_on(0, 0, &c) != FERRY_OK)
+        return 1;
+    ferry_status st = ferry_descriptor_decode(m.desc, sizeof(m.desc), &d);
+    if (st == FERRY_OK)
+        st = ferry_consumer_read(c, &d, host, sizeof(host), 10000 * MS);
+    if (st == FERRY_OK && !th_check(host, d.length, m.seed))
+        st = 0xbad;
+    if (st == FERRY_OK)
+        st = ferry_consumer_ack(c, &d);
+    th_report(st, st == FERRY_OK);
+    ferry_consumer_destroy(c);
+    return st == FERRY_OK ? 0 : 1;
+}
+
 static int helper_main(int argc, char **argv)
 {
     if (argc >= 5 && strcmp(argv[2], "consumer") == 0) {
@@ -178,6 +201,8 @@ static int helper_main(int argc, char **argv)
         return producer_main(argv[3]);
     if (argc >= 3 && strcmp(argv[2], "nodriver") == 0)
         return nodriver_main();
+    if (argc >= 3 && strcmp(argv[2], "fresh") == 0)
+        return fresh_main();
     return 2;
 }
 
@@ -422,6 +447,22 @@ static void test_reserve_commit_and_many(void **state)
     (void)state;
     reserve_many_test(FERRY_CONTROL_HOST);
     reserve_many_test(FERRY_CONTROL_DEVICE);
+}
+
+static void test_consumer_without_context(void **state)
+{
+    (void)state;
+    for (int placement = FERRY_CONTROL_HOST; placement <= FERRY_CONTROL_DEVICE; placement++) {
+        ferry_pool *pool = make_pool(4 << 20, 1, placement);
+        source src = make_source();
+        th_helper h = th_spawn_helper("fresh", "", "");
+        ferry_descriptor d = publish_item(pool, &src, 2, 70000, 0);
+        th_send_item(h.fd, &d, 102, 0);
+        th_assert_result(th_finish_helper(&h, 60000), 1);
+        wait_drained(pool);
+        free_source(&src);
+        ferry_pool_destroy(pool);
+    }
 }
 
 static void test_consumer_killed(void **state)
@@ -779,6 +820,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_stale_and_cancelled),
         cmocka_unit_test(test_pool_full_then_recovery),
         cmocka_unit_test(test_reserve_commit_and_many),
+        cmocka_unit_test(test_consumer_without_context),
         cmocka_unit_test(test_consumer_killed),
         cmocka_unit_test(test_producer_killed),
         cmocka_unit_test(test_no_driver),

@@ -126,7 +126,8 @@ static void fill_view(ferry__mapped_pool *pool, const ferry_descriptor *d)
 }
 
 /* Opens a pool through its broker, attaching rank. */
-static ferry_status open_pool(const ferry_descriptor *d, uint32_t rank, ferry__mapped_pool **out)
+static ferry_status open_pool(const ferry_descriptor *d, uint32_t rank, int device,
+                              ferry__mapped_pool **out)
 {
     int fd = -1;
     uint64_t size;
@@ -152,7 +153,7 @@ static ferry_status open_pool(const ferry_descriptor *d, uint32_t rank, ferry__m
         st = ferry__fail(FERRY_NO_MEMORY, "out of memory opening a pool");
         goto free_pool;
     }
-    if (pool->backend != FERRY_BACKEND_HOST && (st = ferry__gpu_attach(pool)) != FERRY_OK)
+    if (pool->backend != FERRY_BACKEND_HOST && (st = ferry__gpu_attach(pool, device)) != FERRY_OK)
         goto free_pool;
     memcpy(pool->pool_id, d->pool_id, 16);
     memcpy(pool->broker, d->broker, 16);
@@ -231,7 +232,7 @@ static ferry_status insert_or_reuse(ferry__mapped_pool *fresh, ferry__mapped_poo
     return FERRY_OK;
 }
 
-ferry_status ferry__cache_acquire(const ferry_descriptor *desc, uint32_t rank,
+ferry_status ferry__cache_acquire(const ferry_descriptor *desc, uint32_t rank, int device,
                                   ferry__mapped_pool **out)
 {
     if (rank >= desc->consumer_count)
@@ -247,7 +248,7 @@ ferry_status ferry__cache_acquire(const ferry_descriptor *desc, uint32_t rank,
     pthread_mutex_unlock(&cache_lock);
     if (!pool) {
         ferry__mapped_pool *fresh = NULL;
-        ferry_status st = open_pool(desc, rank, &fresh);
+        ferry_status st = open_pool(desc, rank, device, &fresh);
         if (st != FERRY_OK)
             return st;
         return insert_or_reuse(fresh, out);

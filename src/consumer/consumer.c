@@ -118,7 +118,7 @@ static ferry_status pool_lookup(ferry_consumer *c, const ferry_descriptor *d, in
     ferry__mapped_pool *p = find_held(c, d->pool_id);
     ferry_status st = FERRY_OK;
     if (!p) {
-        st = ferry__cache_acquire(d, c->rank, &p);
+        st = ferry__cache_acquire(d, c->rank, c->device, &p);
         if (st == FERRY_OK && (st = hold(c, p)) != FERRY_OK)
             ferry__cache_release(p);
     }

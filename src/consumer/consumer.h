@@ -44,7 +44,7 @@ typedef struct ferry__mapped_pool {
 
 /* Finds or opens the pool a descriptor names and makes sure rank is attached to it. Takes a
  * reference that ferry__cache_release drops. */
-ferry_status ferry__cache_acquire(const ferry_descriptor *desc, uint32_t rank,
+ferry_status ferry__cache_acquire(const ferry_descriptor *desc, uint32_t rank, int device,
                                   ferry__mapped_pool **pool);
 
 /* Drops a reference; the mapping goes away with the last one. */
@@ -60,7 +60,8 @@ unsigned ferry__cache_size(void);
 void ferry__cache_sweep(void);
 
 /* gpu.c: GPU pools as a consumer sees them. Every function takes the consumer's device. */
-ferry_status ferry__gpu_attach(ferry__mapped_pool *pool); /* at open: registers the segment */
+/* At open, with the consumer's device current: registers the segment. */
+ferry_status ferry__gpu_attach(ferry__mapped_pool *pool, int device);
 ferry_status ferry__gpu_map(ferry__mapped_pool *pool, int device); /* opens the IPC handle once */
 void ferry__gpu_detach(ferry__mapped_pool *pool);
 ferry_status ferry__gpu_load(ferry__mapped_pool *pool, int device, uint64_t word, uint32_t *value);

@@ -19,6 +19,7 @@ struct ferry__gpu_pool {
     const ferry__cuda *cuda;
     pthread_mutex_t lock;                    /* guards base[] while opening */
     int registered;                          /* the segment is registered with CUDA */
+    int device;                              /* the device whose context registered it */
     CUdeviceptr segment_dev;                 /* its device address */
     CUdeviceptr base[FERRY_GPU_MAX_DEVICES]; /* the pool opened on each device, 0 if not */
     CUmemGenericAllocationHandle vmm[FERRY_GPU_MAX_DEVICES]; /* CUDA VMM: imported handles */
@@ -41,16 +42,21 @@ static ferry_status check_device(int device)
     return FERRY_OK;
 }
 
-ferry_status ferry__gpu_attach(ferry__mapped_pool *p)
+ferry_status ferry__gpu_attach(ferry__mapped_pool *p, int device)
 {
-    const ferry__cuda *cuda;
-    ferry_status st = ferry__cuda_get(&cuda);
-    if (st != FERRY_OK)
+    const ferry__cuda *cuda = NULL;
+    ferry_status st = check_device(device);
+    if (st == FERRY_OK && (st = ferry__cuda_get(&cuda)) != FERRY_OK)
         return ferry__fail_wrap(st, "opening a GPU pool needs the CUDA driver");
+    if (st == FERRY_OK)
+        st = ferry__cuda_use_device(cuda, device); /* registering needs a current context */
+    if (st != FERRY_OK)
+        return st;
     ferry__gpu_pool *g = calloc(1, sizeof(*g));
     if (!g)
         return ferry__fail(FERRY_NO_MEMORY, "out of memory opening a GPU pool");
     g->cuda = cuda;
+    g->device = device;
     pthread_mutex_init(&g->lock, NULL);
     p->gpu = g;
     if (device_control(p))
@@ -189,7 +195,7 @@ void ferry__gpu_detach(ferry__mapped_pool *p)
             g->cuda->cuIpcCloseMemHandle(g->base[d]);
         }
     }
-    if (g->registered)
+    if (g->registered && ferry__cuda_use_device(g->cuda, g->device) == FERRY_OK)
         g->cuda->cuMemHostUnregister(p->base);
     pthread_mutex_destroy(&g->lock);
     free(g);

@@ -1,0 +1,117 @@
+"""ferry: hand tensors between processes through one bounded, pre-allocated pool.
+
+A producer owns a :class:`Pool`. It publishes tensors (any object with ``__dlpack__``:
+numpy arrays, torch and cupy tensors) into leased slices of the pool and sends the small
+:class:`Descriptor` that publish returns (picklable; 256 bytes) to its consumers over any
+channel. Each consumer process calls :func:`receive` with its rank: it waits for the slice,
+copies it (or views it in place with ``copy=False``) and acknowledges it. The producer
+recycles a slice once every rank has acknowledged it.
+
+Backends: ``"host"`` (shared memory), ``"cuda_ipc"`` and ``"cuda_vmm"`` (GPU memory; copies
+are enqueued on CUDA streams without host synchronisation). The CUDA driver is loaded at run
+time: the package works without a GPU.
+
+Errors: invalid arguments raise ``ValueError``; everything else derives from :class:`Error`
+(:class:`PoolFull`, :class:`Stale`, :class:`ProducerGone`, :class:`Timeout`,
+:class:`PoolFailed`, :class:`Closing`). Messages are the library's; ``.status`` is the ferry
+status name.
+"""
+
+from . import _ferry
+from ._ferry import (
+    Closing,
+    Descriptor,
+    Error,
+    PoolFailed,
+    PoolFull,
+    ProducerGone,
+    Received,
+    Reservation,
+    Stale,
+    Timeout,
+    ack,
+    receive,
+    receive_many,
+    release_consumers,
+    split_budget,
+    version,
+)
+
+__version__ = _ferry.version()
+
+__all__ = [
+    "Closing",
+    "Descriptor",
+    "Error",
+    "Pool",
+    "PoolFailed",
+    "PoolFull",
+    "ProducerGone",
+    "Received",
+    "Reservation",
+    "Stale",
+    "Timeout",
+    "ack",
+    "receive",
+    "receive_many",
+    "release_consumers",
+    "split_budget",
+    "version",
+]
+
+
+def _dtype_name(dtype):
+    """ferry's name of a dtype given as a name, a numpy dtype or type, or a torch dtype."""
+    if isinstance(dtype, str):
+        return dtype
+    text = str(dtype)
+    if text.startswith("torch."):  # torch.float32, torch.bfloat16, torch.bool
+        return text[len("torch.") :]
+    try:
+        import numpy
+    except ImportError:
+        return text
+    try:
+        return numpy.dtype(dtype).name
+    except TypeError:
+        return text
+
+
+class Pool(_ferry.Pool):
+    """Pool(size, consumers, *, backend="auto", device=0, max_inflight=4096,
+    reclaim_interval_us=1000, control="host", on_full="raise", timeout=None,
+    vmm_handle="auto")
+
+    A producer's pool: ``size`` bytes (control table and data) read by ``consumers`` ranks.
+
+    - ``backend``: ``"auto"`` (host unless a GPU backend is asked for), ``"host"``,
+      ``"cuda_ipc"`` or ``"cuda_vmm"``; ``device`` is the GPU of a GPU pool.
+    - ``max_inflight``: rows of the control table (leases in flight at most);
+      ``reclaim_interval_us``: period of the background reclaimer.
+    - ``control``: where a GPU pool keeps its control words, ``"host"`` (faster) or
+      ``"device"``; ``vmm_handle``: ``"auto"``, ``"fabric"`` or ``"posix_fd"`` (CUDA VMM).
+    - ``on_full``: what publish and reserve do when the pool has no room: ``"raise"``
+      (:class:`PoolFull`), ``"none"`` (return None) or ``"wait"`` (wait up to ``timeout``
+      seconds, default 10, then raise :class:`PoolFull`). A ``timeout`` given to a call
+      overrides the pool's wait under every policy.
+
+    Invalid arguments raise ``ValueError`` with the library's message. A context manager:
+    the pool closes on exit; ``close()`` is idempotent and the memory is freed when the
+    object goes.
+    """
+
+    def __repr__(self):
+        state = ", closed" if self.closed else ""
+        return (f"ferry.Pool(backend={self.backend!r}, device={self.device}, "
+                f"on_full={self.on_full!r}{state})")
+
+    def reserve(self, shape, dtype, timeout=None):
+        """reserve(shape, dtype, timeout=None) -> Reservation | None
+
+        Leases a writable slice for one C-contiguous tensor without publishing it: write it
+        through the Reservation's ``__dlpack__`` (or ``memoryview`` on host pools), then call
+        its ``commit()``. ``dtype`` is a name ("float32", "bfloat16", ...), a numpy dtype or
+        a torch dtype. The descriptor (``.descriptor``) may be sent before the commit:
+        consumers wait for it.
+        """
+        return super().reserve(shape, _dtype_name(dtype), timeout)

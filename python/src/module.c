@@ -1,0 +1,98 @@
+/* The ferry._ferry module: its types, exceptions and functions. */
+#include "ferry_py.h"
+
+static PyObject *split_budget(PyObject *module, PyObject *args)
+{
+    long long total, workers;
+    int64_t share;
+    (void)module;
+    if (!PyArg_ParseTuple(args, "LL:split_budget", &total, &workers))
+        return NULL;
+    ferry_status st = ferry_split_budget(total, workers, &share);
+    if (st != FERRY_OK)
+        return fy_raise(st);
+    return PyLong_FromLongLong(share);
+}
+
+static PyObject *version(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    return PyUnicode_FromString(ferry_version());
+}
+
+#define METH_KW(fn) (PyCFunction)(void (*)(void))(fn), METH_VARARGS | METH_KEYWORDS
+
+static PyMethodDef module_methods[] = {
+    {"receive", METH_KW(fy_receive),
+     "receive(descriptor, *, rank, device=None, copy=True, stream=None, timeout=None) -> "
+     "Received\n\n"
+     "Waits up to timeout seconds (default 10, inf: forever) for the lease, then copies the "
+     "tensor into memory the result owns and acknowledges it as rank (copy=True), or views it "
+     "in the pool (copy=False: read-only; acknowledged when the view is freed). GPU pools: "
+     "the copy lands in device memory on device (default: the descriptor's), enqueued on "
+     "stream."},
+    {"receive_many", METH_KW(fy_receive_many),
+     "receive_many(descriptors, *, rank, device=None, copy=True, stream=None, timeout=None) "
+     "-> list[Received]\n\n"
+     "receive for the descriptors of one publish_many: the lease is acknowledged once."},
+    {"ack", METH_KW(fy_ack),
+     "ack(descriptor, *, rank=None, ranks=None, device=None)\n\n"
+     "Acknowledges a lease without reading it: for rank, for ranks (a range, e.g. "
+     "range(2, 4)), or for every rank when neither is given."},
+    {"split_budget", split_budget, METH_VARARGS,
+     "split_budget(total, workers) -> int\n\nA node's pool budget split across workers: "
+     "total // workers."},
+    {"release_consumers", fy_release_consumers, METH_NOARGS,
+     "release_consumers()\n\nDrops this process's cached consumers (and so its mappings of "
+     "pools) once no view still holds them; later receives open them again."},
+    {"version", version, METH_NOARGS, "version() -> str\n\nThe libferry version."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "ferry._ferry",
+    .m_doc = "The C extension over libferry; use the ferry package.",
+    .m_size = -1,
+    .m_methods = module_methods,
+};
+
+static int add_type(PyObject *module, const char *name, PyTypeObject *type)
+{
+    if (PyType_Ready(type) < 0)
+        return -1;
+    Py_INCREF(type);
+    if (PyModule_AddObject(module, name, (PyObject *)type) < 0) {
+        Py_DECREF(type);
+        return -1;
+    }
+    return 0;
+}
+
+static int add_constants(PyObject *module)
+{
+    return PyModule_AddIntConstant(module, "DESCRIPTOR_SIZE", FERRY_DESCRIPTOR_SIZE) < 0 ||
+                   PyModule_AddIntConstant(module, "MAX_NDIM", FERRY_MAX_NDIM) < 0 ||
+                   PyModule_AddIntConstant(module, "kDLCPU", FY_DL_CPU) < 0 ||
+                   PyModule_AddIntConstant(module, "kDLCUDA", FY_DL_CUDA) < 0
+               ? -1
+               : 0;
+}
+
+PyMODINIT_FUNC PyInit__ferry(void); /* the module's only exported symbol */
+
+PyMODINIT_FUNC PyInit__ferry(void)
+{
+    PyObject *module = PyModule_Create(&module_def);
+    if (!module)
+        return NULL;
+    if (fy_errors_add(module) < 0 || add_type(module, "Descriptor", &fy_DescriptorType) < 0 ||
+        add_type(module, "Pool", &fy_PoolType) < 0 ||
+        add_type(module, "Reservation", &fy_ReservationType) < 0 ||
+        add_type(module, "Received", &fy_ReceivedType) < 0 || add_constants(module) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}

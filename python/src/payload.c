@@ -1,0 +1,96 @@
+/* Received memory, and the leases that views hold. Everything here may run on any thread,
+ * without the GIL, even after the interpreter finalised: a DLPack deleter runs whenever the
+ * consumer's framework frees its tensor. */
+#include <stdlib.h>
+
+#include "ferry_py.h"
+
+struct fy_lease {
+    long refs; /* atomic */
+    fy_consumer *consumer;
+    ferry_descriptor desc;
+    int ack_on_drop;
+};
+
+fy_lease *fy_lease_new(fy_consumer *consumer, const ferry_descriptor *d, int ack_on_drop)
+{
+    fy_lease *lease = calloc(1, sizeof(*lease));
+    if (!lease)
+        return NULL;
+    lease->refs = 1;
+    fy_consumer_ref(consumer);
+    lease->consumer = consumer;
+    lease->desc = *d;
+    lease->ack_on_drop = ack_on_drop;
+    return lease;
+}
+
+void fy_lease_ref(fy_lease *lease)
+{
+    __atomic_add_fetch(&lease->refs, 1, __ATOMIC_RELAXED);
+}
+
+/* GPU views: the acknowledgement is enqueued after the work on the consumer's stream (that
+ * read the view); the CPU acknowledges when that cannot be done. */
+static void ack_gpu(fy_lease *lease, void *const *stream)
+{
+    fy_cuda_scope scope;
+    ferry_status st = fy_cuda_enter(&scope, lease->consumer->device);
+    if (st == FERRY_OK && stream)
+        st = ferry_consumer_ack_async(lease->consumer->handle, &lease->desc, *stream);
+    if (st == FERRY_OK && stream)
+        goto leave;
+    if (stream)
+        fy_cuda_stream_sync(*stream);
+    ferry_consumer_ack(lease->consumer->handle, &lease->desc);
+leave:
+    if (scope.active)
+        fy_cuda_leave(&scope);
+}
+
+void fy_lease_drop(fy_lease *lease, void *const *stream)
+{
+    if (!lease || __atomic_sub_fetch(&lease->refs, 1, __ATOMIC_ACQ_REL) != 0)
+        return;
+    /* Errors cannot be reported from here; a STALE answer means that the lease was
+     * acknowledged for this rank already (ferry.ack) or the pool went away. */
+    if (lease->ack_on_drop && lease->desc.backend == FERRY_BACKEND_HOST)
+        ferry_consumer_ack(lease->consumer->handle, &lease->desc);
+    else if (lease->ack_on_drop)
+        ack_gpu(lease, stream);
+    fy_consumer_unref(lease->consumer);
+    free(lease);
+}
+
+static void release_gpu_copy(fy_payload *p)
+{
+    fy_cuda_scope scope;
+    if (fy_cuda_enter(&scope, p->device.device_id) == FERRY_OK) {
+        fy_cuda_free(p->buffer); /* cuMemFree waits for the work that uses the memory */
+        fy_cuda_leave(&scope);
+    }
+}
+
+void fy_payload_release(void *ctx)
+{
+    fy_payload *p = ctx;
+    if (!p)
+        return;
+    switch (p->kind) {
+    case FY_HOST_COPY:
+        free(p->buffer);
+        break;
+    case FY_GPU_COPY:
+        release_gpu_copy(p);
+        fy_lease_drop(p->lease, NULL);
+        break;
+    case FY_HOST_VIEW:
+        fy_lease_drop(p->lease, NULL);
+        break;
+    case FY_GPU_VIEW:
+        fy_lease_drop(p->lease, p->has_ack_stream ? &p->ack_stream : NULL);
+        break;
+    }
+    fy_cuda_event_destroy(p->ready, p->device.device_id);
+    free(p);
+}

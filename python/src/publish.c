@@ -1,0 +1,224 @@
+/* Pool.publish and Pool.publish_many: take the sources through DLPack, copy them into one
+ * lease, and keep them alive until the copy ran. On host pools the copy is done when publish
+ * returns; on GPU pools it is enqueued on the caller's stream, so the sources are held until
+ * an event recorded after the copy completes (checked at every publish, waited for at close). */
+#include <string.h>
+
+#include "ferry_py.h"
+
+struct fy_pending {
+    fy_pending *next;
+    void *event; /* NULL: complete already */
+    fy_import *imports;
+    size_t count;
+};
+
+static void release_imports(fy_import *imports, size_t count)
+{
+    for (size_t i = 0; i < count; i++)
+        fy_import_release(&imports[i]);
+    PyMem_Free(imports);
+}
+
+static void pending_free(fy_pending *p, int device)
+{
+    fy_cuda_event_destroy(p->event, device);
+    release_imports(p->imports, p->count);
+    PyMem_Free(p);
+}
+
+/* The whole list is taken off the pool while it is looked at (waits release the GIL, and
+ * deleters may run Python code); entries still running are put back. */
+void fy_pool_settle(fy_pool *self, int wait)
+{
+    fy_pending *list = self->pending, *done = NULL;
+    self->pending = NULL;
+    while (list) {
+        fy_pending *p = list;
+        list = p->next;
+        if (wait && p->event) {
+            Py_BEGIN_ALLOW_THREADS fy_cuda_event_wait(p->event, self->device);
+            Py_END_ALLOW_THREADS
+        }
+        int ran = wait || fy_cuda_event_done(p->event, self->device);
+        fy_pending **into = ran ? &done : &self->pending;
+        p->next = *into;
+        *into = p;
+    }
+    while (done) {
+        fy_pending *p = done;
+        done = p->next;
+        pending_free(p, self->device);
+    }
+}
+
+/* Holds the sources of a GPU publish until the stream has run their copies. */
+static void defer_release(fy_pool *self, void *stream, fy_import *imports, size_t count)
+{
+    void *event = NULL;
+    fy_cuda_scope scope;
+    ferry_status st = fy_cuda_enter(&scope, self->device);
+    if (st == FERRY_OK && fy_cuda_event_record(stream, &event) != FERRY_OK) {
+        fy_cuda_stream_sync(stream); /* no event: wait here instead */
+        event = NULL;
+    }
+    if (st == FERRY_OK)
+        fy_cuda_leave(&scope);
+    fy_pending *p = PyMem_Malloc(sizeof(*p));
+    if (!event || !p) {
+        PyMem_Free(p);
+        fy_cuda_event_wait(event, self->device);
+        fy_cuda_event_destroy(event, self->device);
+        release_imports(imports, count);
+        return;
+    }
+    *p = (fy_pending){self->pending, event, imports, count};
+    self->pending = p;
+}
+
+typedef struct publish_call {
+    fy_pool *self;
+    size_t count;
+    void *stream;
+    uint64_t wait_ns;
+    fy_import *imports;
+    ferry_tensor *tensors;
+    const void **srcs;
+    ferry_descriptor *descs;
+} publish_call;
+
+static int take_sources(publish_call *c, PyObject *const *items)
+{
+    int host_only = c->self->backend == FERRY_BACKEND_HOST;
+    for (size_t i = 0; i < c->count; i++) {
+        if (fy_import_take(items[i], host_only, c->stream, &c->imports[i]) < 0) {
+            for (size_t j = 0; j < i; j++)
+                fy_import_release(&c->imports[j]);
+            return -1;
+        }
+        c->tensors[i] = c->imports[i].tensor;
+        c->srcs[i] = c->imports[i].data;
+    }
+    return 0;
+}
+
+static ferry_status run_publish(publish_call *c)
+{
+    ferry_status st;
+    fy_cuda_scope scope;
+    ferry_pool *pool = c->self->pool;
+    int gpu = c->self->backend != FERRY_BACKEND_HOST;
+    Py_BEGIN_ALLOW_THREADS fy_cuda_enter(&scope, FY_CUDA_FOR(gpu));
+    if (gpu)
+        st = ferry_pool_publish_many_async(pool, c->tensors, c->srcs, c->count, c->stream,
+                                           c->wait_ns, c->descs);
+    else
+        st = ferry_pool_publish_many(pool, c->tensors, c->srcs, c->count, c->wait_ns, c->descs);
+    fy_cuda_leave(&scope);
+    Py_END_ALLOW_THREADS return st;
+}
+
+static PyObject *descriptors(const publish_call *c, int single)
+{
+    if (single)
+        return fy_descriptor_new(&c->descs[0]);
+    PyObject *list = PyList_New((Py_ssize_t)c->count);
+    for (size_t i = 0; list && i < c->count; i++) {
+        PyObject *d = fy_descriptor_new(&c->descs[i]);
+        if (!d)
+            Py_CLEAR(list);
+        else
+            PyList_SET_ITEM(list, (Py_ssize_t)i, d);
+    }
+    return list;
+}
+
+static int alloc_call(publish_call *c)
+{
+    c->imports = PyMem_Calloc(c->count, sizeof(*c->imports));
+    c->tensors = PyMem_Calloc(c->count, sizeof(*c->tensors));
+    c->srcs = PyMem_Calloc(c->count, sizeof(*c->srcs));
+    c->descs = PyMem_Calloc(c->count, sizeof(*c->descs));
+    if (c->imports && c->tensors && c->srcs && c->descs)
+        return 0;
+    PyErr_NoMemory();
+    return -1;
+}
+
+static void free_call(publish_call *c)
+{
+    PyMem_Free(c->imports);
+    PyMem_Free(c->tensors);
+    PyMem_Free(c->srcs);
+    PyMem_Free(c->descs);
+}
+
+/* Publishes items; imports pass to the pending list (GPU) or are released here. */
+static PyObject *publish_items(publish_call *c, PyObject *const *items, int single)
+{
+    PyObject *result = NULL;
+    if (alloc_call(c) < 0 || take_sources(c, items) < 0) {
+        free_call(c);
+        return NULL;
+    }
+    ferry_status st = run_publish(c);
+    if (c->self->backend != FERRY_BACKEND_HOST)
+        defer_release(c->self, c->stream, c->imports, c->count);
+    else
+        release_imports(c->imports, c->count);
+    c->imports = NULL;
+    result = st == FERRY_OK ? descriptors(c, single) : fy_pool_failure(c->self, st);
+    free_call(c);
+    return result;
+}
+
+static int prepare(publish_call *c, fy_pool *self, PyObject *stream, PyObject *timeout)
+{
+    memset(c, 0, sizeof(*c));
+    c->self = self;
+    if (!self->pool) {
+        PyErr_SetString(PyExc_RuntimeError, "the Pool was not initialised");
+        return -1;
+    }
+    if (fy_pool_wait_ns(self, timeout, &c->wait_ns) < 0)
+        return -1;
+    if (self->backend == FERRY_BACKEND_HOST)
+        return 0; /* host pools copy on the CPU: a stream has no meaning there */
+    fy_pool_settle(self, 0);
+    return fy_stream_arg(stream, &c->stream);
+}
+
+PyObject *fy_pool_publish(fy_pool *self, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"x", "stream", "timeout", NULL};
+    PyObject *x, *stream = Py_None, *timeout = Py_None;
+    publish_call c;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|OO:publish", keywords, &x, &stream,
+                                     &timeout) ||
+        prepare(&c, self, stream, timeout) < 0)
+        return NULL;
+    c.count = 1;
+    return publish_items(&c, &x, 1);
+}
+
+PyObject *fy_pool_publish_many(fy_pool *self, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"xs", "stream", "timeout", NULL};
+    PyObject *xs, *stream = Py_None, *timeout = Py_None;
+    publish_call c;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|OO:publish_many", keywords, &xs, &stream,
+                                     &timeout) ||
+        prepare(&c, self, stream, timeout) < 0)
+        return NULL;
+    PyObject *seq = PySequence_Fast(xs, "publish_many takes a sequence of tensors");
+    if (!seq)
+        return NULL;
+    c.count = (size_t)PySequence_Fast_GET_SIZE(seq);
+    PyObject *result = NULL;
+    if (c.count == 0)
+        PyErr_SetString(PyExc_ValueError, "publish_many needs at least one tensor");
+    else
+        result = publish_items(&c, PySequence_Fast_ITEMS(seq), 0);
+    Py_DECREF(seq);
+    return result;
+}

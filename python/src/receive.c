@@ -1,0 +1,335 @@
+/* ferry.receive and ferry.receive_many: wait for a lease, then copy it into memory the result
+ * owns (acknowledging at once) or view it in place (acknowledging when the view is freed).
+ * Host pools read on the CPU; GPU pools wait on the CPU (bounded: a dead producer gives
+ * ProducerGone, not a stream blocked forever), then enqueue the read on the caller's stream. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "ferry_py.h"
+
+typedef struct recv_call {
+    ferry_descriptor *descs;
+    size_t count;
+    fy_consumer *consumer;
+    int gpu, copy;
+    int32_t device;
+    void *stream;
+    uint64_t timeout_ns;
+    fy_payload **out; /* count entries */
+} recv_call;
+
+static fy_payload *payload_new(const recv_call *c, size_t i)
+{
+    fy_payload *p = calloc(1, sizeof(*p));
+    if (!p)
+        return NULL;
+    p->kind =
+        c->gpu ? (c->copy ? FY_GPU_COPY : FY_GPU_VIEW) : (c->copy ? FY_HOST_COPY : FY_HOST_VIEW);
+    p->tensor = c->descs[i].tensor;
+    p->nbytes = c->descs[i].length;
+    p->device = c->gpu ? (DLDevice){FY_DL_CUDA, c->device} : (DLDevice){FY_DL_CPU, 0};
+    p->recv_stream = c->stream;
+    return p;
+}
+
+/* Frees what a failed receive made (no acknowledgement: the caller may try again). */
+static void discard(recv_call *c)
+{
+    for (size_t i = 0; i < c->count; i++) {
+        fy_payload *p = c->out[i];
+        if (!p)
+            continue;
+        if (p->kind == FY_HOST_COPY)
+            free(p->buffer);
+        else if (p->kind == FY_GPU_COPY)
+            fy_cuda_free(p->buffer);
+        free(p);
+        c->out[i] = NULL;
+    }
+}
+
+static ferry_status alloc_payloads(recv_call *c)
+{
+    for (size_t i = 0; i < c->count; i++) {
+        fy_payload *p = c->out[i] = payload_new(c, i);
+        if (!p)
+            return FERRY_NO_MEMORY;
+        if (p->kind == FY_GPU_COPY) {
+            ferry_status st = fy_cuda_alloc(p->nbytes, &p->buffer);
+            if (st != FERRY_OK)
+                return st;
+        } else if (p->kind == FY_HOST_COPY) {
+            size_t size = (size_t)((p->nbytes + 63) & ~(uint64_t)63);
+            if (!(p->buffer = aligned_alloc(64, size ? size : 64)))
+                return FERRY_NO_MEMORY;
+        }
+        p->data = p->buffer;
+    }
+    return FERRY_OK;
+}
+
+/* ---- host pools ---------------------------------------------------------------------- */
+
+static ferry_status host_copy(recv_call *c)
+{
+    ferry_consumer *h = c->consumer->handle;
+    ferry_status st = FERRY_OK;
+    for (size_t i = 0; i < c->count && st == FERRY_OK; i++)
+        st = ferry_consumer_read(h, &c->descs[i], c->out[i]->buffer, (size_t)c->out[i]->nbytes,
+                                 c->timeout_ns);
+    if (st != FERRY_OK)
+        return st;
+    st = ferry_consumer_ack(h, &c->descs[0]);
+    return st == FERRY_STALE ? FERRY_OK : st; /* acknowledged for this rank meanwhile */
+}
+
+static ferry_status host_view(recv_call *c)
+{
+    ferry_status st = FERRY_OK;
+    for (size_t i = 0; i < c->count && st == FERRY_OK; i++) {
+        const void *data = NULL;
+        st = ferry_consumer_view(c->consumer->handle, &c->descs[i], &data, c->timeout_ns);
+        c->out[i]->data = (void *)data;
+    }
+    return st;
+}
+
+/* ---- GPU pools: enqueued on the stream ----------------------------------------------- */
+
+static ferry_status gpu_copy(recv_call *c)
+{
+    ferry_consumer *h = c->consumer->handle;
+    if (c->count == 1)
+        return ferry_consumer_read_async(h, &c->descs[0], c->out[0]->buffer,
+                                         (size_t)c->out[0]->nbytes, c->stream);
+    /* One lease, several tensors: copy every one, then acknowledge once. */
+    ferry_status st = FERRY_OK;
+    for (size_t i = 0; i < c->count && st == FERRY_OK; i++) {
+        const void *src = NULL;
+        st = ferry_consumer_view_async(h, &c->descs[i], c->stream, &src);
+        if (st == FERRY_OK)
+            st = fy_cuda_copy_async(c->out[i]->buffer, src, c->out[i]->nbytes, c->stream);
+    }
+    if (st == FERRY_OK)
+        st = ferry_consumer_ack_async(h, &c->descs[0], c->stream);
+    return st;
+}
+
+static ferry_status gpu_view(recv_call *c)
+{
+    ferry_status st = FERRY_OK;
+    for (size_t i = 0; i < c->count && st == FERRY_OK; i++) {
+        const void *data = NULL;
+        st = ferry_consumer_view_async(c->consumer->handle, &c->descs[i], c->stream, &data);
+        c->out[i]->data = (void *)data;
+    }
+    return st;
+}
+
+/* Events after the enqueued reads: what __dlpack__ waits for when the consumer's stream is
+ * another. Without an event the stream is synchronised here. */
+static void record_ready(recv_call *c)
+{
+    for (size_t i = 0; i < c->count; i++) {
+        if (fy_cuda_event_record(c->stream, &c->out[i]->ready) != FERRY_OK) {
+            c->out[i]->ready = NULL;
+            fy_cuda_stream_sync(c->stream);
+        }
+    }
+}
+
+/* Runs with the consumer's device current (run). */
+static ferry_status gpu_receive(recv_call *c)
+{
+    ferry_status st = ferry_consumer_wait(c->consumer->handle, &c->descs[0], c->timeout_ns);
+    if (st == FERRY_OK)
+        st = alloc_payloads(c);
+    if (st == FERRY_OK)
+        st = c->copy ? gpu_copy(c) : gpu_view(c);
+    if (st == FERRY_OK)
+        record_ready(c);
+    else
+        discard(c);
+    return st;
+}
+
+static ferry_status host_receive(recv_call *c)
+{
+    ferry_status st = alloc_payloads(c);
+    if (st == FERRY_OK)
+        st = c->copy ? host_copy(c) : host_view(c);
+    if (st != FERRY_OK)
+        discard(c);
+    return st;
+}
+
+/* Gives every payload but host copies a reference on one lease: views acknowledge through it
+ * when the last of them goes, GPU copies keep the consumer (and its mapping) alive. */
+static ferry_status attach_lease(recv_call *c)
+{
+    if (!c->gpu && c->copy)
+        return FERRY_OK;
+    fy_lease *lease = fy_lease_new(c->consumer, &c->descs[0], !c->copy);
+    if (!lease) {
+        discard(c);
+        return FERRY_NO_MEMORY;
+    }
+    for (size_t i = 0; i < c->count; i++) {
+        if (i)
+            fy_lease_ref(lease);
+        c->out[i]->lease = lease;
+    }
+    return FERRY_OK;
+}
+
+static ferry_status run(recv_call *c)
+{
+    fy_cuda_scope scope;
+    /* GPU pools: the consumer's device is current from the start, for opening the pool
+     * (ferry registers its host segment with CUDA in the current context). */
+    ferry_status st = fy_cuda_enter(&scope, c->gpu ? c->device : FY_CUDA_NONE);
+    if (st != FERRY_OK)
+        return st;
+    st = c->gpu ? gpu_receive(c) : host_receive(c);
+    if (st == FERRY_OK)
+        st = attach_lease(c);
+    fy_cuda_leave(&scope);
+    return st;
+}
+
+/* ---- arguments and results ------------------------------------------------------------ */
+
+static int same_lease(const ferry_descriptor *a, const ferry_descriptor *b)
+{
+    return memcmp(a->pool_id, b->pool_id, 16) == 0 && a->slot == b->slot &&
+           a->generation == b->generation;
+}
+
+static int parse_descs(PyObject *const *items, size_t count, recv_call *c)
+{
+    for (size_t i = 0; i < count; i++) {
+        if (fy_descriptor_get(items[i], &c->descs[i]) < 0)
+            return -1;
+        if (i && !same_lease(&c->descs[0], &c->descs[i])) {
+            PyErr_SetString(PyExc_ValueError,
+                            "receive_many takes the descriptors of one publish_many (one lease)");
+            return -1;
+        }
+    }
+    c->gpu = c->descs[0].backend != FERRY_BACKEND_HOST;
+    return 0;
+}
+
+typedef struct recv_args {
+    PyObject *rank, *device, *copy, *stream, *timeout;
+} recv_args;
+
+static int parse_options(const recv_args *a, recv_call *c)
+{
+    uint32_t rank;
+    int copy = PyObject_IsTrue(a->copy);
+    if (copy < 0 || fy_rank_arg(a->rank, &rank) < 0 ||
+        fy_consumer_device(&c->descs[0], a->device, &c->device) < 0 ||
+        fy_timeout_arg(a->timeout, FY_DEFAULT_WAIT_NS, &c->timeout_ns) < 0 ||
+        (c->gpu && fy_stream_arg(a->stream, &c->stream) < 0))
+        return -1;
+    c->copy = copy;
+    c->consumer = fy_consumer_get(rank, c->device);
+    return c->consumer ? 0 : -1;
+}
+
+static PyObject *results(recv_call *c, PyObject *const *items, int single)
+{
+    PyObject *list = single ? NULL : PyList_New((Py_ssize_t)c->count);
+    PyObject *first = NULL;
+    for (size_t i = 0; i < c->count; i++) {
+        int reuse = PyObject_TypeCheck(items[i], &fy_DescriptorType);
+        PyObject *desc = reuse ? Py_NewRef(items[i]) : fy_descriptor_new(&c->descs[i]);
+        PyObject *r = NULL;
+        if (desc)
+            r = fy_received_new(c->out[i], desc); /* releases the payload on failure */
+        else
+            fy_payload_release(c->out[i]);
+        c->out[i] = NULL;
+        Py_XDECREF(desc);
+        if (single) {
+            first = r;
+        } else if (list && r) {
+            PyList_SET_ITEM(list, (Py_ssize_t)i, r);
+        } else {
+            Py_XDECREF(r);
+            Py_CLEAR(list);
+        }
+    }
+    return single ? first : list;
+}
+
+static PyObject *receive_items(PyObject *const *items, size_t count, const recv_args *a, int single)
+{
+    recv_call c;
+    memset(&c, 0, sizeof(c));
+    c.count = count;
+    c.descs = PyMem_Calloc(count, sizeof(*c.descs));
+    c.out = PyMem_Calloc(count, sizeof(*c.out));
+    PyObject *result = NULL;
+    if (!c.descs || !c.out) {
+        PyErr_NoMemory();
+        goto free_arrays;
+    }
+    if (parse_descs(items, count, &c) < 0 || parse_options(a, &c) < 0)
+        goto free_arrays;
+    ferry_status st;
+    Py_BEGIN_ALLOW_THREADS st = run(&c);
+    Py_END_ALLOW_THREADS result = st == FERRY_OK ? results(&c, items, single) : fy_raise(st);
+    for (size_t i = 0; i < count; i++) /* left over only if results failed early */
+        fy_payload_release(c.out[i]);
+free_arrays:
+    fy_consumer_unref(c.consumer);
+    PyMem_Free(c.descs);
+    PyMem_Free(c.out);
+    return result;
+}
+
+#define RECV_KEYWORDS "rank", "device", "copy", "stream", "timeout", NULL
+
+PyObject *fy_receive(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"descriptor", RECV_KEYWORDS};
+    PyObject *desc;
+    recv_args a = {NULL, Py_None, Py_True, Py_None, Py_None};
+    (void)module;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|$OOOOO:receive", keywords, &desc, &a.rank,
+                                     &a.device, &a.copy, &a.stream, &a.timeout))
+        return NULL;
+    if (!a.rank) {
+        PyErr_SetString(PyExc_TypeError, "receive() needs rank= (this consumer's rank)");
+        return NULL;
+    }
+    return receive_items(&desc, 1, &a, 1);
+}
+
+PyObject *fy_receive_many(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"descriptors", RECV_KEYWORDS};
+    PyObject *descs;
+    recv_args a = {NULL, Py_None, Py_True, Py_None, Py_None};
+    (void)module;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|$OOOOO:receive_many", keywords, &descs,
+                                     &a.rank, &a.device, &a.copy, &a.stream, &a.timeout))
+        return NULL;
+    if (!a.rank) {
+        PyErr_SetString(PyExc_TypeError, "receive_many() needs rank= (this consumer's rank)");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(descs, "receive_many takes a sequence of descriptors");
+    if (!seq)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject *result = NULL;
+    if (n == 0)
+        PyErr_SetString(PyExc_ValueError, "receive_many needs at least one descriptor");
+    else
+        result = receive_items(PySequence_Fast_ITEMS(seq), (size_t)n, &a, 0);
+    Py_DECREF(seq);
+    return result;
+}

@@ -1,0 +1,236 @@
+/* ferry.Received: what receive returns. It owns the received memory until a DLPack consumer
+ * takes it (once: a second __dlpack__ raises BufferError); host results also expose their
+ * bytes through the buffer protocol (read-only for views). */
+#include "ferry_py.h"
+
+typedef struct {
+    PyObject_HEAD
+    fy_payload *payload; /* NULL once exported */
+    PyObject *descriptor;
+    Py_ssize_t buffers; /* live buffer-protocol exports */
+    DLDevice device;
+    ferry_tensor tensor;
+    uint64_t nbytes;
+    int readonly;
+} fy_received;
+
+static int is_view(const fy_payload *p)
+{
+    return p->kind == FY_HOST_VIEW || p->kind == FY_GPU_VIEW;
+}
+
+static void release_payload(fy_payload *p)
+{
+    if (!p)
+        return;
+    if (p->kind == FY_HOST_COPY || p->kind == FY_HOST_VIEW) {
+        fy_payload_release(p);
+        return;
+    }
+    Py_BEGIN_ALLOW_THREADS /* cuMemFree and acknowledgements may wait on the GPU */
+        fy_payload_release(p);
+    Py_END_ALLOW_THREADS
+}
+
+PyObject *fy_received_new(fy_payload *payload, PyObject *descriptor)
+{
+    fy_received *r = PyObject_New(fy_received, &fy_ReceivedType);
+    if (!r) {
+        release_payload(payload);
+        return NULL;
+    }
+    r->payload = payload;
+    r->descriptor = Py_NewRef(descriptor);
+    r->buffers = 0;
+    r->device = payload->device;
+    r->tensor = payload->tensor;
+    r->nbytes = payload->nbytes;
+    r->readonly = is_view(payload);
+    return (PyObject *)r;
+}
+
+static void received_dealloc(PyObject *obj)
+{
+    fy_received *r = (fy_received *)obj;
+    release_payload(r->payload);
+    Py_XDECREF(r->descriptor);
+    PyObject_Free(obj);
+}
+
+/* The consumer's stream for CUDA results: its own, the legacy default stream for None, none
+ * (0) for -1. */
+static uintptr_t consumer_stream(const fy_export_args *a)
+{
+    if (a->has_stream)
+        return a->stream;
+    return a->stream_is_none ? 1u : 0u;
+}
+
+/* Makes GPU data safe on the consumer's stream, and notes where views acknowledge. ferry's
+ * driver table has no cuStreamWaitEvent: the host waits for the receive's event instead. */
+static int order_gpu(fy_payload *p, uintptr_t stream)
+{
+    if (stream && stream != fy_stream_key(p->recv_stream) && p->ready) {
+        ferry_status st;
+        Py_BEGIN_ALLOW_THREADS st = fy_cuda_event_wait(p->ready, p->device.device_id);
+        Py_END_ALLOW_THREADS if (st != FERRY_OK)
+        {
+            fy_raise(st);
+            return -1;
+        }
+    }
+    if (p->kind == FY_GPU_VIEW) {
+        uintptr_t use = stream ? stream : fy_stream_key(p->recv_stream);
+        p->ack_stream = use == 1u ? NULL : (void *)use;
+        p->has_ack_stream = 1;
+    }
+    return 0;
+}
+
+static PyObject *received_dlpack(PyObject *obj, PyObject *args, PyObject *kwargs)
+{
+    fy_received *r = (fy_received *)obj;
+    fy_export_args a;
+    if (fy_export_args_parse(args, kwargs, r->device, &a) < 0)
+        return NULL;
+    if (!r->payload)
+        return PyErr_Format(PyExc_BufferError, "this ferry.Received was exported already: "
+                                               "a received tensor can be exported once");
+    if (r->buffers)
+        return PyErr_Format(PyExc_BufferError,
+                            "the received memory is exported through the buffer protocol: "
+                            "release those memoryviews first");
+    fy_payload *p = r->payload;
+    if (p->device.device_type == FY_DL_CUDA && order_gpu(p, consumer_stream(&a)) < 0)
+        return NULL;
+    PyObject *capsule =
+        fy_export(p->data, p->device, &p->tensor, r->readonly, a.versioned, fy_payload_release, p);
+    if (capsule)
+        r->payload = NULL; /* the capsule (then its consumer) owns it now */
+    return capsule;
+}
+
+static PyObject *received_synchronize(PyObject *obj, PyObject *unused)
+{
+    fy_received *r = (fy_received *)obj;
+    (void)unused;
+    if (!r->payload || !r->payload->ready)
+        Py_RETURN_NONE;
+    ferry_status st;
+    Py_BEGIN_ALLOW_THREADS st = fy_cuda_event_wait(r->payload->ready, r->device.device_id);
+    Py_END_ALLOW_THREADS if (st != FERRY_OK) return fy_raise(st);
+    Py_RETURN_NONE;
+}
+
+static PyObject *received_dlpack_device(PyObject *obj, PyObject *unused)
+{
+    (void)unused;
+    return fy_device_tuple(((fy_received *)obj)->device);
+}
+
+static int received_getbuffer(PyObject *obj, Py_buffer *view, int flags)
+{
+    fy_received *r = (fy_received *)obj;
+    if (!r->payload) {
+        PyErr_SetString(PyExc_BufferError, "this ferry.Received was exported through DLPack");
+        return -1;
+    }
+    if (r->device.device_type != FY_DL_CPU) {
+        PyErr_SetString(PyExc_BufferError, "the received tensor is in device memory: use DLPack");
+        return -1;
+    }
+    if (PyBuffer_FillInfo(view, obj, r->payload->data, (Py_ssize_t)r->nbytes, r->readonly, flags) <
+        0)
+        return -1;
+    r->buffers++;
+    return 0;
+}
+
+static void received_releasebuffer(PyObject *obj, Py_buffer *view)
+{
+    (void)view;
+    ((fy_received *)obj)->buffers--;
+}
+
+static PyBufferProcs received_buffer = {received_getbuffer, received_releasebuffer};
+
+static PyObject *get_descriptor(PyObject *obj, void *closure)
+{
+    (void)closure;
+    return Py_NewRef(((fy_received *)obj)->descriptor);
+}
+
+static PyObject *get_shape(PyObject *obj, void *closure)
+{
+    (void)closure;
+    return fy_shape_tuple(&((fy_received *)obj)->tensor);
+}
+
+static PyObject *get_dtype(PyObject *obj, void *closure)
+{
+    (void)closure;
+    return fy_dtype_name(&((fy_received *)obj)->tensor);
+}
+
+static PyObject *get_nbytes(PyObject *obj, void *closure)
+{
+    (void)closure;
+    return PyLong_FromUnsignedLongLong(((fy_received *)obj)->nbytes);
+}
+
+static PyObject *get_readonly(PyObject *obj, void *closure)
+{
+    (void)closure;
+    return PyBool_FromLong(((fy_received *)obj)->readonly);
+}
+
+static PyObject *get_exported(PyObject *obj, void *closure)
+{
+    (void)closure;
+    return PyBool_FromLong(((fy_received *)obj)->payload == NULL);
+}
+
+static PyObject *get_device(PyObject *obj, void *closure)
+{
+    (void)closure;
+    return fy_device_tuple(((fy_received *)obj)->device);
+}
+
+static PyGetSetDef received_getset[] = {
+    {"descriptor", get_descriptor, NULL, "The Descriptor that was received.", NULL},
+    {"shape", get_shape, NULL, "Shape of the tensor.", NULL},
+    {"dtype", get_dtype, NULL, "dtype name of the tensor.", NULL},
+    {"nbytes", get_nbytes, NULL, "Bytes of the tensor.", NULL},
+    {"device", get_device, NULL, "(device_type, device_id), as __dlpack_device__.", NULL},
+    {"readonly", get_readonly, NULL, "True for views (copy=False): the producer's memory.", NULL},
+    {"exported", get_exported, NULL, "True once a DLPack consumer took the tensor.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMethodDef received_methods[] = {
+    {"__dlpack__", (PyCFunction)(void (*)(void))received_dlpack, METH_VARARGS | METH_KEYWORDS,
+     "__dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None)\n\n"
+     "A DLPack capsule of the tensor (versioned when max_version >= (1, 0)); views are "
+     "flagged read-only. For CUDA results on a stream other than the receive's, the data is "
+     "made safe on it first. Once only: the capsule's consumer then owns the memory."},
+    {"__dlpack_device__", received_dlpack_device, METH_NOARGS, "(device_type, device_id)"},
+    {"synchronize", received_synchronize, METH_NOARGS,
+     "synchronize()\n\nBlocks until the work that receive enqueued (GPU pools) has run: the "
+     "data can then be read from any stream or by the host. A no-op for host pools and once "
+     "exported."},
+    {NULL, NULL, 0, NULL},
+};
+
+PyTypeObject fy_ReceivedType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ferry.Received",
+    .tp_basicsize = sizeof(fy_received),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A received tensor: hand it to numpy.from_dlpack, torch.from_dlpack or "
+              "cupy.from_dlpack (once). Copies own their memory; views (copy=False) are the "
+              "producer's slice, read-only, and acknowledge the lease when freed. Host results "
+              "also support the buffer protocol (bytes(r), memoryview(r)).",
+    .tp_dealloc = received_dealloc,
+    .tp_as_buffer = &received_buffer,
+    .tp_methods = received_methods,
+    .tp_getset = received_getset,
+};

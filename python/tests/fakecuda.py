@@ -1,0 +1,216 @@
+"""GPU code paths of the package against ferry's fake CUDA driver (tests/fake_cuda in the
+repository), which keeps "device" memory in host memory. Runs only in worker processes whose
+FERRY_CUDA_DRIVER names the fake: the test process never loads a CUDA driver.
+
+Without torch or cupy, DLPack tensors are made and read here with ctypes (test code only):
+CudaLike presents a numpy array as CUDA memory, read_dlpack consumes any DLPack object the
+way a framework would and returns what it saw.
+"""
+
+import ctypes
+import gc
+
+import numpy as np
+
+import ferry
+
+
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+class DLManagedTensorVersioned(ctypes.Structure):
+    _fields_ = [
+        ("major", ctypes.c_uint32),
+        ("minor", ctypes.c_uint32),
+        ("manager_ctx", ctypes.c_void_p),
+        ("deleter", ctypes.c_void_p),
+        ("flags", ctypes.c_uint64),
+        ("dl_tensor", DLTensor),
+    ]
+
+
+class DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p),
+                ("deleter", ctypes.c_void_p)]  # fmt: skip
+
+
+_api = ctypes.pythonapi
+_api.PyCapsule_IsValid.restype = ctypes.c_int
+_api.PyCapsule_IsValid.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+_api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_api.PyCapsule_SetName.restype = ctypes.c_int
+_api.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
+USED = {b"dltensor_versioned": b"used_dltensor_versioned", b"dltensor": b"used_dltensor"}
+
+
+def managed_of(capsule):
+    """(managed struct, capsule name) of an unconsumed capsule."""
+    for name, cls in ((b"dltensor_versioned", DLManagedTensorVersioned),
+                      (b"dltensor", DLManagedTensor)):  # fmt: skip
+        if _api.PyCapsule_IsValid(capsule, name):
+            return cls.from_address(_api.PyCapsule_GetPointer(capsule, name)), name
+    raise TypeError("not a DLPack capsule")
+
+
+def describe(managed):
+    t = managed.dl_tensor
+    shape = tuple(t.shape[i] for i in range(t.ndim))
+    strides = tuple(t.strides[i] for i in range(t.ndim)) if t.strides else None
+    nbytes = int(np.prod(shape, dtype=np.int64)) * t.dtype.bits * t.dtype.lanes // 8
+    data = ctypes.string_at(t.data + t.byte_offset, nbytes) if nbytes else b""
+    return {
+        "device": (t.device.device_type, t.device.device_id),
+        "dtype": (t.dtype.code, t.dtype.bits, t.dtype.lanes),
+        "shape": shape,
+        "strides": strides,
+        "readonly": bool(getattr(managed, "flags", 0) & 1),
+        "versioned": isinstance(managed, DLManagedTensorVersioned),
+        "data": data,
+    }
+
+
+def read_dlpack(obj, **kwargs):
+    """Consumes obj's tensor as a framework would: rename the capsule, read, call the deleter."""
+    capsule = obj.__dlpack__(**kwargs)
+    managed, name = managed_of(capsule)
+    info = describe(managed)
+    _api.PyCapsule_SetName(capsule, USED[name])
+    if managed.deleter:
+        DELETER(managed.deleter)(ctypes.addressof(managed))
+    return info
+
+
+def write_dlpack(obj, data):
+    """Writes data into obj's (writable) tensor through a capsule it hands out."""
+    capsule = obj.__dlpack__(max_version=(1, 0))
+    managed, _ = managed_of(capsule)
+    assert not managed.flags & 1
+    ctypes.memmove(managed.dl_tensor.data, data, len(data))
+    return (managed.dl_tensor.device.device_type, managed.dl_tensor.device.device_id)
+
+
+class CudaLike:
+    """A numpy array presented as CUDA memory of device 0 (the fake's memory is host memory);
+    remembers the streams its producer protocol was asked for."""
+
+    def __init__(self, array):
+        self.array = np.array(array, order="C")  # (ascontiguousarray makes 0-d arrays 1-d)
+        self.streams = []
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+    def __dlpack__(self, stream=None, max_version=None):
+        self.streams.append(stream)
+        capsule = self.array.__dlpack__(max_version=max_version)
+        managed, _ = managed_of(capsule)
+        managed.dl_tensor.device.device_type = 2
+        return capsule
+
+
+# ---- operations for the worker processes (workers.serve adds them to its OPS) -------------
+
+POOLS = {}
+HELD = {}
+
+
+def fake_make_pool(backend, size, consumers, **kwargs):
+    pool = ferry.Pool(size, consumers, backend=backend, **kwargs)
+    POOLS["pool"] = pool
+    return pool.backend, pool.device
+
+
+def fake_publish(arrays, cuda=False, many=False, **kwargs):
+    """Publishes numpy arrays (as CudaLike with cuda): (descriptors, streams seen)."""
+    pool = POOLS["pool"]
+    sources = [CudaLike(a) if cuda else a for a in arrays]
+    if many:
+        ds = pool.publish_many(sources, **kwargs)
+    else:
+        ds = [pool.publish(s, **kwargs) for s in sources]
+    streams = [s.streams if cuda else None for s in sources]
+    del sources  # the pool keeps what it still copies
+    gc.collect()
+    return ds, streams
+
+
+def fake_publish_streams(array, **kwargs):
+    source = CudaLike(array)
+    return POOLS["pool"].publish(source, **kwargs), source.streams
+
+
+def fake_reserve(shape, dtype, data, **kwargs):
+    res = POOLS["pool"].reserve(shape, dtype)
+    device = write_dlpack(res, data)
+    res.commit(**kwargs)
+    return res.descriptor, device, res.__dlpack_device__()
+
+
+def fake_stats():
+    return POOLS["pool"].stats()
+
+
+def fake_close():
+    POOLS.pop("pool").close()
+
+
+def fake_receive(d, rank, export=None, **kwargs):
+    r = ferry.receive(d, rank=rank, **kwargs)
+    r.synchronize()  # this "framework" reads on the host
+    info = read_dlpack(r, **(export if export is not None else {"max_version": (1, 0)}))
+    info["received_device"] = r.device
+    return info
+
+
+def fake_receive_many(ds, rank, **kwargs):
+    rs = ferry.receive_many(ds, rank=rank, **kwargs)
+    for r in rs:
+        r.synchronize()
+    return [read_dlpack(r, max_version=(1, 0)) for r in rs]
+
+
+def fake_hold(key, d, rank, **kwargs):
+    """Exports a view to a capsule that nobody consumes (kept in HELD): its destructor frees
+    the view, as a framework's deleter would."""
+    r = ferry.receive(d, rank=rank, copy=False, **kwargs)
+    r.synchronize()
+    capsule = r.__dlpack__(max_version=(1, 0))
+    HELD[key] = capsule
+    return describe(managed_of(capsule)[0])
+
+
+def fake_drop(key):
+    del HELD[key]
+    gc.collect()
+
+
+def fake_receive_error(d, rank, **kwargs):
+    try:
+        ferry.receive(d, rank=rank, **kwargs)
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        return type(e).__name__, str(e)
+    return None, ""
+
+
+OPS = {name: fn for name, fn in globals().items() if name.startswith("fake_")}

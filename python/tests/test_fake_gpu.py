@@ -1,0 +1,151 @@
+"""The package's GPU code paths (stream-ordered publish and receive, device copies, views
+acknowledged on a stream, DLPack export of CUDA memory) against ferry's fake CUDA driver, in
+worker processes: runs wherever the repository's build has made the fake
+(build/tests/libferry_fakecuda.so, or FERRY_FAKE_CUDA=path). test_gpu.py is the real thing."""
+
+import os
+import pathlib
+
+import numpy as np
+import pytest
+
+import ferry
+from conftest import Worker, wait_until
+from fakecuda import CudaLike
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+FAKE = os.environ.get("FERRY_FAKE_CUDA") or str(REPO / "build" / "tests" / "libferry_fakecuda.so")
+pytestmark = pytest.mark.skipif(not os.path.exists(FAKE), reason="fake CUDA driver not built")
+
+DL_CUDA = 2
+
+
+@pytest.fixture(scope="module")
+def fake_pair():
+    env = {"FERRY_CUDA_DRIVER": FAKE, "FERRY_FAKE_CUDA_DEVICES": "2"}
+    pair = [Worker(env), Worker(env)]
+    yield pair
+    for w in pair:
+        w.stop()
+
+
+@pytest.fixture(params=["cuda_ipc", "cuda_vmm"])
+def gpu(fake_pair, request):
+    producer, consumer = fake_pair
+    assert producer.call("fake_make_pool", request.param, 8 << 20, 1) == (request.param, 0)
+    yield producer, consumer
+    producer.call("fake_close")
+
+
+def drained(producer):
+    return producer.call("fake_stats")["leases_in_flight"] == 0
+
+
+def expect(info, array, device=(DL_CUDA, 0), readonly=False):
+    assert info["device"] == device and info["readonly"] == readonly
+    assert info["shape"] == array.shape and info["data"] == array.tobytes()
+    strides = tuple(s // array.itemsize for s in array.strides) if array.size else info["strides"]
+    assert info["strides"] == strides
+
+
+ARRAYS = [np.arange(12, dtype=np.float32).reshape(3, 4), np.array(7, np.int8),
+          np.zeros((0, 2), np.complex128), np.arange(10) % 2 == 0]  # fmt: skip
+
+
+def test_copies(gpu):
+    producer, consumer = gpu
+    ds, _ = producer.call("fake_publish", ARRAYS)
+    for d, a in zip(ds, ARRAYS):
+        assert d.device == 0 and d.shape == a.shape
+        info = consumer.call("fake_receive", d, 0)
+        expect(info, a)
+        assert info["versioned"] and info["received_device"] == (DL_CUDA, 0)
+    wait_until(lambda: drained(producer))
+
+
+def test_cuda_sources_and_streams(gpu):
+    producer, consumer = gpu
+    a = np.arange(6, dtype=np.float64)
+    for stream in (None, 0, 1):
+        d, seen = producer.call("fake_publish_streams", a, stream=stream)
+        assert seen == [1]  # the legacy default stream, as the DLPack protocol spells it
+        expect(consumer.call("fake_receive", d, 0, stream=stream), a)
+    wait_until(lambda: drained(producer))
+
+
+def test_view_acknowledges_when_freed(gpu):
+    producer, consumer = gpu
+    (d,), _ = producer.call("fake_publish", [np.arange(5, dtype=np.int32)], cuda=True)
+    info = consumer.call("fake_hold", "v", d, 0)
+    expect(info, np.arange(5, dtype=np.int32), readonly=True)
+    assert producer.call("fake_stats")["leases_in_flight"] == 1
+    consumer.call("fake_drop", "v")  # the capsule dies: the view is freed, the ack enqueued
+    wait_until(lambda: drained(producer))
+
+
+@pytest.mark.parametrize("copy", [True, False], ids=["copy", "view"])
+@pytest.mark.parametrize("export", [{}, {"stream": -1}, {"max_version": (1, 0), "stream": 1},
+                                    {"max_version": (1, 0), "stream": None}])  # fmt: skip
+def test_export_arguments(gpu, copy, export):
+    producer, consumer = gpu
+    a = np.arange(4, dtype=np.uint16)
+    (d,), _ = producer.call("fake_publish", [a])
+    info = consumer.call("fake_receive", d, 0, copy=copy, export=export)
+    expect(info, a, readonly=not copy and "max_version" in export)
+    assert info["versioned"] == ("max_version" in export)
+    wait_until(lambda: drained(producer))
+
+
+def test_copy_used_on_another_stream(gpu):
+    # The consumer names a stream other than the receive's: the host waits for the receive's
+    # event (ferry's driver table has no cuStreamWaitEvent). The handle itself is not used.
+    producer, consumer = gpu
+    a = np.arange(8, dtype=np.int64)
+    (d,), _ = producer.call("fake_publish", [a])
+    expect(consumer.call("fake_receive", d, 0, export={"max_version": (1, 0), "stream": 99}), a)
+
+
+@pytest.mark.parametrize("copy", [True, False], ids=["copy", "view"])
+def test_multi_tensor(gpu, copy):
+    producer, consumer = gpu
+    ds, seen = producer.call("fake_publish", ARRAYS, cuda=True, many=True)
+    assert seen == [[1]] * len(ARRAYS)
+    assert producer.call("fake_stats")["leases_in_flight"] == 1
+    infos = consumer.call("fake_receive_many", ds, 0, copy=copy)
+    for info, a in zip(infos, ARRAYS):
+        expect(info, a, readonly=not copy)
+    wait_until(lambda: drained(producer))
+
+
+def test_reservation(gpu):
+    producer, consumer = gpu
+    a = np.arange(16, dtype=np.float32).reshape(4, 4)
+    d, device, dlpack_device = producer.call("fake_reserve", (4, 4), "float32", a.tobytes())
+    assert device == dlpack_device == (DL_CUDA, 0)
+    expect(consumer.call("fake_receive", d, 0), a)
+
+
+def test_consumer_on_another_device(gpu):
+    producer, consumer = gpu
+    a = np.arange(3, dtype=np.float32)
+    for copy in (True, False):
+        (d,), _ = producer.call("fake_publish", [a])
+        expect(consumer.call("fake_receive", d, 0, device=1, copy=copy), a, device=(DL_CUDA, 1),
+               readonly=not copy)  # fmt: skip
+    wait_until(lambda: drained(producer))
+
+
+def test_stale_and_bad_device(gpu):
+    producer, consumer = gpu
+    (d,), _ = producer.call("fake_publish", [np.arange(3)])
+    consumer.call("fake_receive", d, 0)
+    assert consumer.call("fake_receive_error", d, 0)[0] == "Stale"
+    (d,), _ = producer.call("fake_publish", [np.arange(3)])
+    name, message = consumer.call("fake_receive_error", d, 0, device=7)
+    assert name == "ValueError" and "device 7" in message
+
+
+def test_host_pool_refuses_cuda_memory():
+    with ferry.Pool(1 << 20, 1, backend="host") as pool:
+        with pytest.raises(ValueError, match="a host pool needs CPU data"):
+            pool.publish(CudaLike(np.ones(3)))
