@@ -17,6 +17,9 @@ Errors: invalid arguments raise ``ValueError``; everything else derives from :cl
 status name.
 """
 
+import contextlib
+import sys
+
 from . import _ferry
 from ._ferry import (
     Closing,
@@ -77,6 +80,17 @@ def _dtype_name(dtype):
         return text
 
 
+def _exporting(*tensors):
+    """The context in which the tensors' producer agrees to export them: torch exports a CUDA
+    tensor only while its device is torch's current device."""
+    torch = sys.modules.get("torch")
+    for x in tensors:
+        if (torch is not None and isinstance(x, torch.Tensor) and x.is_cuda
+                and x.device.index != torch.cuda.current_device()):
+            return torch.cuda.device(x.device)
+    return contextlib.nullcontext()
+
+
 class Pool(_ferry.Pool):
     """Pool(size, consumers, *, backend="auto", device=0, max_inflight=4096,
     reclaim_interval_us=1000, control="host", on_full="raise", timeout=None,
@@ -104,6 +118,17 @@ class Pool(_ferry.Pool):
         state = ", closed" if self.closed else ""
         return (f"ferry.Pool(backend={self.backend!r}, device={self.device}, "
                 f"on_full={self.on_full!r}{state})")
+
+    def publish(self, x, stream=None, timeout=None):
+        with _exporting(x):
+            return super().publish(x, stream, timeout)
+    publish.__doc__ = _ferry.Pool.publish.__doc__
+
+    def publish_many(self, tensors, stream=None, timeout=None):
+        tensors = list(tensors)
+        with _exporting(*tensors):
+            return super().publish_many(tensors, stream, timeout)
+    publish_many.__doc__ = _ferry.Pool.publish_many.__doc__
 
     def reserve(self, shape, dtype, timeout=None):
         """reserve(shape, dtype, timeout=None) -> Reservation | None

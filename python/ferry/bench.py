@@ -9,20 +9,23 @@ the producer holds a CUDA tensor, hands it to N consumer processes, and each con
 with its own copy on its GPU (synchronised) and says so; the round trip ends when the last
 consumer has. Methods:
 
-  ferry       pool.publish on the producer's stream, the 256-byte descriptor over a pipe,
-              ferry.receive(copy=True) on the consumer's stream, torch.from_dlpack
+  ferry       pool.publish on the producer's stream, the 256-byte descriptor through the
+              pipe, ferry.receive(copy=False) on the consumer's stream and a private clone
+              (torch's allocator), then the view is dropped (which acknowledges)
   torch_mp    a torch.multiprocessing queue per consumer carrying the CUDA tensor (CUDA IPC
               under the hood), then a private clone on the consumer's GPU
-  cpu_pickle  tensor.cpu(), pickled through a pipe, rebuilt on the consumer's GPU
+  cpu_pickle  tensor.cpu(), pickled through the pipe, rebuilt on the consumer's GPU
+  channel     no tensor: the pipe round trip alone, the floor every method above pays
 
-Every method uses the same processes (spawned), the same pipes for the "done" replies and the
-same verification: each consumer checks a checksum of what it received against the one the
-producer computed. `--cpu` runs the same comparison with NumPy arrays over a host pool
-(ferry vs pickle), for machines without a GPU.
+All methods use the same spawned processes and the same pipes (raw bytes) for items and for
+the "done" replies. Warm-up items and one item after the timed ones are verified in every
+consumer (a checksum computed on the GPU against the producer's). `--cpu` runs ferry against
+pickle with NumPy arrays over a host pool, for machines without a GPU.
 """
 
 import argparse
 import json
+import struct
 import multiprocessing as mp
 import os
 import pickle
@@ -67,44 +70,69 @@ def _checksum_numpy(a):
     return int((v * w).sum())
 
 
-def _consumer(method, rank, device, conn, queue, cpu):
-    """Receives items until None; replies (ok, error) per item."""
-    try:
-        if cpu:
-            import numpy as np
+NO_CHECK = -1
+HEADER = struct.Struct("<q")  # the expected checksum (NO_CHECK: do not verify)
+
+
+def _consume_cpu(method, rank, payload):
+    import numpy as np
+    import ferry
+    if method == "ferry":
+        return np.from_dlpack(ferry.receive(ferry.Descriptor.from_bytes(payload), rank=rank,
+                                            copy=True))
+    return pickle.loads(payload)
+
+
+def _consume_gpu(method, rank, device, payload, stream):
+    import torch
+    import ferry
+    with torch.cuda.stream(stream):
+        if method == "ferry":
+            view = ferry.receive(ferry.Descriptor.from_bytes(payload), rank=rank, device=device,
+                                 copy=False, stream=stream.cuda_stream)
+            shared = torch.from_dlpack(view)
+            got = shared.clone()
+            del shared, view  # the lease is acknowledged on the stream, after the clone
+        elif method == "torch_mp":
+            got = payload.to(f"cuda:{device}", copy=True)
         else:
+            got = torch.from_numpy(pickle.loads(payload)).to(f"cuda:{device}")
+        stream.synchronize()
+    return got
+
+
+def _consumer(method, rank, device, conn, queue, cpu):
+    """Receives items until an empty message; replies b"" (done) or an error text."""
+    try:
+        if not cpu:
             import torch
             torch.cuda.set_device(device)
             stream = torch.cuda.Stream(device=device)
-        import ferry
-        conn.send(("ready", None))
+        conn.send_bytes(b"")
         while True:
-            msg = conn.recv() if method != "torch_mp" else queue.get()
-            if msg is None:
-                break
-            payload, expected = msg
-            if cpu:
-                if method == "ferry":
-                    got = np.from_dlpack(ferry.receive(payload, rank=rank, copy=True))
-                else:
-                    got = pickle.loads(payload)
-                ok = expected is None or _checksum_numpy(got) == expected
+            if method == "torch_mp":
+                item = queue.get()
+                if item is None:
+                    break
+                payload, expected = item
             else:
-                with torch.cuda.stream(stream):
-                    if method == "ferry":
-                        got = torch.from_dlpack(ferry.receive(
-                            payload, rank=rank, device=device, copy=True,
-                            stream=stream.cuda_stream))
-                    elif method == "torch_mp":
-                        got = payload.to(f"cuda:{device}", copy=True)
-                    else:
-                        got = torch.from_numpy(pickle.loads(payload)).to(f"cuda:{device}")
-                    stream.synchronize()
-                ok = expected is None or _checksum_torch(got) == expected
-                del got
-            conn.send(("done", None if ok else "checksum mismatch"))
+                raw = conn.recv_bytes()
+                if not raw:
+                    break
+                (expected,), payload = HEADER.unpack_from(raw), raw[HEADER.size:]
+            if method == "channel":
+                conn.send_bytes(b"")
+                continue
+            if cpu:
+                got = _consume_cpu(method, rank, payload)
+                ok = expected == NO_CHECK or _checksum_numpy(got) == expected
+            else:
+                got = _consume_gpu(method, rank, device, payload, stream)
+                ok = expected == NO_CHECK or _checksum_torch(got) == expected
+            del got
+            conn.send_bytes(b"" if ok else b"checksum mismatch")
     except Exception as e:  # reported to the producer, which fails the run
-        conn.send(("error", f"{type(e).__name__}: {e}"))
+        conn.send_bytes(f"{type(e).__name__}: {e}".encode() or b"error")
 
 
 # ---- producer -----------------------------------------------------------------------------
@@ -127,25 +155,27 @@ class Run:
             self.queues.append(q)
             self.procs.append(p)
         for c in self.pipes:
-            self._expect(c, "ready")
+            self._expect(c)
 
-    def _expect(self, conn, kind, timeout=120):
+    def _expect(self, conn, timeout=120):
         if not conn.poll(timeout):
             raise RuntimeError(f"a consumer did not answer within {timeout} s")
-        got, err = conn.recv()
-        if got != kind or err:
-            raise RuntimeError(f"consumer: {got} {err}")
+        err = conn.recv_bytes()
+        if err:
+            raise RuntimeError(f"consumer: {err.decode()}")
 
     def send(self, payload, expected):
-        for i, c in enumerate(self.pipes):
-            if self.method == "torch_mp":
-                self.queues[i].put((payload, expected))
-            else:
-                c.send((payload, expected))
+        if self.method == "torch_mp":
+            for q in self.queues:
+                q.put((payload, expected))
+            return
+        raw = HEADER.pack(expected) + payload
+        for c in self.pipes:
+            c.send_bytes(raw)
 
     def wait(self):
         for c in self.pipes:
-            self._expect(c, "done")
+            self._expect(c)
 
     def close(self):
         for i, c in enumerate(self.pipes):
@@ -153,7 +183,7 @@ class Run:
                 if self.method == "torch_mp":
                     self.queues[i].put(None)
                 else:
-                    c.send(None)
+                    c.send_bytes(b"")
             except Exception:
                 pass
         for p in self.procs:
@@ -163,14 +193,15 @@ class Run:
 
 
 def _publish(method, pool, tensor, cpu, stream):
-    import ferry
     if method == "ferry":
         d = pool.publish(tensor, stream=stream)
         if d is None:
             raise RuntimeError("pool full")
-        return d
+        return bytes(d)
     if method == "torch_mp":
         return tensor
+    if method == "channel":
+        return b""
     if cpu:
         return pickle.dumps(tensor, protocol=pickle.HIGHEST_PROTOCOL)
     return pickle.dumps(tensor.cpu().numpy(), protocol=pickle.HIGHEST_PROTOCOL)
@@ -208,7 +239,7 @@ def measure(args, method, size, consumers, cpu):
             timed = args.warmup <= i < args.warmup + args.iterations
             t0 = time.perf_counter()
             run.send(_publish(method, pool, tensors[i % 2], cpu, stream),
-                     None if timed else sums[i % 2])
+                     NO_CHECK if timed or method == "channel" else sums[i % 2])
             run.wait()
             if timed:
                 times.append((time.perf_counter() - t0) * 1e6)
@@ -247,7 +278,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m ferry.bench", description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="4KiB,1MiB,16MiB,64MiB")
     ap.add_argument("--consumers", default="1,4")
-    ap.add_argument("--methods", default="ferry,torch_mp,cpu_pickle")
+    ap.add_argument("--methods", default="channel,ferry,torch_mp,cpu_pickle")
     ap.add_argument("--backend", default="cuda_ipc")
     ap.add_argument("--producer-device", type=int, default=0)
     ap.add_argument("--consumer-device", type=int, default=0)
@@ -279,7 +310,11 @@ def main(argv=None):
             base = {r["method"]: r["mean_us"] for r in results
                     if r["size"] == size and r["consumers"] == n}
             if "ferry" in base:
-                parts = [f"{m} {base[m] / base['ferry']:.1f}x" for m in base if m != "ferry"]
+                parts = [f"{m} {base[m] / base['ferry']:.1f}x" for m in base
+                     if m not in ("ferry", "channel")]
+            if "channel" in base:
+                parts.append(f"(channel alone {base['channel']:.0f} us of ferry's "
+                             f"{base['ferry']:.0f} us)")
                 print(f"  {human(size):>7s} x{n}: " + ", ".join(parts))
     if args.json:
         with open(args.json, "w") as f:
