@@ -1,6 +1,7 @@
 /* Consumer operations: wait for a lease, read or view it, acknowledge it; on GPU pools also
  * stream-ordered. */
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -16,6 +17,10 @@
 #define FERRY_READY_WAIT_SLICE_NS 10000000ull
 /* GPU streams write ready words without waking anybody: CPU waiters look this often. */
 #define FERRY_GPU_POLL_NS 20000ull
+/* For so long after a GPU pool's lease was first found not ready, CPU waiters yield instead of
+ * sleeping: the producer's stream usually writes the ready word within microseconds, and the
+ * shortest sleep takes tens of them. */
+#define FERRY_GPU_SPIN_NS 100000ull
 
 struct ferry_consumer {
     uint32_t rank;
@@ -272,7 +277,7 @@ static ferry_status gone_error(const ferry__mapped_pool *p, const ferry_descript
 static ferry_status wait_ready(ferry_consumer *c, ferry__mapped_pool *p, const ferry_descriptor *d,
                                uint64_t timeout_ns)
 {
-    uint64_t deadline = 0, next_check = 0;
+    uint64_t start = 0, deadline = 0, next_check = 0;
     for (;;) {
         int state;
         ferry_status st = lease_state(c, p, d, 1, &state);
@@ -281,19 +286,24 @@ static ferry_status wait_ready(ferry_consumer *c, ferry__mapped_pool *p, const f
         if (state < 0)
             return stale(p, d, c->rank);
         uint64_t now = ferry__now_ns();
-        if (now >= next_check) {
+        if (!start) {
+            start = now;
+            deadline = timeout_ns > UINT64_MAX - now ? UINT64_MAX : now + timeout_ns;
+            next_check = now + FERRY_READY_WAIT_SLICE_NS;
+        } else if (now >= next_check) {
             /* /proc is read at most every slice, however short the sleeps. */
             if (producer_gone(p))
                 return gone_error(p, d);
             next_check = now + FERRY_READY_WAIT_SLICE_NS;
         }
-        if (!deadline)
-            deadline = timeout_ns > UINT64_MAX - now ? UINT64_MAX : now + timeout_ns;
         if (now >= deadline)
             return ferry__fail(FERRY_TIMEOUT,
                                "lease (slot=%u, generation=%u) not ready after %.3f ms", d->slot,
                                d->generation, (double)timeout_ns / 1e6);
-        sleep_on_ready(p, d, deadline - now);
+        if (p->backend != FERRY_BACKEND_HOST && now - start < FERRY_GPU_SPIN_NS)
+            sched_yield(); /* a GPU stream is about to write it: a sleep would overshoot */
+        else
+            sleep_on_ready(p, d, deadline - now);
     }
 }
 
