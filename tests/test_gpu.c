@@ -604,6 +604,42 @@ static void test_create_rollback(void **state)
     assert_int_equal(f.live(), base);
 }
 
+/* A publish whose copy fails gives its slice back; when the cleanup fails too (control words
+ * on the device, cuMemsetD32 refused), the pool is failed from then on, with both causes. */
+static void test_publish_failures(void **state)
+{
+    (void)state;
+    fake_control f;
+    if (!fake_of(&f))
+        skip();
+    ferry_pool *pool = make_pool(4 << 20, 1, FERRY_CONTROL_DEVICE);
+    source src = make_source();
+    ferry_tensor t = ferry_tensor_bytes(4096);
+    ferry_descriptor d;
+    const void *from = (const void *)(uintptr_t)src.dev[0];
+    f.inject("cuMemcpyAsync", 1, 1);
+    assert_int_equal(ferry_pool_publish_async(pool, &t, from, src.stream, 0, &d), FERRY_DRIVER);
+    assert_non_null(strstr(ferry_last_error(), "cuMemcpyAsync failed: CUDA_ERROR_INVALID_VALUE"));
+    ferry_pool_stats s = stats_of(pool);
+    assert_int_equal(s.leases_in_flight, 0);
+    assert_int_equal(ferry_pool_error(pool, NULL, 0), FERRY_OK);
+    f.inject("cuMemcpyAsync", 1, 1);
+    f.inject("cuMemsetD32", 1, 1);
+    assert_int_equal(ferry_pool_publish_async(pool, &t, from, src.stream, 0, &d), FERRY_DRIVER);
+    assert_non_null(strstr(ferry_last_error(), "cuMemcpyAsync failed"));
+    char cause[512];
+    assert_int_equal(ferry_pool_error(pool, cause, sizeof(cause)), FERRY_POOL_FAILED);
+    assert_non_null(strstr(cause, "its cleanup failed too: cuMemsetD32 failed"));
+    char want[64];
+    snprintf(want, sizeof(want), "%s pool failed",
+             backend == FERRY_BACKEND_CUDA_VMM ? "CUDA VMM multimodal" : "CUDA IPC");
+    assert_int_equal(ferry_pool_publish_async(pool, &t, from, src.stream, 0, &d),
+                     FERRY_POOL_FAILED);
+    assert_string_equal(ferry_last_error(), want);
+    free_source(&src);
+    ferry_pool_destroy(pool);
+}
+
 /* A consumer whose first cuIpcOpenMemHandle fails tries once more, and reports a second
  * failure with the driver's error name. */
 static void test_open_retry(void **state)
@@ -826,6 +862,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_no_driver),
         cmocka_unit_test(test_create_rollback),
         cmocka_unit_test(test_open_retry),
+        cmocka_unit_test(test_publish_failures),
         cmocka_unit_test(test_vmm_handle_types),
         cmocka_unit_test(test_vmm_granularity),
         cmocka_unit_test(test_vmm_broker_failure_latched),

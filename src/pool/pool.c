@@ -491,9 +491,9 @@ static void lease_abort(ferry_pool *pool, const lease *l)
         snprintf(both, sizeof(both), "%.240s; its cleanup failed too: %.240s", cause,
                  ferry_last_error());
         ferry__latch_locked(pool, FERRY_POOL_FAILED, both);
+        ferry__fail(FERRY_OK, "%s", cause); /* the caller reports the first cause */
     }
     pthread_mutex_unlock(&pool->lock);
-    ferry__fail(FERRY_OK, "%s", cause); /* the caller reports the first cause */
 }
 
 static ferry_status check_pool_arg(ferry_pool *pool, const void *ptr, const char *what)
