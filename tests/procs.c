@@ -81,6 +81,22 @@ void th_assert_result(th_msg m, uint64_t count)
     assert_int_equal(m.seed, count);
 }
 
+int th_stuck_producer(const ferry_pool_config *config)
+{
+    ferry_pool *pool;
+    ferry_tensor t = ferry_tensor_bytes(4096);
+    void *data;
+    ferry_descriptor d;
+    if (ferry_pool_create(config, &pool) != FERRY_OK ||
+        ferry_pool_reserve(pool, &t, 0, &data, &d) != FERRY_OK)
+        return 1;
+    th_msg m = {.type = TH_MSG_ITEM};
+    ferry_descriptor_encode(&d, m.desc);
+    th_send_msg(TH_CHANNEL_FD, &m);
+    for (;;)
+        pause();
+}
+
 void th_report(uint32_t status, uint64_t count)
 {
     th_msg m = {.type = TH_MSG_RESULT, .status = status, .seed = count};

@@ -46,4 +46,9 @@ void th_assert_result(th_msg m, uint64_t count);
 /* Helper side: sends RESULT with ferry_last_error(). */
 void th_report(uint32_t status, uint64_t count);
 
+/* Helper side: a producer that creates a pool from config, reserves a 4 KiB lease it never
+ * commits, sends its descriptor as an ITEM and sleeps until it is killed. Returns 1 only if
+ * it could not get that far. */
+int th_stuck_producer(const ferry_pool_config *config);
+
 #endif

@@ -135,19 +135,7 @@ static int producer_main(const char *placement)
     cfg.memory_size = 4 << 20;
     cfg.consumer_count = 1;
     cfg.control_placement = atoi(placement);
-    ferry_pool *pool;
-    if (ferry_pool_create(&cfg, &pool) != FERRY_OK)
-        return 1;
-    ferry_tensor t = ferry_tensor_bytes(4096);
-    void *data;
-    ferry_descriptor d;
-    if (ferry_pool_reserve(pool, &t, 0, &data, &d) != FERRY_OK)
-        return 1;
-    th_msg m = {.type = TH_MSG_ITEM};
-    ferry_descriptor_encode(&d, m.desc);
-    th_send_msg(TH_CHANNEL_FD, &m);
-    for (;;)
-        pause();
+    return th_stuck_producer(&cfg);
 }
 
 /* Without a driver, a CUDA IPC pool fails plainly and the host backend still works. */

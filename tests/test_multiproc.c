@@ -80,19 +80,7 @@ static int producer_main(void)
     cfg.backend = FERRY_BACKEND_HOST;
     cfg.memory_size = 1 << 20;
     cfg.consumer_count = 1;
-    ferry_pool *pool;
-    if (ferry_pool_create(&cfg, &pool) != FERRY_OK)
-        return 1;
-    ferry_tensor t = ferry_tensor_bytes(4096);
-    void *data;
-    ferry_descriptor d;
-    if (ferry_pool_reserve(pool, &t, 0, &data, &d) != FERRY_OK)
-        return 1;
-    th_msg m = {.type = TH_MSG_ITEM};
-    ferry_descriptor_encode(&d, m.desc);
-    th_send_msg(TH_CHANNEL_FD, &m);
-    for (;;)
-        pause();
+    return th_stuck_producer(&cfg);
 }
 
 /* A consumer that drops to another uid before asking the broker for the pool. */
