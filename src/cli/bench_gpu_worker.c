@@ -181,18 +181,8 @@ static int handle(gb_ws *w, const gb_msg *m)
 
 static int receive(gb_ws *w, gb_msg *m)
 {
-    for (;;) {
-        ssize_t n = recv(w->sock, m, sizeof(*m), 0);
-        if (n == (ssize_t)sizeof(*m))
-            return 0;
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n == 0)
-            return gw_fail(w, "the producer closed the channel before the end of the run");
-        if (n < 0)
-            return gw_fail(w, "receiving from the producer failed: %s", strerror(errno));
-        return gw_fail(w, "message of %zd bytes (expected %zu)", n, sizeof(*m));
-    }
+    char why[160];
+    return cli_recv_record(w->sock, m, sizeof(*m), why, sizeof(why)) ? gw_fail(w, "%s", why) : 0;
 }
 
 static int serve(gb_ws *w)

@@ -224,18 +224,9 @@ static int on_done(worker *w)
 
 static int receive(worker *w, bench_msg *m)
 {
-    for (;;) {
-        ssize_t n = recv(w->sock, m, sizeof(*m), 0);
-        if (n == (ssize_t)sizeof(*m))
-            return 0;
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n == 0)
-            return worker_fail(w, "the producer closed the channel before the end of the run");
-        if (n < 0)
-            return worker_fail(w, "receiving from the producer failed: %s", strerror(errno));
-        return worker_fail(w, "message of %zd bytes (expected %zu)", n, sizeof(*m));
-    }
+    char why[160];
+    return cli_recv_record(w->sock, m, sizeof(*m), why, sizeof(why)) ? worker_fail(w, "%s", why)
+                                                                     : 0;
 }
 
 static int serve(worker *w)

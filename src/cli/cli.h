@@ -273,6 +273,8 @@ int bench_high_fd(int fd);
 int cli_channel(int *parent, int *child);
 int cli_spawn_self(char *const argv[], const int *fds, int nfds, pid_t *pid);
 void cli_exit_reason(int wstatus, char *buf, size_t size);
+/* A worker's next fixed-size record from its channel: 0, or -1 with the reason in why. */
+int cli_recv_record(int sock, void *record, size_t size, char *why, size_t why_size);
 /* Starts one worker process per consumer. Returns 0 or -1 (run->error). */
 int bench_spawn_workers(bench_run *run);
 /* Waits until every worker is READY. */

@@ -54,6 +54,24 @@ int cli_spawn_self(char *const argv[], const int *fds, int nfds, pid_t *pid)
     return err;
 }
 
+int cli_recv_record(int sock, void *record, size_t size, char *why, size_t why_size)
+{
+    for (;;) {
+        ssize_t n = recv(sock, record, size, 0);
+        if (n == (ssize_t)size)
+            return 0;
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n == 0)
+            snprintf(why, why_size, "the producer closed the channel before the end of the run");
+        else if (n < 0)
+            snprintf(why, why_size, "receiving from the producer failed: %s", strerror(errno));
+        else
+            snprintf(why, why_size, "message of %zd bytes (expected %zu)", n, size);
+        return -1;
+    }
+}
+
 void cli_exit_reason(int wstatus, char *buf, size_t size)
 {
     if (WIFSIGNALED(wstatus))
