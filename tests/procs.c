@@ -97,6 +97,23 @@ int th_stuck_producer(const ferry_pool_config *config)
         pause();
 }
 
+ferry_pool_stats th_stats(ferry_pool *pool)
+{
+    ferry_pool_stats s = {.struct_size = sizeof(s), .version = FERRY_POOL_STATS_VERSION};
+    assert_int_equal(ferry_pool_stats_get(pool, &s), FERRY_OK);
+    return s;
+}
+
+void th_wait_drained(ferry_pool *pool)
+{
+    uint64_t n;
+    for (int i = 0; i < 5000 && th_stats(pool).leases_in_flight; i++) {
+        ferry_pool_reclaim(pool, &n);
+        usleep(1000);
+    }
+    assert_int_equal(th_stats(pool).leases_in_flight, 0);
+}
+
 void th_report(uint32_t status, uint64_t count)
 {
     th_msg m = {.type = TH_MSG_RESULT, .status = status, .seed = count};

@@ -43,6 +43,11 @@ void th_reap_helper(th_helper *h);
 /* Fails the test unless the result is OK with count items. */
 void th_assert_result(th_msg m, uint64_t count);
 
+/* The pool's statistics (the test fails if they cannot be read). */
+ferry_pool_stats th_stats(ferry_pool *pool);
+/* Reclaims until no lease is in flight (at most ~5 s), then asserts it. */
+void th_wait_drained(ferry_pool *pool);
+
 /* Helper side: sends RESULT with ferry_last_error(). */
 void th_report(uint32_t status, uint64_t count);
 

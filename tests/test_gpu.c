@@ -211,23 +211,6 @@ static ferry_pool *make_pool(int64_t size, int64_t consumers, int placement)
     return pool;
 }
 
-static ferry_pool_stats stats_of(ferry_pool *pool)
-{
-    ferry_pool_stats s = {.struct_size = sizeof(s), .version = FERRY_POOL_STATS_VERSION};
-    assert_int_equal(ferry_pool_stats_get(pool, &s), FERRY_OK);
-    return s;
-}
-
-static void wait_drained(ferry_pool *pool)
-{
-    uint64_t n;
-    for (int i = 0; i < 5000 && stats_of(pool).leases_in_flight; i++) {
-        ferry_pool_reclaim(pool, &n);
-        usleep(1000);
-    }
-    assert_int_equal(stats_of(pool).leases_in_flight, 0);
-}
-
 /* The producer's items: filled on the host, moved to device memory, then published from
  * there on a stream, without synchronising the host with it. */
 typedef struct source {
@@ -296,8 +279,8 @@ static void stream_test(int placement, const char *const *modes, int nconsumers,
         th_send_type(h[r].fd, TH_MSG_DONE);
         th_assert_result(th_finish_helper(&h[r], 60000), (uint64_t)items);
     }
-    wait_drained(pool);
-    ferry_pool_stats s = stats_of(pool);
+    th_wait_drained(pool);
+    ferry_pool_stats s = th_stats(pool);
     assert_int_equal(s.publishes, (uint64_t)items);
     assert_int_equal(s.reclaimed, (uint64_t)items);
     free_source(&src);
@@ -345,7 +328,7 @@ static void stale_test(int placement)
     th_msg m = th_finish_helper(&h, 60000);
     assert_int_equal(m.status, FERRY_STALE);
     assert_int_equal(m.seed, 1);
-    wait_drained(pool);
+    th_wait_drained(pool);
     free_source(&src);
     ferry_pool_destroy(pool);
 }
@@ -385,7 +368,7 @@ static void full_test(int placement)
     }
     th_send_type(h.fd, TH_MSG_DONE);
     th_assert_result(th_finish_helper(&h, 60000), (uint64_t)held + 16);
-    wait_drained(pool);
+    th_wait_drained(pool);
     free_source(&src);
     ferry_pool_destroy(pool);
 }
@@ -424,8 +407,8 @@ static void reserve_many_test(int placement)
     th_send_item(h.fd, &dd[1], 103, 0);
     th_send_type(h.fd, TH_MSG_DONE);
     th_assert_result(th_finish_helper(&h, 60000), 3);
-    wait_drained(pool);
-    assert_int_equal(stats_of(pool).publishes, 2);
+    th_wait_drained(pool);
+    assert_int_equal(th_stats(pool).publishes, 2);
     free_source(&src);
     ferry_pool_destroy(pool);
 }
@@ -447,7 +430,7 @@ static void test_consumer_without_context(void **state)
         ferry_descriptor d = publish_item(pool, &src, 2, 70000, 0);
         th_send_item(h.fd, &d, 102, 0);
         th_assert_result(th_finish_helper(&h, 60000), 1);
-        wait_drained(pool);
+        th_wait_drained(pool);
         free_source(&src);
         ferry_pool_destroy(pool);
     }
@@ -479,8 +462,8 @@ static void test_consumer_killed(void **state)
     }
     th_send_type(good.fd, TH_MSG_DONE);
     th_assert_result(th_finish_helper(&good, 60000), 34);
-    wait_drained(pool);
-    assert_true(stats_of(pool).acked_for_dead >= 4);
+    th_wait_drained(pool);
+    assert_true(th_stats(pool).acked_for_dead >= 4);
     free_source(&src);
     ferry_pool_destroy(pool);
 }
@@ -608,7 +591,7 @@ static void test_publish_failures(void **state)
     f.inject("cuMemcpyAsync", 1, 1);
     assert_int_equal(ferry_pool_publish_async(pool, &t, from, src.stream, 0, &d), FERRY_DRIVER);
     assert_non_null(strstr(ferry_last_error(), "cuMemcpyAsync failed: CUDA_ERROR_INVALID_VALUE"));
-    ferry_pool_stats s = stats_of(pool);
+    ferry_pool_stats s = th_stats(pool);
     assert_int_equal(s.leases_in_flight, 0);
     assert_int_equal(ferry_pool_error(pool, NULL, 0), FERRY_OK);
     f.inject("cuMemcpyAsync", 1, 1);
@@ -651,7 +634,7 @@ static void test_open_retry(void **state)
     th_msg m = th_finish_helper(&never, 60000);
     assert_int_equal(m.status, FERRY_DRIVER);
     assert_non_null(strstr(m.text, "cuIpcOpenMemHandle failed: CUDA_ERROR_INVALID_HANDLE"));
-    wait_drained(pool); /* rank 1's process is gone: its acknowledgement is written for it */
+    th_wait_drained(pool); /* rank 1's process is gone: its acknowledgement is written for it */
     free_source(&src);
     ferry_pool_destroy(pool);
 }
@@ -709,7 +692,7 @@ static void test_vmm_granularity(void **state)
                         "memory_size=1048576 is smaller than CUDA VMM granularity=2097152");
     c.memory_size = (3 << 20) + 12345;
     assert_int_equal(ferry_pool_create(&c, &pool), FERRY_OK);
-    ferry_pool_stats s = stats_of(pool);
+    ferry_pool_stats s = th_stats(pool);
     assert_int_equal(s.capacity, 2 << 20);
     ferry_descriptor d;
     assert_int_equal(ferry_pool_describe(pool, &d), FERRY_OK);

@@ -129,13 +129,6 @@ static ferry_pool *make_pool(int64_t size, int64_t consumers, int64_t interval_u
     return pool;
 }
 
-static ferry_pool_stats stats_of(ferry_pool *pool)
-{
-    ferry_pool_stats s = {.struct_size = sizeof(s), .version = FERRY_POOL_STATS_VERSION};
-    assert_int_equal(ferry_pool_stats_get(pool, &s), FERRY_OK);
-    return s;
-}
-
 static ferry_descriptor publish_seeded(ferry_pool *pool, size_t n, uint64_t seed,
                                        uint64_t timeout_ns)
 {
@@ -147,16 +140,6 @@ static ferry_descriptor publish_seeded(ferry_pool *pool, size_t n, uint64_t seed
     if (st != FERRY_OK)
         fail_msg("publish failed: %s", ferry_last_error());
     return d;
-}
-
-static void wait_drained(ferry_pool *pool)
-{
-    uint64_t n;
-    for (int i = 0; i < 5000 && stats_of(pool).leases_in_flight; i++) {
-        ferry_pool_reclaim(pool, &n);
-        usleep(1000);
-    }
-    assert_int_equal(stats_of(pool).leases_in_flight, 0);
 }
 
 /* N consumers read every item byte for byte while the pool recycles its slices. */
@@ -184,8 +167,8 @@ static void test_stream_to_consumers(void **state)
         th_send_type(h[r].fd, TH_MSG_DONE);
         th_assert_result(th_finish_helper(&h[r], 60000), ITEMS);
     }
-    wait_drained(pool);
-    ferry_pool_stats s = stats_of(pool);
+    th_wait_drained(pool);
+    ferry_pool_stats s = th_stats(pool);
     assert_true(bytes > 20ull * s.capacity);
     assert_int_equal(s.publishes, ITEMS);
     assert_int_equal(s.reclaimed, ITEMS);
@@ -210,7 +193,7 @@ static void test_ack_by_range_across_processes(void **state)
     th_send_type(b.fd, TH_MSG_DONE);
     th_assert_result(th_finish_helper(&a, 60000), 50);
     th_assert_result(th_finish_helper(&b, 60000), 50);
-    wait_drained(pool);
+    th_wait_drained(pool);
     ferry_pool_destroy(pool);
 }
 
@@ -229,7 +212,7 @@ static void test_stale_and_cancelled_refused(void **state)
     assert_int_equal(m.status, FERRY_STALE);
     assert_int_equal(m.seed, 1);
     assert_non_null(strstr(m.text, "stale descriptor"));
-    wait_drained(pool);
+    th_wait_drained(pool);
     ferry_pool_destroy(pool);
 }
 
@@ -256,8 +239,8 @@ static void test_pool_full_then_recovery(void **state)
     }
     th_send_type(h.fd, TH_MSG_DONE);
     th_assert_result(th_finish_helper(&h, 60000), 40);
-    assert_true(stats_of(pool).pool_full_events >= 1);
-    wait_drained(pool);
+    assert_true(th_stats(pool).pool_full_events >= 1);
+    th_wait_drained(pool);
     ferry_pool_destroy(pool);
 }
 
@@ -287,13 +270,13 @@ static void test_consumer_killed(void **state)
         ferry_descriptor d = publish_seeded(pool, 100000, (uint64_t)i, 10000 * MS);
         th_send_item(good.fd, &d, (uint64_t)i, 0);
     }
-    ferry_pool_stats s = stats_of(pool);
+    ferry_pool_stats s = th_stats(pool);
     assert_true(s.acked_for_dead >= 8);
     assert_int_equal(s.consumers_attached, 2);
     assert_int_equal(s.consumers_alive, 1);
     th_send_type(good.fd, TH_MSG_DONE);
     th_assert_result(th_finish_helper(&good, 60000), 108);
-    wait_drained(pool);
+    th_wait_drained(pool);
     assert_int_equal(ferry_pool_consumer_info(pool, 1, &info), FERRY_OK);
     assert_int_equal(info.alive, 0);
     assert_int_equal(info.outstanding, 0);
@@ -346,7 +329,7 @@ static void test_foreign_uid_refused(void **state)
     th_send_item(h.fd, &d, 1, 0);
     th_msg m = th_finish_helper(&h, 60000);
     assert_int_equal(m.status, FERRY_PERMISSION);
-    ferry_pool_stats s = stats_of(pool);
+    ferry_pool_stats s = th_stats(pool);
     assert_int_equal(s.broker_refused, 1);
     assert_int_equal(s.consumers_attached, 0);
     ferry_pool_destroy(pool);

@@ -17,6 +17,7 @@
 #include "consumer/consumer.h"
 #include "ferry.h"
 #include "helpers.h"
+#include "procs.h"
 #include "pool/pool.h"
 
 #define MS 1000000ull
@@ -48,13 +49,6 @@ static void check_invariants(ferry_pool *pool)
     if (rc != 0)
         fail_msg("allocator invariant broken: %s", ferry_last_error());
     assert_true(inflight + free_slots <= pool->max_inflight);
-}
-
-static ferry_pool_stats stats_of(ferry_pool *pool)
-{
-    ferry_pool_stats s = {.struct_size = sizeof(s), .version = FERRY_POOL_STATS_VERSION};
-    assert_int_equal(ferry_pool_stats_get(pool, &s), FERRY_OK);
-    return s;
 }
 
 static ferry_descriptor publish_bytes(ferry_pool *pool, size_t n, uint64_t seed)
@@ -107,7 +101,7 @@ static void test_round_trip_and_recycle(void **state)
         assert_int_equal(ferry_pool_reclaim(pool, &n), FERRY_OK);
         check_invariants(pool);
     }
-    ferry_pool_stats s = stats_of(pool);
+    ferry_pool_stats s = th_stats(pool);
     assert_int_equal(s.leases_in_flight, 0);
     assert_int_equal(s.bytes_in_use, 0);
     assert_int_equal(s.publishes, 350);
@@ -206,10 +200,10 @@ static void test_cancel(void **state)
     assert_int_equal(ferry_consumer_create(1, &c), FERRY_OK);
     ferry_descriptor d = publish_bytes(pool, 3000, 9);
     assert_int_equal(ferry_consumer_open(c, &d), FERRY_OK);
-    assert_int_equal(stats_of(pool).bytes_in_use, 3072);
+    assert_int_equal(th_stats(pool).bytes_in_use, 3072);
     assert_int_equal(ferry_pool_cancel(pool, &d), FERRY_OK);
     check_invariants(pool);
-    ferry_pool_stats s = stats_of(pool);
+    ferry_pool_stats s = th_stats(pool);
     assert_int_equal(s.bytes_in_use, 0);
     assert_int_equal(s.cancelled, 1);
     assert_int_equal(s.leases_in_flight, 0);
@@ -227,7 +221,7 @@ static void test_cancel(void **state)
     bad = d;
     bad.pool_id[0] ^= 1;
     assert_int_equal(ferry_pool_cancel(pool, &bad), FERRY_MISMATCH);
-    assert_int_equal(stats_of(pool).cancelled, 1);
+    assert_int_equal(th_stats(pool).cancelled, 1);
     ferry_consumer_destroy(c);
     ferry_pool_destroy(pool);
 }
@@ -284,7 +278,7 @@ static void test_pool_full_then_recovery(void **state)
     assert_non_null(strstr(log_lines[0], "host pool is full"));
     /* Waiting with a timeout that expires. */
     assert_int_equal(ferry_pool_publish(pool, &t, src, 20 * MS, &out), FERRY_POOL_FULL);
-    assert_int_equal(stats_of(pool).pool_full_events, 4);
+    assert_int_equal(th_stats(pool).pool_full_events, 4);
     /* Waiting while a consumer acknowledges: publish returns once the slice is free. */
     delayed_ack a = {c, d[2], 30};
     pthread_t th;
@@ -393,7 +387,7 @@ static void test_publish_many(void **state)
     ferry_descriptor d[3];
     assert_int_equal(ferry_pool_publish_many(pool, t, srcs, 3, FERRY_NO_WAIT, d), FERRY_OK);
     check_invariants(pool);
-    assert_int_equal(stats_of(pool).leases_in_flight, 1);
+    assert_int_equal(th_stats(pool).leases_in_flight, 1);
     assert_int_equal(d[0].offset % 256, 0);
     assert_int_equal(d[1].offset - d[0].offset, 8); /* 3 bytes, aligned up to 8 */
     assert_int_equal(d[2].offset - d[1].offset, 280);
@@ -407,7 +401,7 @@ static void test_publish_many(void **state)
     /* One lease, cancelled once through any of its descriptors. */
     assert_int_equal(ferry_pool_cancel(pool, &d[2]), FERRY_OK);
     assert_int_equal(ferry_pool_cancel(pool, &d[0]), FERRY_INACTIVE_LEASE);
-    assert_int_equal(stats_of(pool).leases_in_flight, 0);
+    assert_int_equal(th_stats(pool).leases_in_flight, 0);
     /* Bad input changes nothing. */
     srcs[1] = NULL;
     assert_int_equal(ferry_pool_publish_many(pool, t, srcs, 3, FERRY_NO_WAIT, d),
@@ -418,7 +412,7 @@ static void test_publish_many(void **state)
     srcs[1] = b;
     assert_int_equal(ferry_pool_publish_many(pool, t, srcs, 3, FERRY_NO_WAIT, d),
                      FERRY_INVALID_ARGUMENT);
-    ferry_pool_stats s = stats_of(pool);
+    ferry_pool_stats s = th_stats(pool);
     assert_int_equal(s.leases_in_flight, 0);
     assert_int_equal(s.publishes, 1);
     ferry_consumer_destroy(c);
@@ -456,7 +450,7 @@ static void test_generation_exhausted(void **state)
     assert_int_equal(ferry_consumer_ack(c, &d1), FERRY_OK);
     assert_int_equal(ferry_pool_publish(pool, &t, src, FERRY_NO_WAIT, &out),
                      FERRY_GENERATION_EXHAUSTED);
-    ferry_pool_stats s = stats_of(pool);
+    ferry_pool_stats s = th_stats(pool);
     assert_int_equal(s.leases_in_flight, 0);
     assert_int_equal(s.bytes_in_use, 0);
     assert_int_equal(s.publishes, 2);
@@ -492,7 +486,7 @@ static void test_descriptor_checked_against_pool(void **state)
     bad = d;
     bad.pool_id[3] ^= 0x40;
     assert_int_equal(ferry_consumer_open(other, &bad), FERRY_MISMATCH);
-    assert_true(stats_of(pool).broker_refused >= 1);
+    assert_true(th_stats(pool).broker_refused >= 1);
     /* A rank the pool does not have. */
     ferry_consumer *far;
     assert_int_equal(ferry_consumer_create(5, &far), FERRY_OK);
@@ -517,7 +511,7 @@ static void test_pre_open(void **state)
     ferry_consumer *c;
     assert_int_equal(ferry_consumer_create(0, &c), FERRY_OK);
     assert_int_equal(ferry_consumer_open(c, &d), FERRY_OK);
-    assert_int_equal(stats_of(pool).consumers_attached, 1);
+    assert_int_equal(th_stats(pool).consumers_attached, 1);
     uint8_t buf[8];
     assert_int_equal(ferry_consumer_read(c, &d, buf, sizeof(buf), 0), FERRY_INVALID_ARGUMENT);
     assert_int_equal(ferry_consumer_ack(c, &d), FERRY_INVALID_ARGUMENT);
@@ -553,9 +547,9 @@ static void test_background_reclaim_and_info(void **state)
     assert_int_equal(ferry_pool_consumer_info(pool, 2, &info), FERRY_INVALID_ARGUMENT);
     assert_int_equal(ferry_consumer_ack(c1, &d), FERRY_OK);
     /* No explicit reclaim: the background reclaimer frees the lease. */
-    for (int i = 0; i < 2000 && stats_of(pool).leases_in_flight; i++)
+    for (int i = 0; i < 2000 && th_stats(pool).leases_in_flight; i++)
         usleep(1000);
-    assert_int_equal(stats_of(pool).leases_in_flight, 0);
+    assert_int_equal(th_stats(pool).leases_in_flight, 0);
     ferry_consumer_destroy(c0);
     ferry_consumer_destroy(c1);
     ferry_pool_destroy(pool);
@@ -607,7 +601,7 @@ static void test_bad_arguments(void **state)
     assert_int_equal(ferry_pool_publish(pool, &t, src, 0, NULL), FERRY_INVALID_ARGUMENT);
     ferry_pool_stats s = {.struct_size = 4, .version = 1};
     assert_int_equal(ferry_pool_stats_get(pool, &s), FERRY_INVALID_ARGUMENT);
-    assert_int_equal(stats_of(pool).publishes, 0);
+    assert_int_equal(th_stats(pool).publishes, 0);
     assert_int_equal(ferry_pool_create(NULL, &pool), FERRY_INVALID_ARGUMENT);
     ferry_pool_destroy(pool);
 }
