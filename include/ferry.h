@@ -281,6 +281,13 @@ FERRY_API ferry_status ferry_pool_publish_async(ferry_pool *pool, const ferry_te
                                                 const void *src, void *stream, uint64_t timeout_ns,
                                                 ferry_descriptor *desc);
 
+/* Whether the stream has run a stream-ordered publish's copy (its ready write landed), so
+ * that the sources may be changed or freed: *done = 1 then, 0 while it is pending. Also 1
+ * for host pools, for leases no longer current (a slot is recycled only after its ready
+ * write) and once the pool is closed; a reservation counts once its commit ran. Plain loads
+ * of the control words, with control_placement DEVICE one read of the device's table. */
+FERRY_API ferry_status ferry_pool_copied(ferry_pool *pool, const ferry_descriptor *desc, int *done);
+
 /* Stream-ordered ferry_pool_publish_many (one lease, one ready write). */
 FERRY_API ferry_status ferry_pool_publish_many_async(ferry_pool *pool, const ferry_tensor *tensors,
                                                      const void *const *srcs, size_t count,
@@ -398,13 +405,15 @@ FERRY_API ferry_status ferry_consumer_ack_all(ferry_consumer *consumer,
  * legacy default stream): waits for the ready word (cuStreamWaitValue32), copies the tensor
  * into dst (device or host memory the caller owns), then writes this rank's
  * acknowledgement, all enqueued: the call returns at once. To bound the wait on a producer
- * that may die, call ferry_consumer_wait (CPU, with a timeout) first. NOT_SUPPORTED on host
- * pools. */
+ * that may die, call ferry_consumer_wait (CPU, with a timeout) first. With control words in
+ * host memory the stream wait is left out when the CPU already sees the ready word (the
+ * producer's stream fences its copy before writing it). NOT_SUPPORTED on host pools. */
 FERRY_API ferry_status ferry_consumer_read_async(ferry_consumer *consumer,
                                                  const ferry_descriptor *desc, void *dst,
                                                  size_t dst_size, void *stream);
 
-/* GPU pools: enqueues the wait for the ready word on stream and points *data at the tensor in
+/* GPU pools: enqueues the wait for the ready word on stream (left out as in
+ * ferry_consumer_read_async) and points *data at the tensor in
  * this process's mapping of the pool (device memory, read-only, valid until this rank
  * acknowledges). Kernels enqueued on stream afterwards may read it; then acknowledge with
  * ferry_consumer_ack_async on the same stream. */

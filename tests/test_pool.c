@@ -356,6 +356,93 @@ static void test_reserve_commit(void **state)
     ferry_pool_destroy(pool);
 }
 
+/* ferry_pool_copied reads *done = 1 or 0; on a failure it leaves *done alone. */
+static int copied(ferry_pool *pool, const ferry_descriptor *d)
+{
+    int done = 7;
+    assert_int_equal(ferry_pool_copied(pool, d, &done), FERRY_OK);
+    assert_true(done == 0 || done == 1);
+    return done;
+}
+
+static void copied_fails(ferry_pool *pool, const ferry_descriptor *d, int *out, ferry_status status,
+                         const char *message)
+{
+    int done = 7;
+    assert_int_equal(ferry_pool_copied(pool, d, out ? &done : NULL), status);
+    assert_string_equal(ferry_last_error(), message);
+    assert_int_equal(done, 7);
+}
+
+static void test_copied(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(1 << 16, 1, 1); /* one slot: every lease reuses it */
+    ferry_consumer *c;
+    assert_int_equal(ferry_consumer_create(0, &c), FERRY_OK);
+    /* A publish copies before it returns. */
+    ferry_descriptor old = publish_bytes(pool, 100, 1);
+    assert_int_equal(copied(pool, &old), 1);
+    /* Acknowledged and reclaimed, then the slot reused by a new publish: the ready word holds
+     * the new generation, and the old descriptor still reads as copied. */
+    read_and_check(c, &old, 1);
+    assert_int_equal(ferry_consumer_ack(c, &old), FERRY_OK);
+    th_wait_drained(pool); /* the background reclaimer may get there first */
+    assert_int_equal(copied(pool, &old), 1);
+    ferry_descriptor pub = publish_bytes(pool, 100, 2);
+    assert_int_equal(pub.slot, old.slot);
+    assert_int_equal(pub.generation, old.generation + 1);
+    assert_int_equal(copied(pool, &old), 1);
+    assert_int_equal(copied(pool, &pub), 1);
+    read_and_check(c, &pub, 2);
+    assert_int_equal(ferry_consumer_ack(c, &pub), FERRY_OK);
+    /* A reservation counts once committed; the slot's ready word still holds the previous
+     * lease's generation meanwhile. */
+    ferry_tensor t = ferry_tensor_bytes(64);
+    void *data;
+    ferry_descriptor res;
+    assert_int_equal(ferry_pool_reserve(pool, &t, FERRY_NO_WAIT, &data, &res), FERRY_OK);
+    assert_int_equal(res.slot, pub.slot);
+    assert_int_equal(copied(pool, &res), 0);
+    assert_int_equal(copied(pool, &res), 0);
+    assert_int_equal(copied(pool, &pub), 1); /* the earlier lease of the slot */
+    th_fill(data, 64, 3);
+    assert_int_equal(ferry_pool_commit(pool, &res), FERRY_OK);
+    assert_int_equal(copied(pool, &res), 1);
+    read_and_check(c, &res, 3);
+    assert_int_equal(ferry_consumer_ack(c, &res), FERRY_OK);
+    check_invariants(pool);
+    /* Failures leave *done alone. */
+    assert_int_equal(ferry_pool_reserve(pool, &t, FERRY_NO_WAIT, &data, &res), FERRY_OK);
+    int done = 7;
+    copied_fails(NULL, &res, &done, FERRY_INVALID_ARGUMENT, "pool is NULL");
+    copied_fails(pool, NULL, &done, FERRY_INVALID_ARGUMENT, "descriptor is NULL");
+    copied_fails(pool, &res, NULL, FERRY_INVALID_ARGUMENT, "done output is NULL");
+    ferry_descriptor bad = res;
+    bad.pool_id[0] ^= 1;
+    copied_fails(pool, &bad, &done, FERRY_MISMATCH, "descriptor names another pool");
+    bad.slot = 5; /* the pool is checked first */
+    copied_fails(pool, &bad, &done, FERRY_MISMATCH, "descriptor names another pool");
+    ferry_pool *other = make_pool(1 << 16, 1, 8);
+    ferry_descriptor theirs = publish_bytes(other, 10, 4);
+    copied_fails(pool, &theirs, &done, FERRY_MISMATCH, "descriptor names another pool");
+    assert_int_equal(copied(other, &theirs), 1);
+    ferry_pool_destroy(other);
+    bad = res;
+    bad.slot = 1;
+    copied_fails(pool, &bad, &done, FERRY_INVALID_ARGUMENT, "slot 1 is outside the pool's 1 rows");
+    bad.slot = UINT32_MAX;
+    copied_fails(pool, &bad, &done, FERRY_INVALID_ARGUMENT,
+                 "slot 4294967295 is outside the pool's 1 rows");
+    assert_int_equal(done, 7);
+    /* Once the pool is closed, even a reservation never committed reads as copied. */
+    assert_int_equal(copied(pool, &res), 0);
+    ferry_pool_close(pool);
+    assert_int_equal(copied(pool, &res), 1);
+    ferry_consumer_destroy(c);
+    ferry_pool_destroy(pool);
+}
+
 static void test_publish_many(void **state)
 {
     (void)state;
@@ -666,6 +753,7 @@ int main(void)
         cmocka_unit_test(test_pool_full_then_recovery),
         cmocka_unit_test(test_max_inflight_bounds_leases),
         cmocka_unit_test(test_reserve_commit),
+        cmocka_unit_test(test_copied),
         cmocka_unit_test(test_publish_many),
         cmocka_unit_test(test_generation_exhausted),
         cmocka_unit_test(test_descriptor_checked_against_pool),

@@ -734,6 +734,37 @@ ferry_status ferry_pool_cancel(ferry_pool *pool, const ferry_descriptor *desc)
     return FERRY_OK;
 }
 
+ferry_status ferry_pool_copied(ferry_pool *pool, const ferry_descriptor *desc, int *done)
+{
+    ferry_status st = check_pool_arg(pool, desc, "descriptor");
+    if (st == FERRY_OK)
+        st = check_pool_arg(pool, done, "done output");
+    if (st == FERRY_OK && memcmp(desc->pool_id, pool->pool_id, 16) != 0)
+        st = ferry__fail(FERRY_MISMATCH, "descriptor names another pool");
+    if (st == FERRY_OK && desc->slot >= pool->max_inflight)
+        st = ferry__fail(FERRY_INVALID_ARGUMENT, "slot %u is outside the pool's %u rows",
+                         desc->slot, pool->max_inflight);
+    if (st != FERRY_OK)
+        return st;
+    /* A slot is recycled only after its ready word held the lease's generation, so a lease
+     * that is no longer current was copied; so was everything once the pool is closed. */
+    int copied = 1;
+    pthread_mutex_lock(&pool->lock);
+    const ferry__slot *s = &pool->slots[desc->slot];
+    if (!pool->closed && s->inflight_pos != FERRY_NIL && s->generation == desc->generation) {
+        st = pool->ops->sync_control(&pool->mem);
+        if (st == FERRY_OK)
+            copied = ferry__load_acquire32(&pool->mem.control[row_word(pool, desc->slot)]) ==
+                     desc->generation;
+    }
+    pthread_mutex_unlock(&pool->lock);
+    if (st != FERRY_OK)
+        return st;
+    *done = copied;
+    ferry__clear_error();
+    return FERRY_OK;
+}
+
 ferry_status ferry_pool_describe(ferry_pool *pool, ferry_descriptor *desc)
 {
     ferry_status st = check_pool_arg(pool, desc, "descriptor output");
