@@ -54,6 +54,43 @@ static int device_count(void)
     return cu ? cu->device_count : 0;
 }
 
+/* A stream held back by a cuStreamWaitValue32 (>= 1) on a word of page-aligned host memory
+ * registered with CUDA, until the CPU opens the gate: the work queued behind it stays
+ * pending meanwhile. */
+typedef struct gate {
+    uint32_t *word;
+    CUstream stream;
+} gate;
+
+static gate gate_stream(CUstream stream)
+{
+    gate g = {.stream = stream};
+    void *page = NULL;
+    assert_int_equal(posix_memalign(&page, 4096, 4096), 0);
+    memset(page, 0, 4096);
+    g.word = page;
+    assert_int_equal(cu->cuMemHostRegister(page, 4096, CU_MEMHOSTREGISTER_DEVICEMAP), CUDA_SUCCESS);
+    CUdeviceptr dev;
+    assert_int_equal(cu->cuMemHostGetDevicePointer(&dev, page, 0), CUDA_SUCCESS);
+    assert_int_equal(cu->cuStreamWaitValue32(stream, dev, 1, CU_STREAM_WAIT_VALUE_GEQ),
+                     CUDA_SUCCESS);
+    return g;
+}
+
+static void gate_open(gate *g)
+{
+    __atomic_store_n(g->word, 1, __ATOMIC_RELEASE);
+}
+
+/* Opens the gate (if still closed), lets the stream drain and releases the word. */
+static void gate_free(gate *g)
+{
+    gate_open(g);
+    assert_int_equal(cu->cuStreamSynchronize(g->stream), CUDA_SUCCESS);
+    assert_int_equal(cu->cuMemHostUnregister(g->word), CUDA_SUCCESS);
+    free(g->word);
+}
+
 /* ---- consumer helper -------------------------------------------------------------------- */
 
 /* Modes: "async" (stream-ordered read + ack, checked after a stream sync), "sync" (CPU wait
@@ -177,6 +214,75 @@ static int fresh_main(void)
     return st == FERRY_OK ? 0 : 1;
 }
 
+/* The fake driver's count of a process's calls of an entry point; NULL on the real driver. */
+typedef unsigned long (*call_counter)(const char *);
+
+static call_counter fake_calls(void)
+{
+    void *sym = dlsym(cu->library, "ferry_fake_cuda_calls");
+    call_counter calls;
+    memcpy(&calls, &sym, sizeof(sym));
+    return calls;
+}
+
+/* An ITEM flag of the "waits" helper: ferry_consumer_wait for the lease (CPU) first. */
+#define ITEM_WAIT_FIRST 0x100u
+/* The cuStreamWaitValue32 calls that view_async and read_async made, as "waits" reports them. */
+#define WAITS(view, read) (((uint64_t)(view) << 32) | (uint64_t)(read))
+
+/* Fake driver only, rank 0 on device 0: for each item, view_async then read_async on one
+ * stream, reporting the cuStreamWaitValue32 calls each made (RESULT, seed WAITS); then, after
+ * a stream sync, checks what both copied out and reports the items verified so far. */
+static int waits_main(void)
+{
+    ferry_consumer *c;
+    CUstream s;
+    call_counter calls;
+    if (ferry__cuda_get(&cu) != FERRY_OK || !(calls = fake_calls()) ||
+        ferry_consumer_create_on(0, 0, &c) != FERRY_OK ||
+        ferry__cuda_use_device(cu, 0) != FERRY_OK ||
+        cu->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
+        return 1;
+    CUdeviceptr read_buf = dev_alloc(MAX_ITEM), view_buf = dev_alloc(MAX_ITEM);
+    uint8_t *host = malloc(MAX_ITEM);
+    uint64_t verified = 0;
+    uint32_t st = FERRY_OK;
+    th_msg m;
+    while (st == FERRY_OK && th_recv_msg(TH_CHANNEL_FD, &m, 60000) == 0 && m.type == TH_MSG_ITEM) {
+        ferry_descriptor d;
+        const void *view = NULL;
+        st = ferry_descriptor_decode(m.desc, sizeof(m.desc), &d);
+        if (st == FERRY_OK && (m.status & ITEM_WAIT_FIRST))
+            st = ferry_consumer_wait(c, &d, 10000 * MS);
+        unsigned long before = calls("cuStreamWaitValue32");
+        if (st == FERRY_OK)
+            st = ferry_consumer_view_async(c, &d, s, &view);
+        unsigned long mid = calls("cuStreamWaitValue32");
+        if (st == FERRY_OK &&
+            cu->cuMemcpyAsync(view_buf, (CUdeviceptr)(uintptr_t)view, d.length, s) != CUDA_SUCCESS)
+            st = FERRY_DRIVER;
+        if (st == FERRY_OK)
+            st = ferry_consumer_read_async(c, &d, (void *)(uintptr_t)read_buf, MAX_ITEM, s);
+        th_report(st, WAITS(mid - before, calls("cuStreamWaitValue32") - mid));
+        if (st == FERRY_OK && cu->cuStreamSynchronize(s) != CUDA_SUCCESS)
+            st = FERRY_DRIVER;
+        CUdeviceptr bufs[2] = {view_buf, read_buf};
+        for (int i = 0; i < 2 && st == FERRY_OK; i++)
+            if (cu->cuMemcpy((CUdeviceptr)(uintptr_t)host, bufs[i], d.length) != CUDA_SUCCESS ||
+                !th_check(host, d.length, m.seed))
+                st = 0xbad;
+        verified += st == FERRY_OK;
+        th_report(st, verified);
+    }
+    th_report(st, verified);
+    ferry_consumer_destroy(c);
+    cu->cuMemFree(read_buf);
+    cu->cuMemFree(view_buf);
+    cu->cuStreamDestroy(s);
+    free(host);
+    return st == FERRY_OK ? 0 : 1;
+}
+
 static int helper_main(int argc, char **argv)
 {
     if (argc >= 5 && strcmp(argv[2], "consumer") == 0) {
@@ -191,12 +297,14 @@ static int helper_main(int argc, char **argv)
         return nodriver_main();
     if (argc >= 3 && strcmp(argv[2], "fresh") == 0)
         return fresh_main();
+    if (argc >= 3 && strcmp(argv[2], "waits") == 0)
+        return waits_main();
     return 2;
 }
 
 /* ---- the tests ------------------------------------------------------------------------- */
 
-static ferry_pool *make_pool(int64_t size, int64_t consumers, int placement)
+static ferry_pool_config pool_config(int64_t size, int64_t consumers, int placement)
 {
     ferry_pool_config c = FERRY_POOL_CONFIG_INIT;
     c.backend = backend;
@@ -205,10 +313,21 @@ static ferry_pool *make_pool(int64_t size, int64_t consumers, int placement)
     c.max_inflight_slices = 256;
     c.reclaim_interval_us = 500;
     c.control_placement = placement;
+    return c;
+}
+
+static ferry_pool *create_pool(const ferry_pool_config *c)
+{
     ferry_pool *pool = NULL;
-    if (ferry_pool_create(&c, &pool) != FERRY_OK)
+    if (ferry_pool_create(c, &pool) != FERRY_OK)
         fail_msg("pool: %s", ferry_last_error());
     return pool;
+}
+
+static ferry_pool *make_pool(int64_t size, int64_t consumers, int placement)
+{
+    ferry_pool_config c = pool_config(size, consumers, placement);
+    return create_pool(&c);
 }
 
 /* The producer's items: filled on the host, moved to device memory, then published from
@@ -418,6 +537,63 @@ static void test_reserve_commit_and_many(void **state)
     (void)state;
     reserve_many_test(FERRY_CONTROL_HOST);
     reserve_many_test(FERRY_CONTROL_DEVICE);
+}
+
+/* ferry_pool_copied follows the producer's stream: 0 while the publish's copy waits behind a
+ * gate, 1 once the stream ran it; the source may be overwritten then and consumers still get
+ * what was published. */
+static void copied_test(int placement)
+{
+    /* No background reclaim meanwhile: with control words on the device, nothing but
+     * ferry_pool_copied itself refreshes the producer's view of them. */
+    ferry_pool_config cfg = pool_config(4 << 20, 1, placement);
+    cfg.reclaim_interval_us = 3600ll * 1000000;
+    ferry_pool *pool = create_pool(&cfg);
+    source src = make_source();
+    gate g = gate_stream(src.stream);
+    ferry_tensor t = ferry_tensor_bytes(70000);
+    ferry_descriptor d;
+    int first = 7, second = 7;
+    ferry_status published =
+        ferry_pool_publish_async(pool, &t, (void *)(uintptr_t)src.dev[0], src.stream, 0, &d);
+    ferry_status st1 = published, st2 = published;
+    if (published == FERRY_OK) {
+        st1 = ferry_pool_copied(pool, &d, &first);
+        usleep(5000);
+        st2 = ferry_pool_copied(pool, &d, &second);
+    }
+    gate_open(&g); /* before any check: a failed one must not leave the stream blocked */
+    if (published != FERRY_OK)
+        fail_msg("publish: %s", ferry_last_error());
+    assert_int_equal(st1, FERRY_OK);
+    assert_int_equal(st2, FERRY_OK);
+    assert_int_equal(first, 0);
+    assert_int_equal(second, 0);
+    int done = 7;
+    ferry_status st;
+    uint64_t deadline = ferry__now_ns() + 10000 * MS;
+    while ((st = ferry_pool_copied(pool, &d, &done)) == FERRY_OK && done == 0 &&
+           ferry__now_ns() < deadline)
+        usleep(1000);
+    assert_int_equal(st, FERRY_OK);
+    assert_int_equal(done, 1);
+    /* Copied means copied: the source is overwritten before any consumer reads the lease. */
+    assert_int_equal(cu->cuMemsetD32(src.dev[0], 0, MAX_ITEM / 4), CUDA_SUCCESS);
+    th_helper h = th_spawn_helper("consumer", "0", "0:sync");
+    th_send_item(h.fd, &d, 100, 0);
+    th_send_type(h.fd, TH_MSG_DONE);
+    th_assert_result(th_finish_helper(&h, 60000), 1);
+    th_wait_drained(pool);
+    gate_free(&g);
+    free_source(&src);
+    ferry_pool_destroy(pool);
+}
+
+static void test_copied_follows_stream(void **state)
+{
+    (void)state;
+    copied_test(FERRY_CONTROL_HOST);
+    copied_test(FERRY_CONTROL_DEVICE); /* ferry_pool_copied reads the device's table */
 }
 
 static void test_consumer_without_context(void **state)
@@ -639,6 +815,64 @@ static void test_open_retry(void **state)
     ferry_pool_destroy(pool);
 }
 
+/* The next RESULT of a helper that keeps running (status 0xdead if none came). */
+static th_msg next_result(th_helper *h)
+{
+    th_msg m = {0};
+    if (th_recv_msg(h->fd, &m, 60000) != 0 || m.type != TH_MSG_RESULT)
+        m.status = 0xdead;
+    return m;
+}
+
+/* Stream-ordered reads in a consumer process, counted by the fake driver: a lease whose ready
+ * word the consumer already saw (ferry_consumer_wait) costs no cuStreamWaitValue32 when the
+ * control words are in host memory, one per call when they are on the device; a lease still
+ * pending (the producer's stream held back) costs one per call either way. */
+static void ready_wait_test(int placement)
+{
+    int host = placement == FERRY_CONTROL_HOST;
+    ferry_pool *pool = make_pool(8 << 20, 1, placement);
+    source src = make_source();
+    th_helper h = th_spawn_helper("waits", "", "");
+    ferry_descriptor d = publish_item(pool, &src, 0, 70000, 0);
+    th_send_item(h.fd, &d, 100, ITEM_WAIT_FIRST);
+    th_msg m = next_result(&h);
+    if (m.status != FERRY_OK)
+        fail_msg("consumer failed with %u: %s", m.status, m.text);
+    assert_int_equal(m.seed, host ? WAITS(0, 0) : WAITS(1, 1));
+    th_assert_result(next_result(&h), 1);
+    /* Not ready: the gate holds the copy and the ready write back until the consumer has
+     * made its calls. */
+    gate g = gate_stream(src.stream);
+    d = publish_item(pool, &src, 1, 70000, 0);
+    th_send_item(h.fd, &d, 101, 0);
+    m = next_result(&h);
+    int done = 7;
+    ferry_status st = ferry_pool_copied(pool, &d, &done);
+    gate_open(&g);
+    if (m.status != FERRY_OK)
+        fail_msg("consumer failed with %u: %s", m.status, m.text);
+    assert_int_equal(st, FERRY_OK);
+    assert_int_equal(done, 0); /* it was still pending when the consumer reported */
+    assert_int_equal(m.seed, WAITS(1, 1));
+    th_assert_result(next_result(&h), 2);
+    gate_free(&g);
+    th_send_type(h.fd, TH_MSG_DONE);
+    th_assert_result(th_finish_helper(&h, 60000), 2);
+    th_wait_drained(pool);
+    free_source(&src);
+    ferry_pool_destroy(pool);
+}
+
+static void test_ready_wait_skipped(void **state)
+{
+    (void)state;
+    if (!fake_calls())
+        skip();
+    ready_wait_test(FERRY_CONTROL_HOST);
+    ready_wait_test(FERRY_CONTROL_DEVICE);
+}
+
 /* ---- CUDA VMM only ------------------------------------------------------------------------ */
 
 static ferry_pool_config vmm_config(int64_t size, int handle)
@@ -827,12 +1061,14 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_stale_and_cancelled),
         cmocka_unit_test(test_pool_full_then_recovery),
         cmocka_unit_test(test_reserve_commit_and_many),
+        cmocka_unit_test(test_copied_follows_stream),
         cmocka_unit_test(test_consumer_without_context),
         cmocka_unit_test(test_consumer_killed),
         cmocka_unit_test(test_producer_killed),
         cmocka_unit_test(test_no_driver),
         cmocka_unit_test(test_create_rollback),
         cmocka_unit_test(test_open_retry),
+        cmocka_unit_test(test_ready_wait_skipped),
         cmocka_unit_test(test_publish_failures),
         cmocka_unit_test(test_vmm_handle_types),
         cmocka_unit_test(test_vmm_granularity),

@@ -470,6 +470,17 @@ static ferry_status gpu_pool_for(ferry_consumer *c, const ferry_descriptor *d,
     return st;
 }
 
+/* Enqueues the stream's wait for the lease's ready word, unless the CPU sees it written
+ * already (control words in host memory): the producer's stream fenced its copy before that
+ * write, so the data is complete for every reader from then on. */
+static ferry_status enqueue_ready_wait(ferry_consumer *c, ferry__mapped_pool *p,
+                                       const ferry_descriptor *d, void *stream)
+{
+    if (p->control && ferry__load_acquire32(&p->control[row_word(p, d->slot)]) == d->generation)
+        return FERRY_OK;
+    return ferry__gpu_enqueue_wait(p, c->device, row_word(p, d->slot), d->generation, stream);
+}
+
 ferry_status ferry_consumer_read_async(ferry_consumer *c, const ferry_descriptor *d, void *dst,
                                        size_t dst_size, void *stream)
 {
@@ -478,7 +489,7 @@ ferry_status ferry_consumer_read_async(ferry_consumer *c, const ferry_descriptor
     if (st == FERRY_OK)
         st = check_dst(d, dst, dst_size);
     if (st == FERRY_OK)
-        st = ferry__gpu_enqueue_wait(p, c->device, row_word(p, d->slot), d->generation, stream);
+        st = enqueue_ready_wait(c, p, d, stream);
     if (st == FERRY_OK)
         st = ferry__gpu_enqueue_copy(p, c->device, d->offset, dst, d->length, stream);
     if (st == FERRY_OK)
@@ -500,7 +511,7 @@ ferry_status ferry_consumer_view_async(ferry_consumer *c, const ferry_descriptor
     if (st == FERRY_OK && !data)
         st = ferry__fail(FERRY_INVALID_ARGUMENT, "data output is NULL");
     if (st == FERRY_OK)
-        st = ferry__gpu_enqueue_wait(p, c->device, row_word(p, d->slot), d->generation, stream);
+        st = enqueue_ready_wait(c, p, d, stream);
     if (st == FERRY_OK)
         st = ferry__gpu_data(p, c->device, d->offset, &ptr);
     if (st != FERRY_OK)
