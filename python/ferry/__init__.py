@@ -80,15 +80,24 @@ def _dtype_name(dtype):
         return text
 
 
+_AS_IS = contextlib.nullcontext()
+
+
 def _exporting(*tensors):
     """The context in which the tensors' producer agrees to export them: torch exports a CUDA
-    tensor only while its device is torch's current device."""
+    tensor only while its device is torch's current device. (torch's C getters: this runs at
+    every publish.)"""
     torch = sys.modules.get("torch")
+    if torch is None:
+        return _AS_IS
+    current = None
     for x in tensors:
-        if (torch is not None and isinstance(x, torch.Tensor) and x.is_cuda
-                and x.device.index != torch.cuda.current_device()):
-            return torch.cuda.device(x.device)
-    return contextlib.nullcontext()
+        if isinstance(x, torch.Tensor) and x.is_cuda:
+            if current is None:
+                current = torch.cuda.current_device()
+            if x.get_device() != current:
+                return torch.cuda.device(x.device)
+    return _AS_IS
 
 
 class Pool(_ferry.Pool):

@@ -6,19 +6,32 @@
 #include "ferry_py.h"
 
 /* (device_type, device_id) of obj, from __dlpack_device__ (CPU if it has none). */
-static int source_device(PyObject *obj, int32_t *type)
+static int source_device(PyObject *obj, int32_t *type, int32_t *id)
 {
     *type = FY_DL_CPU;
+    *id = 0;
     if (!PyObject_HasAttrString(obj, "__dlpack_device__"))
         return 0;
     PyObject *dev = PyObject_CallMethod(obj, "__dlpack_device__", NULL);
     if (!dev)
         return -1;
-    int t = 0, id = 0;
-    int ok = PyArg_ParseTuple(dev, "ii:__dlpack_device__", &t, &id);
+    int t = 0, i = 0;
+    int ok = PyArg_ParseTuple(dev, "ii:__dlpack_device__", &t, &i);
     Py_DECREF(dev);
     *type = t;
+    *id = i;
     return ok ? 0 : -1;
+}
+
+/* The stream argument of __dlpack__ for a CUDA tensor read or written on stream: -1 (no
+ * ordering asked for) when it is torch's current stream already, else the stream. torch's
+ * __dlpack__ orders streams in Python and takes ~15 us longer when given one, even the
+ * stream the tensor is on. */
+static PyObject *dlpack_stream_arg(PyObject *obj, int32_t device_id, void *stream)
+{
+    if (fy_torch_on_stream(obj, device_id, stream))
+        return PyLong_FromLong(-1);
+    return fy_stream_for_dlpack(stream);
 }
 
 static int check_device(int32_t type, int host_only)
@@ -132,7 +145,7 @@ static const DLTensor *capsule_tensor(PyObject *capsule, int *versioned, void **
 }
 
 /* Checks the capsule's tensor and takes it over (renaming the capsule "used_..."). */
-static int take(PyObject *capsule, int host_only, fy_import *out)
+static int take(PyObject *capsule, int host_only, int writable, fy_import *out)
 {
     int versioned;
     void *managed;
@@ -140,6 +153,11 @@ static int take(PyObject *capsule, int host_only, fy_import *out)
     if (!dl || check_device(dl->device.device_type, host_only) < 0 ||
         describe(dl, &out->tensor) < 0)
         return -1;
+    if (writable && versioned &&
+        (((DLManagedTensorVersioned *)managed)->flags & FY_DLPACK_FLAG_READ_ONLY)) {
+        PyErr_SetString(PyExc_ValueError, "out= is read-only: ferry needs memory it can write");
+        return -1;
+    }
     if (PyCapsule_SetName(capsule, versioned ? FY_CAPSULE_VERSIONED_USED : FY_CAPSULE_LEGACY_USED) <
         0)
         return -1;
@@ -147,27 +165,44 @@ static int take(PyObject *capsule, int host_only, fy_import *out)
     out->versioned = versioned;
     out->data = (const uint8_t *)dl->data + dl->byte_offset;
     out->device_type = dl->device.device_type;
+    out->device_id = dl->device.device_id;
     return 0;
 }
 
-int fy_import_take(PyObject *obj, int host_only, void *stream, fy_import *out)
+static int import_take(PyObject *obj, int host_only, int writable, void *stream, fy_import *out)
 {
-    int32_t type;
+    int32_t type, id;
     memset(out, 0, sizeof(*out));
-    if (source_device(obj, &type) < 0 || check_device(type, host_only) < 0)
+    if (!host_only && fy_torch_take(obj, stream, out))
+        return 0;
+    if (source_device(obj, &type, &id) < 0 || check_device(type, host_only) < 0)
         return -1;
-    PyObject *stream_arg = type == FY_DL_CUDA ? fy_stream_for_dlpack(stream) : Py_NewRef(Py_None);
+    PyObject *stream_arg =
+        type == FY_DL_CUDA ? dlpack_stream_arg(obj, id, stream) : Py_NewRef(Py_None);
     PyObject *capsule = stream_arg ? call_dlpack(obj, stream_arg) : NULL;
     Py_XDECREF(stream_arg);
     if (!capsule)
         return -1;
-    int rc = take(capsule, host_only, out);
+    int rc = take(capsule, host_only, writable, out);
     Py_DECREF(capsule); /* a capsule not taken calls its producer's deleter */
+    if (rc == 0 && type == FY_DL_CUDA)
+        fy_torch_learn(obj, &out->tensor); /* the next tensor of its dtype takes the fast path */
     return rc;
+}
+
+int fy_import_take(PyObject *obj, int host_only, void *stream, fy_import *out)
+{
+    return import_take(obj, host_only, 0, stream, out);
+}
+
+int fy_import_writable(PyObject *obj, int host_only, void *stream, fy_import *out)
+{
+    return import_take(obj, host_only, 1, stream, out);
 }
 
 void fy_import_release(fy_import *imp)
 {
+    Py_CLEAR(imp->owner);
     if (!imp->managed)
         return;
     if (imp->versioned) {

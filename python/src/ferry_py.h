@@ -226,12 +226,15 @@ PyObject *fy_device_tuple(DLDevice device);
 
 /* ---- dlpack_in.c ---------------------------------------------------------------------- */
 
-/* A producer's tensor taken through DLPack, held until fy_import_release. */
+/* A producer's tensor taken through DLPack (managed) or torch's fast path (owner), held
+ * until fy_import_release (which needs the GIL). */
 typedef struct fy_import {
+    PyObject *owner;
     void *managed;
     int versioned;
     const void *data;
     int32_t device_type;
+    int32_t device_id;
     ferry_tensor tensor;
 } fy_import;
 
@@ -239,7 +242,20 @@ typedef struct fy_import {
  * stream is the CUDA stream the copy will run on (handed to CUDA producers). 0, or -1 with an
  * exception. */
 int fy_import_take(PyObject *obj, int host_only, void *stream, fy_import *out);
+/* fy_import_take for memory ferry writes into (receive's out=): refuses tensors flagged
+ * read-only. */
+int fy_import_writable(PyObject *obj, int host_only, void *stream, fy_import *out);
 void fy_import_release(fy_import *imp);
+
+/* ---- torch.c -------------------------------------------------------------------------- */
+
+/* Whether obj is a torch tensor and torch's current stream of device_id is stream. */
+int fy_torch_on_stream(PyObject *obj, int32_t device_id, void *stream);
+/* Takes a torch CUDA tensor read or written on stream without DLPack, where that changes
+ * nothing (see torch.c): 1, or 0 (no exception) for the DLPack path. */
+int fy_torch_take(PyObject *obj, void *stream, fy_import *out);
+/* Remembers the DLPack dtype of obj's torch dtype (after a DLPack export of a CUDA tensor). */
+void fy_torch_learn(PyObject *obj, const ferry_tensor *t);
 
 /* ---- pool.c / publish.c / reservation.c --------------------------------------------- */
 
@@ -255,6 +271,7 @@ typedef struct {
     int on_full;
     uint64_t wait_ns; /* how long on_full="wait" waits by default */
     int closed;
+    int host_control;    /* GPU pools: control words in host memory (ready words the CPU reads) */
     fy_pending *pending; /* GPU pools: sources whose copy may still be running */
 } fy_pool;
 

@@ -25,13 +25,18 @@ static PyObject *version(PyObject *module, PyObject *unused)
 
 static PyMethodDef module_methods[] = {
     {"receive", METH_KW(fy_receive),
-     "receive(descriptor, *, rank, device=None, copy=True, stream=None, timeout=None) -> "
-     "Received\n\n"
+     "receive(descriptor, *, rank, device=None, copy=True, stream=None, timeout=None, "
+     "out=None) -> Received | out\n\n"
      "Waits up to timeout seconds (default 10, inf: forever) for the lease, then copies the "
      "tensor into memory the result owns and acknowledges it as rank (copy=True), or views it "
      "in the pool (copy=False: read-only; acknowledged when the view is freed). GPU pools: "
      "the copy lands in device memory on device (default: the descriptor's), enqueued on "
-     "stream."},
+     "stream, and so does the acknowledgement.\n\n"
+     "out: a writable, C-contiguous tensor of the same dtype and element count (any shape, "
+     "any object with __dlpack__, e.g. torch.empty(...)): the tensor is copied into it and "
+     "out is returned; its device is the default for device. The fastest way to a tensor "
+     "the caller owns: no allocation by ferry, no Received. Keep out alive until stream has "
+     "run the copy, as with any stream-ordered copy.\n"},
     {"receive_many", METH_KW(fy_receive_many),
      "receive_many(descriptors, *, rank, device=None, copy=True, stream=None, timeout=None) "
      "-> list[Received]\n\n"
@@ -45,7 +50,8 @@ static PyMethodDef module_methods[] = {
      "total // workers."},
     {"release_consumers", fy_release_consumers, METH_NOARGS,
      "release_consumers()\n\nDrops this process's cached consumers (and so its mappings of "
-     "pools) once no view still holds them; later receives open them again."},
+     "pools) once no view still holds them; later receives open them again. Copies into "
+     "out= read the mapping on their stream: synchronise those streams first."},
     {"version", version, METH_NOARGS, "version() -> str\n\nThe libferry version."},
     {NULL, NULL, 0, NULL},
 };

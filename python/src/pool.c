@@ -79,6 +79,7 @@ static int resolve(fy_pool *self)
     }
     self->backend = d.backend;
     self->device = d.backend == FERRY_BACKEND_HOST ? -1 : d.device;
+    self->host_control = !(d.flags & FERRY_DESC_FLAG_DEVICE_CONTROL);
     return 0;
 }
 

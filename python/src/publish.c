@@ -1,14 +1,18 @@
 /* Pool.publish and Pool.publish_many: take the sources through DLPack, copy them into one
  * lease, and keep them alive until the copy ran. On host pools the copy is done when publish
  * returns; on GPU pools it is enqueued on the caller's stream, so the sources are held until
- * an event recorded after the copy completes (checked at every publish, waited for at close). */
+ * the stream has run it (checked at every publish, waited for at close): the lease's ready
+ * word says so where the control words are in host memory (plain loads, no driver call), an
+ * event recorded after the copy where they are on the device. */
 #include <string.h>
+#include <time.h>
 
 #include "ferry_py.h"
 
 struct fy_pending {
     fy_pending *next;
-    void *event; /* NULL: complete already */
+    ferry_descriptor desc; /* host control: the lease whose ready write follows the copy */
+    void *event;           /* device control: recorded after the copy (NULL: complete) */
     fy_import *imports;
     size_t count;
 };
@@ -27,6 +31,39 @@ static void pending_free(fy_pending *p, int device)
     PyMem_Free(p);
 }
 
+/* Whether the lease's copy ran; an error (none is expected for a lease of this pool) counts
+ * as done rather than holding the sources forever. */
+static int lease_copied(fy_pool *self, const ferry_descriptor *d)
+{
+    int done = 1;
+    return ferry_pool_copied(self->pool, d, &done) != FERRY_OK || done;
+}
+
+static void wait_copied(fy_pool *self, const ferry_descriptor *d)
+{
+    struct timespec ts = {0, 20000};
+    while (!lease_copied(self, d))
+        nanosleep(&ts, NULL);
+}
+
+/* Called with the GIL; waits (wait) without it. */
+static int pending_ran(fy_pool *self, fy_pending *p, int wait)
+{
+    if (!self->host_control) {
+        if (wait && p->event) {
+            Py_BEGIN_ALLOW_THREADS fy_cuda_event_wait(p->event, self->device);
+            Py_END_ALLOW_THREADS
+        }
+        return wait || fy_cuda_event_done(p->event, self->device);
+    }
+    int done = lease_copied(self, &p->desc);
+    if (!done && wait) {
+        Py_BEGIN_ALLOW_THREADS wait_copied(self, &p->desc);
+        Py_END_ALLOW_THREADS done = 1;
+    }
+    return done;
+}
+
 /* The whole list is taken off the pool while it is looked at (waits release the GIL, and
  * deleters may run Python code); entries still running are put back. */
 void fy_pool_settle(fy_pool *self, int wait)
@@ -36,12 +73,7 @@ void fy_pool_settle(fy_pool *self, int wait)
     while (list) {
         fy_pending *p = list;
         list = p->next;
-        if (wait && p->event) {
-            Py_BEGIN_ALLOW_THREADS fy_cuda_event_wait(p->event, self->device);
-            Py_END_ALLOW_THREADS
-        }
-        int ran = wait || fy_cuda_event_done(p->event, self->device);
-        fy_pending **into = ran ? &done : &self->pending;
+        fy_pending **into = pending_ran(self, p, wait) ? &done : &self->pending;
         p->next = *into;
         *into = p;
     }
@@ -52,27 +84,43 @@ void fy_pool_settle(fy_pool *self, int wait)
     }
 }
 
-/* Holds the sources of a GPU publish until the stream has run their copies. */
-static void defer_release(fy_pool *self, void *stream, fy_import *imports, size_t count)
+/* Waits here for a stream whose copies cannot be watched otherwise. */
+static void sync_stream(fy_pool *self, void *stream)
 {
-    void *event = NULL;
     fy_cuda_scope scope;
-    ferry_status st = fy_cuda_enter(&scope, self->device);
-    if (st == FERRY_OK && fy_cuda_event_record(stream, &event) != FERRY_OK) {
-        fy_cuda_stream_sync(stream); /* no event: wait here instead */
-        event = NULL;
+    if (fy_cuda_enter(&scope, self->device) != FERRY_OK)
+        return;
+    fy_cuda_stream_sync(stream);
+    fy_cuda_leave(&scope);
+}
+
+/* Holds the sources of a GPU publish until the stream has run their copies: d names the
+ * lease (NULL when the publish failed, its copies perhaps enqueued already). */
+static void defer_release(fy_pool *self, void *stream, fy_import *imports, size_t count,
+                          const ferry_descriptor *d)
+{
+    fy_pending *p = PyMem_Calloc(1, sizeof(*p));
+    int watched = p && d && self->host_control;
+    if (p && d && !self->host_control) {
+        fy_cuda_scope scope;
+        if (fy_cuda_enter(&scope, self->device) == FERRY_OK) {
+            if (fy_cuda_event_record(stream, &p->event) != FERRY_OK)
+                p->event = NULL;
+            fy_cuda_leave(&scope);
+        }
+        watched = p->event != NULL;
     }
-    if (st == FERRY_OK)
-        fy_cuda_leave(&scope);
-    fy_pending *p = PyMem_Malloc(sizeof(*p));
-    if (!event || !p) {
+    if (!watched) {
         PyMem_Free(p);
-        fy_cuda_event_wait(event, self->device);
-        fy_cuda_event_destroy(event, self->device);
-        release_imports(imports, count);
+        Py_BEGIN_ALLOW_THREADS sync_stream(self, stream);
+        Py_END_ALLOW_THREADS release_imports(imports, count);
         return;
     }
-    *p = (fy_pending){self->pending, event, imports, count};
+    if (d)
+        p->desc = *d;
+    p->imports = imports;
+    p->count = count;
+    p->next = self->pending;
     self->pending = p;
 }
 
@@ -163,7 +211,8 @@ static PyObject *publish_items(publish_call *c, PyObject *const *items, int sing
     }
     ferry_status st = run_publish(c);
     if (c->self->backend != FERRY_BACKEND_HOST)
-        defer_release(c->self, c->stream, c->imports, c->count);
+        defer_release(c->self, c->stream, c->imports, c->count,
+                      st == FERRY_OK ? &c->descs[0] : NULL);
     else
         release_imports(c->imports, c->count);
     c->imports = NULL;

@@ -16,6 +16,7 @@ typedef struct recv_call {
     void *stream;
     uint64_t timeout_ns;
     fy_payload **out; /* count entries */
+    fy_import *into;  /* out=: the caller's memory, read into (no payload) */
 } recv_call;
 
 static fy_payload *payload_new(const recv_call *c, size_t i)
@@ -126,10 +127,13 @@ static ferry_status gpu_view(recv_call *c)
     return st;
 }
 
-/* Events after the enqueued reads: what __dlpack__ waits for when the consumer's stream is
- * another. Without an event the stream is synchronised here. */
+/* Events after the enqueued copies: what __dlpack__ waits for when the consumer's stream is
+ * another. Without an event the stream is synchronised here. Views need none: the CPU saw
+ * the lease ready before handing them out, so their data is complete for any stream. */
 static void record_ready(recv_call *c)
 {
+    if (!c->copy)
+        return;
     for (size_t i = 0; i < c->count; i++) {
         if (fy_cuda_event_record(c->stream, &c->out[i]->ready) != FERRY_OK) {
             c->out[i]->ready = NULL;
@@ -138,10 +142,28 @@ static void record_ready(recv_call *c)
     }
 }
 
+/* out=: the copy goes into the caller's memory; the acknowledgement follows it (on the
+ * stream for GPU pools, at once for host pools). */
+static ferry_status receive_into(recv_call *c)
+{
+    ferry_consumer *h = c->consumer->handle;
+    const ferry_descriptor *d = &c->descs[0];
+    void *dst = (void *)c->into->data;
+    size_t n = (size_t)d->length;
+    if (c->gpu)
+        return ferry_consumer_read_async(h, d, dst, n, c->stream);
+    ferry_status st = ferry_consumer_read(h, d, dst, n, c->timeout_ns);
+    if (st == FERRY_OK)
+        st = ferry_consumer_ack(h, d);
+    return st == FERRY_STALE ? FERRY_OK : st; /* acknowledged for this rank meanwhile */
+}
+
 /* Runs with the consumer's device current (run). */
 static ferry_status gpu_receive(recv_call *c)
 {
     ferry_status st = ferry_consumer_wait(c->consumer->handle, &c->descs[0], c->timeout_ns);
+    if (st == FERRY_OK && c->into)
+        return receive_into(c);
     if (st == FERRY_OK)
         st = alloc_payloads(c);
     if (st == FERRY_OK)
@@ -155,6 +177,8 @@ static ferry_status gpu_receive(recv_call *c)
 
 static ferry_status host_receive(recv_call *c)
 {
+    if (c->into)
+        return receive_into(c);
     ferry_status st = alloc_payloads(c);
     if (st == FERRY_OK)
         st = c->copy ? host_copy(c) : host_view(c);
@@ -167,7 +191,7 @@ static ferry_status host_receive(recv_call *c)
  * when the last of them goes, GPU copies keep the consumer (and its mapping) alive. */
 static ferry_status attach_lease(recv_call *c)
 {
-    if (!c->gpu && c->copy)
+    if ((!c->gpu && c->copy) || c->into)
         return FERRY_OK;
     fy_lease *lease = fy_lease_new(c->consumer, &c->descs[0], !c->copy);
     if (!lease) {
@@ -221,21 +245,56 @@ static int parse_descs(PyObject *const *items, size_t count, recv_call *c)
 }
 
 typedef struct recv_args {
-    PyObject *rank, *device, *copy, *stream, *timeout;
+    PyObject *rank, *device, *copy, *stream, *timeout, *out;
 } recv_args;
 
-static int parse_options(const recv_args *a, recv_call *c)
+static int no_arg(PyObject *obj)
 {
-    uint32_t rank;
+    return obj == NULL || obj == Py_None;
+}
+
+static int parse_options(const recv_args *a, recv_call *c, uint32_t *rank)
+{
     int copy = PyObject_IsTrue(a->copy);
-    if (copy < 0 || fy_rank_arg(a->rank, &rank) < 0 ||
+    if (copy < 0 || fy_rank_arg(a->rank, rank) < 0 ||
         fy_consumer_device(&c->descs[0], a->device, &c->device) < 0 ||
         fy_timeout_arg(a->timeout, FY_DEFAULT_WAIT_NS, &c->timeout_ns) < 0 ||
         (c->gpu && fy_stream_arg(a->stream, &c->stream) < 0))
         return -1;
     c->copy = copy;
-    c->consumer = fy_consumer_get(rank, c->device);
-    return c->consumer ? 0 : -1;
+    if (!no_arg(a->out) && !copy) {
+        PyErr_SetString(PyExc_ValueError,
+                        "out= receives a copy: it cannot be combined with copy=False");
+        return -1;
+    }
+    return 0;
+}
+
+/* out=: the caller's tensor, C-contiguous and writable, of the descriptor's dtype and element
+ * count (any shape). Its device is the consumer's unless device= says otherwise. */
+static int take_out(const recv_args *a, recv_call *c, fy_import *into)
+{
+    if (fy_import_writable(a->out, !c->gpu, c->stream, into) < 0)
+        return -1;
+    const ferry_tensor *want = &c->descs[0].tensor, *got = &into->tensor;
+    if (got->dtype_code != want->dtype_code || got->dtype_bits != want->dtype_bits ||
+        got->dtype_lanes != want->dtype_lanes ||
+        fy_tensor_elements(got) != fy_tensor_elements(want)) {
+        PyObject *have = fy_dtype_name(got), *need = fy_dtype_name(want);
+        if (have && need)
+            PyErr_Format(PyExc_ValueError,
+                         "out= holds %llu elements of %U; the tensor received has %llu of %U",
+                         (unsigned long long)fy_tensor_elements(got), have,
+                         (unsigned long long)fy_tensor_elements(want), need);
+        Py_XDECREF(have);
+        Py_XDECREF(need);
+        fy_import_release(into);
+        return -1;
+    }
+    if (c->gpu && no_arg(a->device) && into->device_type == FY_DL_CUDA)
+        c->device = into->device_id;
+    c->into = into;
+    return 0;
 }
 
 static PyObject *results(recv_call *c, PyObject *const *items, int single)
@@ -264,10 +323,24 @@ static PyObject *results(recv_call *c, PyObject *const *items, int single)
     return single ? first : list;
 }
 
+/* What receive returns: the error, out, or the Received objects. */
+static PyObject *finish(ferry_status st, recv_call *c, PyObject *const *items, const recv_args *a,
+                        int single)
+{
+    if (st != FERRY_OK)
+        return fy_raise(st);
+    if (c->into)
+        return Py_NewRef(a->out);
+    return results(c, items, single);
+}
+
 static PyObject *receive_items(PyObject *const *items, size_t count, const recv_args *a, int single)
 {
     recv_call c;
+    fy_import into;
+    uint32_t rank = 0;
     memset(&c, 0, sizeof(c));
+    memset(&into, 0, sizeof(into));
     c.count = count;
     c.descs = PyMem_Calloc(count, sizeof(*c.descs));
     c.out = PyMem_Calloc(count, sizeof(*c.out));
@@ -276,30 +349,33 @@ static PyObject *receive_items(PyObject *const *items, size_t count, const recv_
         PyErr_NoMemory();
         goto free_arrays;
     }
-    if (parse_descs(items, count, &c) < 0 || parse_options(a, &c) < 0)
+    if (parse_descs(items, count, &c) < 0 || parse_options(a, &c, &rank) < 0 ||
+        (!no_arg(a->out) && take_out(a, &c, &into) < 0) ||
+        !(c.consumer = fy_consumer_get(rank, c.device)))
         goto free_arrays;
     ferry_status st;
     Py_BEGIN_ALLOW_THREADS st = run(&c);
-    Py_END_ALLOW_THREADS result = st == FERRY_OK ? results(&c, items, single) : fy_raise(st);
+    Py_END_ALLOW_THREADS result = finish(st, &c, items, a, single);
     for (size_t i = 0; i < count; i++) /* left over only if results failed early */
         fy_payload_release(c.out[i]);
 free_arrays:
+    fy_import_release(&into);
     fy_consumer_unref(c.consumer);
     PyMem_Free(c.descs);
     PyMem_Free(c.out);
     return result;
 }
 
-#define RECV_KEYWORDS "rank", "device", "copy", "stream", "timeout", NULL
+#define RECV_KEYWORDS "rank", "device", "copy", "stream", "timeout"
 
 PyObject *fy_receive(PyObject *module, PyObject *args, PyObject *kwargs)
 {
-    static char *keywords[] = {"descriptor", RECV_KEYWORDS};
+    static char *keywords[] = {"descriptor", RECV_KEYWORDS, "out", NULL};
     PyObject *desc;
-    recv_args a = {NULL, Py_None, Py_True, Py_None, Py_None};
+    recv_args a = {NULL, Py_None, Py_True, Py_None, Py_None, Py_None};
     (void)module;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|$OOOOO:receive", keywords, &desc, &a.rank,
-                                     &a.device, &a.copy, &a.stream, &a.timeout))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|$OOOOOO:receive", keywords, &desc, &a.rank,
+                                     &a.device, &a.copy, &a.stream, &a.timeout, &a.out))
         return NULL;
     if (!a.rank) {
         PyErr_SetString(PyExc_TypeError, "receive() needs rank= (this consumer's rank)");
@@ -310,9 +386,9 @@ PyObject *fy_receive(PyObject *module, PyObject *args, PyObject *kwargs)
 
 PyObject *fy_receive_many(PyObject *module, PyObject *args, PyObject *kwargs)
 {
-    static char *keywords[] = {"descriptors", RECV_KEYWORDS};
+    static char *keywords[] = {"descriptors", RECV_KEYWORDS, NULL};
     PyObject *descs;
-    recv_args a = {NULL, Py_None, Py_True, Py_None, Py_None};
+    recv_args a = {NULL, Py_None, Py_True, Py_None, Py_None, Py_None};
     (void)module;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|$OOOOO:receive_many", keywords, &descs,
                                      &a.rank, &a.device, &a.copy, &a.stream, &a.timeout))

@@ -114,18 +114,20 @@ class CudaLike:
     """A numpy array presented as CUDA memory of device 0 (the fake's memory is host memory);
     remembers the streams its producer protocol was asked for."""
 
-    def __init__(self, array):
+    def __init__(self, array, device=0):
         self.array = np.array(array, order="C")  # (ascontiguousarray makes 0-d arrays 1-d)
+        self.device = device
         self.streams = []
 
     def __dlpack_device__(self):
-        return (2, 0)
+        return (2, self.device)
 
     def __dlpack__(self, stream=None, max_version=None):
         self.streams.append(stream)
         capsule = self.array.__dlpack__(max_version=max_version)
         managed, _ = managed_of(capsule)
         managed.dl_tensor.device.device_type = 2
+        managed.dl_tensor.device.device_id = self.device
         return capsule
 
 
@@ -198,6 +200,50 @@ def fake_hold(key, d, rank, **kwargs):
     capsule = r.__dlpack__(max_version=(1, 0))
     HELD[key] = capsule
     return describe(managed_of(capsule)[0])
+
+
+def fake_receive_into(key, d, rank, device=0, **kwargs):
+    """receive(out=) into a CudaLike of device, kept in HELD[key] (read it with fake_read_out
+    once the lease is acknowledged: the acknowledgement follows the copy on the stream)."""
+    out = CudaLike(np.zeros(d.shape, d.dtype), device=device)
+    assert ferry.receive(d, rank=rank, out=out, **kwargs) is out
+    HELD[key] = out
+    return out.streams
+
+
+def fake_read_out(key):
+    out = HELD.pop(key)
+    return out.array.tobytes(), out.array.shape
+
+
+def fake_torch_publish(arrays, current_stream=0, **kwargs):
+    """Publishes fake torch tensors (tests/faketorch.py, installed into this process first)
+    with torch's current stream set to current_stream; kwargs go to the tensors. Returns the
+    descriptors and the stream argument of each __dlpack__ call per tensor (none: the fast
+    path took it)."""
+    import faketorch
+
+    faketorch.install()
+    faketorch.CURRENT_STREAM[0] = current_stream
+    tensors = [faketorch.make(a, **kwargs) for a in arrays]
+    ds = [POOLS["pool"].publish(t) for t in tensors]
+    return ds, [t.dlpack_streams for t in tensors]
+
+
+def fake_torch_receive_into(d, rank):
+    """receive(out=) into a fake torch tensor; its bytes once the lease is acknowledged, and
+    the stream argument of each __dlpack__ call."""
+    import faketorch
+
+    faketorch.install()
+    out = faketorch.make(np.zeros(d.shape, d.dtype))
+    assert ferry.receive(d, rank=rank, out=out) is out
+    HELD["torch_out"] = out
+    return out.dlpack_streams
+
+
+def fake_torch_read_out():
+    return HELD.pop("torch_out").array.tobytes()
 
 
 def fake_drop(key):

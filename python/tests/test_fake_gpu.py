@@ -145,6 +145,70 @@ def test_stale_and_bad_device(gpu):
     assert name == "ValueError" and "device 7" in message
 
 
+@pytest.mark.parametrize("device", [0, 1])
+def test_receive_into_out(gpu, device):
+    # out= on device 0 or 1 (the consumer's device follows it); the acknowledgement is
+    # enqueued after the copy, so a drained pool means the copy ran.
+    producer, consumer = gpu
+    a = np.arange(24, dtype=np.float32).reshape(4, 6)
+    for stream in (None, 1):
+        (d,), _ = producer.call("fake_publish", [a], cuda=True)
+        seen = consumer.call("fake_receive_into", "out", d, 0, device=device, stream=stream)
+        assert seen == [1]  # the legacy default stream, handed to out's __dlpack__
+        wait_until(lambda: drained(producer))
+        assert consumer.call("fake_read_out", "out") == (a.tobytes(), (4, 6))
+
+
+def test_receive_into_refusal_changes_nothing(gpu):
+    producer, consumer = gpu
+    (d,), _ = producer.call("fake_publish", [np.arange(6, dtype=np.int16)])
+    name, message = consumer.call("fake_receive_error", d, 0, out=np.zeros(5, np.int16))
+    assert name == "ValueError" and "out= holds 5 elements of int16" in message
+    assert not drained(producer)
+    consumer.call("fake_receive_into", "out", d, 0)
+    wait_until(lambda: drained(producer))
+    assert consumer.call("fake_read_out", "out")[0] == np.arange(6, dtype=np.int16).tobytes()
+
+
+# A dtype per backend: ferry learns a dtype once per process (the workers serve both).
+FRESH_DTYPE = {"cuda_ipc": (np.float32, np.uint16), "cuda_vmm": (np.float16, np.int64)}
+
+
+def test_torch_fast_path(gpu, request):
+    # The first tensor of a dtype goes through DLPack (stream -1: it is on torch's current
+    # stream already) and teaches ferry the dtype; the next ones skip DLPack. Tensors DLPack
+    # would export differently, or on a stream that is not torch's current one, keep to it.
+    producer, consumer = gpu
+    dtype = FRESH_DTYPE[request.node.callspec.params["gpu"]][0]
+    a, b = np.arange(6, dtype=dtype), np.arange(6, 12, dtype=dtype)
+    ds, streams = producer.call("fake_torch_publish", [a, b, a])
+    assert streams == [[-1], [], []]
+    for d, x in zip(ds, [a, b, a]):
+        assert d.dtype == np.dtype(dtype).name and d.shape == (6,)
+        expect(consumer.call("fake_receive", d, 0), x)
+    ds, streams = producer.call("fake_torch_publish", [b], current_stream=0x1234)
+    assert streams == [[1]]  # torch is asked to order its stream before ferry's
+    expect(consumer.call("fake_receive", ds[0], 0), b)
+    for flag in ("requires_grad", "conj"):
+        ds, streams = producer.call("fake_torch_publish", [a], **{flag: True})
+        assert streams == [[-1]]
+        expect(consumer.call("fake_receive", ds[0], 0), a)
+    ds, streams = producer.call("fake_torch_publish", [a], contiguous=False)
+    assert streams == [[-1]]  # DLPack's strides decide (here C-contiguous after all)
+    wait_until(lambda: consumer.call("fake_receive", ds[0], 0) is not None)
+    wait_until(lambda: drained(producer))
+
+
+def test_torch_fast_path_into_out(gpu, request):
+    producer, consumer = gpu
+    a = np.arange(10, dtype=FRESH_DTYPE[request.node.callspec.params["gpu"]][1])
+    for expected_streams in ([-1], []):  # DLPack once, then the fast path
+        (d,), _ = producer.call("fake_publish", [a])
+        assert consumer.call("fake_torch_receive_into", d, 0) == expected_streams
+        wait_until(lambda: drained(producer))
+        assert consumer.call("fake_torch_read_out") == a.tobytes()
+
+
 def test_host_pool_refuses_cuda_memory():
     with ferry.Pool(1 << 20, 1, backend="host") as pool:
         with pytest.raises(ValueError, match="a host pool needs CPU data"):

@@ -46,6 +46,19 @@ def test_round_trip_same_gpu(pool, worker, dtype):
     check(got, x)
     assert not got["readonly"]
     wait_until(lambda: in_flight(pool) == 0)  # the ack was enqueued after the copy
+    check(worker.call("torch_receive", pool.publish(x), 0, into=True), x)
+    wait_until(lambda: in_flight(pool) == 0)
+
+
+def test_receive_into_checks_out(pool, worker):
+    x = cuda_sample((4, 6), "float32")
+    d = pool.publish(x)
+    name, message = worker.call("torch_receive_into_error", d, 0, (4, 6), "float16")
+    assert name == "ValueError" and "24 elements of float16" in message
+    name, message = worker.call("torch_receive_into_error", d, 0, (5,), "float32")
+    assert name == "ValueError" and "5 elements of float32" in message
+    check(worker.call("torch_receive", d, 0, into=True), x)  # the failures changed nothing
+    wait_until(lambda: in_flight(pool) == 0)
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
@@ -76,15 +89,19 @@ def test_view_used_by_kernels_then_acknowledged(pool, worker):
     wait_until(lambda: in_flight(pool) == 0)  # freed by torch: acknowledged on its stream
 
 
-@pytest.mark.parametrize("copy", [True, False], ids=["copy", "view"])
+MODES = {"copy": {"copy": True}, "view": {"copy": False}, "into": {"into": True}}
+
+
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("recv_side, use_side", [(True, True), (True, False), (False, True)],
                          ids=["side-side", "side-default", "default-side"])  # fmt: skip
-def test_streams(pool, worker, copy, recv_side, use_side):
+def test_streams(pool, worker, mode, recv_side, use_side):
     producer_stream = torch.cuda.Stream()
     with torch.cuda.stream(producer_stream):
         x = cuda_sample((1024, 64), "float32", scale=3)  # computed on the producer's stream
         d = pool.publish(x, stream=producer_stream)  # copied after it, no host sync
-    got = worker.call("torch_receive", d, 0, copy=copy, recv_side=recv_side, use_side=use_side)
+    got = worker.call("torch_receive", d, 0, recv_side=recv_side, use_side=use_side,
+                      **MODES[mode])
     producer_stream.synchronize()
     check(got, x)
     assert torch.equal(got["doubled"], (x * 2).cpu())
@@ -136,11 +153,11 @@ def test_source_kept_alive_until_copied(pool, worker):
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
-@pytest.mark.parametrize("copy", [True, False], ids=["copy", "view"])
-def test_consumer_on_another_gpu(pool, worker, copy):
+@pytest.mark.parametrize("mode", MODES)
+def test_consumer_on_another_gpu(pool, worker, mode):
     x = cuda_sample((64, 64), "float32")
     d = pool.publish(x)
-    got = worker.call("torch_receive", d, 0, device=1, copy=copy)
+    got = worker.call("torch_receive", d, 0, device=1, **MODES[mode])
     check(got, x, device="cuda:1")
     assert torch.equal(got["doubled"], (x * 2).cpu())
     wait_until(lambda: in_flight(pool) == 0)

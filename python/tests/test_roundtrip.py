@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import ferry
+from conftest import in_flight, wait_until
 
 NUMPY_DTYPES = [
     "int8", "int16", "int32", "int64",
@@ -105,6 +106,45 @@ def test_view_round_trip(pool, worker):
     got, writeable = worker.call("receive_array", d, 0, copy=False)
     assert np.array_equal(got, x)
     assert not writeable  # views are the producer's memory: read-only
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "float32", "complex128", "bool"])
+def test_receive_into_out(pool, worker, dtype):
+    x = sample((6, 7), dtype)
+    d = pool.publish(x)
+    got = worker.call("receive_into", d, 0)  # out= a numpy array of the same shape
+    assert got.dtype == x.dtype and np.array_equal(got, x)
+    wait_until(lambda: in_flight(pool) == 0)  # host pools: acknowledged by receive
+    flat = worker.call("receive_into", pool.publish(x), 0, shape=(42,))  # any shape
+    assert np.array_equal(flat, x.reshape(-1))
+    wait_until(lambda: in_flight(pool) == 0)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [({"dtype": "float64"}, ValueError, "out= holds 12 elements of float64; the tensor "
+                                        "received has 12 of float32"),
+     ({"shape": (13,)}, ValueError, "out= holds 13 elements of float32"),
+     ({"copy": False}, ValueError, "cannot be combined with copy=False")],
+    ids=["dtype", "count", "view"])  # fmt: skip
+def test_receive_into_refusals_change_nothing(pool, worker, kwargs, error, message):
+    x = sample((3, 4), "float32")
+    d = pool.publish(x)
+    with pytest.raises(error, match=message):
+        worker.call("receive_into", d, 0, **kwargs)
+    assert in_flight(pool) == 1  # not acknowledged: the lease can still be received
+    assert np.array_equal(worker.call("receive_into", d, 0), x)
+    wait_until(lambda: in_flight(pool) == 0)
+
+
+def test_receive_into_refuses_read_only_and_strided(pool, worker):
+    d = pool.publish(sample((4, 4), "int32"))
+    for kind, match in (("readonly", "read-only"), ("strided", "C-contiguous")):
+        with pytest.raises((ValueError, BufferError), match=match):
+            worker.call("receive_into_special", d, 0, kind)
+    assert in_flight(pool) == 1
+    worker.call("receive_into", d, 0)
+    wait_until(lambda: in_flight(pool) == 0)
 
 
 @pytest.mark.parametrize(

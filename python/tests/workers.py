@@ -15,6 +15,25 @@ import ferry
 HELD = {}  # views kept alive across requests, by key
 
 
+def receive_into(d, rank, shape=None, dtype=None, **kwargs):
+    """ferry.receive(out=) into a new numpy array (shape and dtype: the descriptor's unless
+    given); returns the array, or raises what receive raised."""
+    out = np.empty(d.shape if shape is None else shape, dtype=d.dtype if dtype is None else dtype)
+    got = ferry.receive(d, rank=rank, out=out, **kwargs)
+    assert got is out
+    return out
+
+
+def receive_into_special(d, rank, kind):
+    """receive(out=) into a read-only array ("readonly") or a strided view ("strided")."""
+    if kind == "readonly":
+        out = np.empty(d.shape, d.dtype)
+        out.flags.writeable = False
+    else:
+        out = np.empty((d.shape[0], 2 * d.shape[1]), d.dtype)[:, ::2]
+    return ferry.receive(d, rank=rank, out=out)
+
+
 def receive_array(d, rank, **kwargs):
     """numpy.from_dlpack of a received tensor, and whether numpy may write it."""
     arr = np.from_dlpack(ferry.receive(d, rank=rank, **kwargs))
@@ -87,21 +106,31 @@ def _torch_stream(torch, device, side):
     return torch.cuda.Stream(device) if side else torch.cuda.current_stream(device)
 
 
-def torch_receive(d, rank, device=None, copy=True, recv_side=False, use_side=False):
+def torch_receive(d, rank, device=None, copy=True, recv_side=False, use_side=False, into=False):
     """Receives into a torch CUDA tensor and runs kernels on it before letting it go.
 
     The receive is enqueued on a side stream (recv_side) or the current one; torch consumes
-    the result on a side stream (use_side) or the current one. Returns what torch saw."""
+    the result on a side stream (use_side) or the current one. With into, the receive copies
+    into a tensor torch allocated (out=; device= left to ferry to take from it). Returns what
+    torch saw."""
     import torch
 
     dev = torch.device("cuda", d.device if device is None else device)
     with torch.cuda.device(dev):
         recv_stream = _torch_stream(torch, dev, recv_side)
         use_stream = recv_stream if recv_side == use_side else _torch_stream(torch, dev, use_side)
-        r = ferry.receive(d, rank=rank, device=dev.index, copy=copy, stream=recv_stream)
-        readonly = r.readonly
+        if into:
+            with torch.cuda.stream(recv_stream):
+                out = torch.empty(d.shape, dtype=getattr(torch, d.dtype), device=dev)
+            r = ferry.receive(d, rank=rank, out=out, stream=recv_stream)
+            assert r is out
+            readonly = False
+            use_stream.wait_stream(recv_stream)  # out= is the caller's: it orders its streams
+        else:
+            r = ferry.receive(d, rank=rank, device=dev.index, copy=copy, stream=recv_stream)
+            readonly = r.readonly
         with torch.cuda.stream(use_stream):
-            t = torch.from_dlpack(r)  # passes use_stream to __dlpack__
+            t = r if into else torch.from_dlpack(r)  # passes use_stream to __dlpack__
             doubled = t.logical_not() if t.dtype == torch.bool else t * 2  # a kernel on the view
             value = t.clone()
         del t, r  # a view acknowledges here, after the kernels (stream-ordered)
@@ -127,6 +156,18 @@ def torch_receive_many(ds, rank, device=None, copy=True):
         del rs
         stream.synchronize()
         return [v.cpu() for v in values]
+
+
+def torch_receive_into_error(d, rank, shape, dtype):
+    """How receive(out=) refuses a torch tensor of shape and dtype: (class name, message)."""
+    import torch
+
+    out = torch.empty(shape, dtype=getattr(torch, dtype), device=torch.device("cuda", d.device))
+    try:
+        ferry.receive(d, rank=rank, out=out)
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        return type(e).__name__, str(e)
+    return None, ""
 
 
 def pool_error(backend):
