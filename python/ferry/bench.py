@@ -2,7 +2,8 @@
 
     python -m ferry.bench [--sizes 4KiB,1MiB,16MiB,64MiB] [--consumers 1,4]
                           [--producer-device 0] [--consumer-device 1] [--iterations 50]
-                          [--methods ferry,torch_mp,cpu_pickle] [--plot FILE] [--json FILE]
+                          [--methods channel,ferry,torch_mp,torch_ipc,cpu_pickle]
+                          [--channel pipe|spin] [--plot FILE] [--json FILE]
 
 For every method, item size and consumer count it measures the round trip of one tensor:
 the producer holds a CUDA tensor, hands it to N consumer processes, and each consumer ends up
@@ -10,23 +11,33 @@ with its own copy on its GPU (synchronised) and says so; the round trip ends whe
 consumer has. Methods:
 
   ferry       pool.publish on the producer's stream, the 256-byte descriptor through the
-              pipe, ferry.receive(copy=False) on the consumer's stream and a private clone
-              (torch's allocator), then the view is dropped (which acknowledges)
+              channel, then in the consumer torch.empty (torch's allocator) and
+              ferry.receive(out=...) on the consumer's stream (copy, then acknowledgement)
+  ferry_view  the same with ferry.receive(copy=False): a zero-copy view, torch.from_dlpack,
+              a private clone, then the view is dropped (which acknowledges)
   torch_mp    a torch.multiprocessing queue per consumer carrying the CUDA tensor (CUDA IPC
               under the hood), then a private clone on the consumer's GPU
-  cpu_pickle  tensor.cpu(), pickled through the pipe, rebuilt on the consumer's GPU
-  channel     no tensor: the pipe round trip alone, the floor every method above pays
+  torch_ipc   torch.multiprocessing's CUDA IPC pickling of the tensor (what its queues
+              send), through the bench's channel instead of a queue
+  cpu_pickle  tensor.cpu(), pickled through the channel, rebuilt on the consumer's GPU
+  channel     no tensor: the channel's round trip alone, the floor every method above pays
 
-All methods use the same spawned processes and the same pipes (raw bytes) for items and for
-the "done" replies. Warm-up items and one item after the timed ones are verified in every
-consumer (a checksum computed on the GPU against the producer's). `--cpu` runs ferry against
-pickle with NumPy arrays over a host pool, for machines without a GPU.
+Channels (--channel): "pipe", a multiprocessing Pipe per consumer (the processes sleep in
+read() between messages); "spin", a shared-memory mailbox per consumer and direction that the
+reader polls without sleeping, as vLLM's shared-memory message queue and SGLang's
+non-blocking ZMQ polling loops do (messages over 64 KiB still go through the pipe). Every
+method uses the same spawned processes and the same channel for items and for the "done"
+replies, except torch_mp, whose items go through its queue. Warm-up items and one item after
+the timed ones are verified in every consumer (a checksum computed on the GPU against the
+producer's). `--cpu` runs ferry against pickle with NumPy arrays over a host pool, for
+machines without a GPU.
 """
 
 import argparse
 import json
 import struct
 import multiprocessing as mp
+from multiprocessing import shared_memory
 import os
 import pickle
 import statistics
@@ -51,6 +62,88 @@ def human(n):
         if n >= scale and n % scale == 0:
             return f"{n // scale}{unit}"
     return f"{n}B"
+
+
+# ---- channels ------------------------------------------------------------------------------
+
+class PipeChannel:
+    """One end of a multiprocessing Pipe (raw bytes)."""
+
+    def __init__(self, conn):
+        self.conn = conn
+
+    def send(self, data):
+        self.conn.send_bytes(data)
+
+    def recv(self, timeout=None):
+        if timeout is not None and not self.conn.poll(timeout):
+            raise TimeoutError(f"no message within {timeout} s")
+        return self.conn.recv_bytes()
+
+
+class SpinChannel:
+    """One end of a pair of shared-memory mailboxes (one per direction) over a Pipe: a message
+    up to INLINE bytes is written after its length and published by bumping a sequence
+    number, which the reader polls (releasing the GIL between looks); longer ones are
+    announced there and sent through the pipe.
+    Request/reply use only (each side sends once, then waits for the other), on x86 (stores
+    are seen in program order)."""
+
+    INLINE = 64 << 10
+    WORD = struct.Struct("<Q")  # at 0 the sequence number, at 8 the length (BIG: in the pipe)
+    BIG = (1 << 64) - 1
+    BOX = 64 + INLINE
+
+    def __init__(self, conn, name, side):
+        self.conn = conn
+        self.shm = shared_memory.SharedMemory(name=name)
+        self.buf = self.shm.buf
+        self.out = side * self.BOX
+        self.inp = (1 - side) * self.BOX
+        self.sent = self.seen = 0
+
+    @classmethod
+    def create(cls):
+        shm = shared_memory.SharedMemory(create=True, size=2 * cls.BOX)
+        shm.buf[:] = bytes(2 * cls.BOX)
+        return shm
+
+    def send(self, data):
+        n = len(data)
+        if n <= self.INLINE:
+            self.buf[self.out + 64:self.out + 64 + n] = data
+        self.sent += 1
+        # The length, then the sequence number: one aligned 8-byte store each, in this order.
+        self.WORD.pack_into(self.buf, self.out + 8, n if n <= self.INLINE else self.BIG)
+        self.WORD.pack_into(self.buf, self.out, self.sent)
+        if n > self.INLINE:
+            self.conn.send_bytes(data)
+
+    def recv(self, timeout=None):
+        head, buf, at = self.WORD, self.buf, self.inp
+        want = self.seen + 1
+        deadline = None if timeout is None else time.monotonic() + timeout
+        spins = 0
+        while head.unpack_from(buf, at)[0] != want:
+            # sched_yield lets the process's other threads have the GIL (torch.multiprocessing
+            # queues write from a feeder thread) without giving up the CPU for long.
+            os.sched_yield()
+            spins += 1
+            if deadline is not None and spins % 4096 == 0 and time.monotonic() > deadline:
+                raise TimeoutError(f"no message within {timeout} s")
+        self.seen = want
+        n = head.unpack_from(buf, at + 8)[0]
+        if n == self.BIG:
+            return self.conn.recv_bytes()
+        return bytes(buf[at + 64:at + 64 + n])
+
+    def close(self):
+        self.buf = None
+        self.shm.close()
+
+
+def _channel(kind, conn, name, side):
+    return SpinChannel(conn, name, side) if kind == "spin" else PipeChannel(conn)
 
 
 # ---- consumer processes -------------------------------------------------------------------
@@ -83,32 +176,42 @@ def _consume_cpu(method, rank, payload):
     return pickle.loads(payload)
 
 
-def _consume_gpu(method, rank, device, payload, stream):
+def _consume_gpu(method, rank, device, payload, stream, target):
     import torch
     import ferry
     with torch.cuda.stream(stream):
         if method == "ferry":
+            d = ferry.Descriptor.from_bytes(payload)
+            got = torch.empty(d.shape, dtype=getattr(torch, d.dtype), device=target)
+            ferry.receive(d, rank=rank, out=got, stream=stream.cuda_stream)
+        elif method == "ferry_view":
             view = ferry.receive(ferry.Descriptor.from_bytes(payload), rank=rank, device=device,
                                  copy=False, stream=stream.cuda_stream)
             shared = torch.from_dlpack(view)
             got = shared.clone()
             del shared, view  # the lease is acknowledged on the stream, after the clone
         elif method == "torch_mp":
-            got = payload.to(f"cuda:{device}", copy=True)
+            got = payload.to(target, copy=True)
+        elif method == "torch_ipc":
+            got = pickle.loads(payload).to(target, copy=True)
         else:
-            got = torch.from_numpy(pickle.loads(payload)).to(f"cuda:{device}")
+            got = torch.from_numpy(pickle.loads(payload)).to(target)
         stream.synchronize()
     return got
 
 
-def _consumer(method, rank, device, conn, queue, cpu):
+def _consumer(method, rank, device, conn, queue, cpu, channel, name):
     """Receives items until an empty message; replies b"" (done) or an error text."""
+    chan = _channel(channel, conn, name, 1)
     try:
         if not cpu:
             import torch
+            if method == "torch_ipc":
+                import torch.multiprocessing  # noqa: F401 - registers the CUDA rebuilders
             torch.cuda.set_device(device)
             stream = torch.cuda.Stream(device=device)
-        conn.send_bytes(b"")
+            target = torch.device("cuda", device)
+        chan.send(b"")
         while True:
             if method == "torch_mp":
                 item = queue.get()
@@ -116,23 +219,26 @@ def _consumer(method, rank, device, conn, queue, cpu):
                     break
                 payload, expected = item
             else:
-                raw = conn.recv_bytes()
+                raw = chan.recv()
                 if not raw:
                     break
                 (expected,), payload = HEADER.unpack_from(raw), raw[HEADER.size:]
             if method == "channel":
-                conn.send_bytes(b"")
+                chan.send(b"")
                 continue
             if cpu:
                 got = _consume_cpu(method, rank, payload)
                 ok = expected == NO_CHECK or _checksum_numpy(got) == expected
             else:
-                got = _consume_gpu(method, rank, device, payload, stream)
+                got = _consume_gpu(method, rank, device, payload, stream, target)
                 ok = expected == NO_CHECK or _checksum_torch(got) == expected
             del got
-            conn.send_bytes(b"" if ok else b"checksum mismatch")
+            chan.send(b"" if ok else b"checksum mismatch")
     except Exception as e:  # reported to the producer, which fails the run
-        conn.send_bytes(f"{type(e).__name__}: {e}".encode() or b"error")
+        chan.send(f"{type(e).__name__}: {e}".encode() or b"error")
+    finally:
+        if channel == "spin":
+            chan.close()
 
 
 # ---- producer -----------------------------------------------------------------------------
@@ -144,23 +250,25 @@ class Run:
             import torch.multiprocessing as tmp
             ctx = tmp.get_context("spawn")
         self.method = method
-        self.pipes, self.queues, self.procs = [], [], []
+        self.chans, self.queues, self.procs, self.shms = [], [], [], []
         for r in range(consumers):
             parent, child = ctx.Pipe()
             q = ctx.Queue() if method == "torch_mp" else None
+            shm = SpinChannel.create() if args.channel == "spin" else None
+            name = shm.name if shm else None
             dev = args.consumer_device
-            p = ctx.Process(target=_consumer, args=(method, r, dev, child, q, cpu), daemon=True)
+            p = ctx.Process(target=_consumer, daemon=True,
+                            args=(method, r, dev, child, q, cpu, args.channel, name))
             p.start()
-            self.pipes.append(parent)
+            self.chans.append(_channel(args.channel, parent, name, 0))
             self.queues.append(q)
             self.procs.append(p)
-        for c in self.pipes:
+            self.shms.append(shm)
+        for c in self.chans:
             self._expect(c)
 
-    def _expect(self, conn, timeout=120):
-        if not conn.poll(timeout):
-            raise RuntimeError(f"a consumer did not answer within {timeout} s")
-        err = conn.recv_bytes()
+    def _expect(self, chan, timeout=120):
+        err = chan.recv(timeout)
         if err:
             raise RuntimeError(f"consumer: {err.decode()}")
 
@@ -170,36 +278,45 @@ class Run:
                 q.put((payload, expected))
             return
         raw = HEADER.pack(expected) + payload
-        for c in self.pipes:
-            c.send_bytes(raw)
+        for c in self.chans:
+            c.send(raw)
 
     def wait(self):
-        for c in self.pipes:
+        for c in self.chans:
             self._expect(c)
 
     def close(self):
-        for i, c in enumerate(self.pipes):
+        for i, c in enumerate(self.chans):
             try:
                 if self.method == "torch_mp":
                     self.queues[i].put(None)
                 else:
-                    c.send_bytes(b"")
+                    c.send(b"")
             except Exception:
                 pass
         for p in self.procs:
             p.join(30)
             if p.is_alive():
                 p.kill()
+        for c, shm in zip(self.chans, self.shms):
+            if shm is not None:
+                c.close()
+                shm.close()
+                shm.unlink()
 
 
 def _publish(method, pool, tensor, cpu, stream):
-    if method == "ferry":
+    if method in ("ferry", "ferry_view"):
         d = pool.publish(tensor, stream=stream)
         if d is None:
             raise RuntimeError("pool full")
         return bytes(d)
     if method == "torch_mp":
         return tensor
+    if method == "torch_ipc":
+        import torch.multiprocessing  # noqa: F401 - registers torch's reductions with it
+        from multiprocessing.reduction import ForkingPickler
+        return bytes(ForkingPickler.dumps(tensor))
     if method == "channel":
         return b""
     if cpu:
@@ -229,7 +346,7 @@ def measure(args, method, size, consumers, cpu):
             sums = [_checksum_torch(t) for t in tensors]
             stream = torch.cuda.current_stream().cuda_stream
             backend = args.backend
-        if method == "ferry":
+        if method in ("ferry", "ferry_view"):
             pool = ferry.Pool(max(64 << 20, 8 * size), consumers, backend=backend,
                               device=args.producer_device, on_full="wait")
         times = []
@@ -252,7 +369,7 @@ def measure(args, method, size, consumers, cpu):
             pool.close()
 
 
-def plot(results, path):
+def plot(results, path, channel):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -270,6 +387,7 @@ def plot(results, path):
         ax.grid(True, which="both", alpha=0.3)
     axes[0].set_ylabel("round trip, mean (us)")
     axes[0].legend()
+    fig.suptitle(f"one CUDA tensor to N consumers, {channel} channel")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -278,7 +396,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m ferry.bench", description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="4KiB,1MiB,16MiB,64MiB")
     ap.add_argument("--consumers", default="1,4")
-    ap.add_argument("--methods", default="channel,ferry,torch_mp,cpu_pickle")
+    ap.add_argument("--methods", default="channel,ferry,torch_mp,torch_ipc,cpu_pickle")
+    ap.add_argument("--channel", choices=("pipe", "spin"), default="pipe",
+                    help="how items and replies travel (see above)")
     ap.add_argument("--backend", default="cuda_ipc")
     ap.add_argument("--producer-device", type=int, default=0)
     ap.add_argument("--consumer-device", type=int, default=0)
@@ -292,7 +412,7 @@ def main(argv=None):
     counts = [int(c) for c in args.consumers.split(",")]
     methods = args.methods.split(",")
     if args.cpu:
-        methods = [m for m in methods if m != "torch_mp"]
+        methods = [m for m in methods if not m.startswith("torch")]
     results = []
     print(f"{'method':11s} {'size':>7s} {'consumers':>9s} {'mean us':>11s} {'p50 us':>11s} "
           f"{'p99 us':>11s}", flush=True)
@@ -304,23 +424,25 @@ def main(argv=None):
                 results.append(r)
                 print(f"{method:11s} {human(size):>7s} {n:9d} {r['mean_us']:11.1f} "
                       f"{r['p50_us']:11.1f} {r['p99_us']:11.1f}", flush=True)
-    print("\nspeed-up of ferry (mean round trip):")
+    print(f"\nspeed-up of ferry (mean round trip, {args.channel} channel):")
     for n in counts:
         for size in sizes:
             base = {r["method"]: r["mean_us"] for r in results
                     if r["size"] == size and r["consumers"] == n}
-            if "ferry" in base:
-                parts = [f"{m} {base[m] / base['ferry']:.1f}x" for m in base
+            if "ferry" not in base:
+                continue
+            parts = [f"{m} {base[m] / base['ferry']:.1f}x" for m in base
                      if m not in ("ferry", "channel")]
             if "channel" in base:
                 parts.append(f"(channel alone {base['channel']:.0f} us of ferry's "
                              f"{base['ferry']:.0f} us)")
-                print(f"  {human(size):>7s} x{n}: " + ", ".join(parts))
+            print(f"  {human(size):>7s} x{n}: " + ", ".join(parts))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"consumer_device": args.consumer_device, "results": results}, f, indent=1)
+            json.dump({"consumer_device": args.consumer_device, "channel": args.channel,
+                       "results": results}, f, indent=1)
     if args.plot:
-        plot(results, args.plot)
+        plot(results, args.plot, args.channel)
     return 0
 
 
