@@ -71,6 +71,13 @@ static ferry_status alloc_payloads(recv_call *c)
 
 /* ---- host pools ---------------------------------------------------------------------- */
 
+/* Host copies acknowledge once read; STALE: acknowledged for this rank meanwhile. */
+static ferry_status host_ack(ferry_consumer *h, const ferry_descriptor *d)
+{
+    ferry_status st = ferry_consumer_ack(h, d);
+    return st == FERRY_STALE ? FERRY_OK : st;
+}
+
 static ferry_status host_copy(recv_call *c)
 {
     ferry_consumer *h = c->consumer->handle;
@@ -78,10 +85,7 @@ static ferry_status host_copy(recv_call *c)
     for (size_t i = 0; i < c->count && st == FERRY_OK; i++)
         st = ferry_consumer_read(h, &c->descs[i], c->out[i]->buffer, (size_t)c->out[i]->nbytes,
                                  c->timeout_ns);
-    if (st != FERRY_OK)
-        return st;
-    st = ferry_consumer_ack(h, &c->descs[0]);
-    return st == FERRY_STALE ? FERRY_OK : st; /* acknowledged for this rank meanwhile */
+    return st == FERRY_OK ? host_ack(h, &c->descs[0]) : st;
 }
 
 static ferry_status host_view(recv_call *c)
@@ -153,9 +157,7 @@ static ferry_status receive_into(recv_call *c)
     if (c->gpu)
         return ferry_consumer_read_async(h, d, dst, n, c->stream);
     ferry_status st = ferry_consumer_read(h, d, dst, n, c->timeout_ns);
-    if (st == FERRY_OK)
-        st = ferry_consumer_ack(h, d);
-    return st == FERRY_STALE ? FERRY_OK : st; /* acknowledged for this rank meanwhile */
+    return st == FERRY_OK ? host_ack(h, d) : st;
 }
 
 /* Runs with the consumer's device current (run). */

@@ -118,6 +118,8 @@ def test_receive_into_out(pool, worker, dtype):
     flat = worker.call("receive_into", pool.publish(x), 0, shape=(42,))  # any shape
     assert np.array_equal(flat, x.reshape(-1))
     wait_until(lambda: in_flight(pool) == 0)
+    with pytest.raises(ferry.Stale):  # read and acknowledged already: nothing is copied
+        worker.call("receive_into", d, 0)
 
 
 @pytest.mark.parametrize(
