@@ -481,6 +481,19 @@ static ferry_status enqueue_ready_wait(ferry_consumer *c, ferry__mapped_pool *p,
     return ferry__gpu_enqueue_wait(p, c->device, row_word(p, d->slot), d->generation, stream);
 }
 
+/* Enqueues this rank's acknowledgement after the stream's work, and notes it. */
+static ferry_status enqueue_ack(ferry_consumer *c, ferry__mapped_pool *p, const ferry_descriptor *d,
+                                void *stream)
+{
+    ferry_status st = ferry__gpu_enqueue_store(p, c->device, row_word(p, d->slot) + 1 + c->rank,
+                                               d->generation, stream);
+    if (st == FERRY_OK) {
+        note_ack(p, d->slot, c->rank, d->generation);
+        ferry__clear_error();
+    }
+    return st;
+}
+
 ferry_status ferry_consumer_read_async(ferry_consumer *c, const ferry_descriptor *d, void *dst,
                                        size_t dst_size, void *stream)
 {
@@ -493,12 +506,7 @@ ferry_status ferry_consumer_read_async(ferry_consumer *c, const ferry_descriptor
     if (st == FERRY_OK)
         st = ferry__gpu_enqueue_copy(p, c->device, d->offset, dst, d->length, stream);
     if (st == FERRY_OK)
-        st = ferry__gpu_enqueue_store(p, c->device, row_word(p, d->slot) + 1 + c->rank,
-                                      d->generation, stream);
-    if (st == FERRY_OK) {
-        note_ack(p, d->slot, c->rank, d->generation);
-        ferry__clear_error();
-    }
+        st = enqueue_ack(c, p, d, stream);
     return st;
 }
 
@@ -526,11 +534,6 @@ ferry_status ferry_consumer_ack_async(ferry_consumer *c, const ferry_descriptor 
     ferry__mapped_pool *p;
     ferry_status st = gpu_pool_for(c, d, &p);
     if (st == FERRY_OK)
-        st = ferry__gpu_enqueue_store(p, c->device, row_word(p, d->slot) + 1 + c->rank,
-                                      d->generation, stream);
-    if (st == FERRY_OK) {
-        note_ack(p, d->slot, c->rank, d->generation);
-        ferry__clear_error();
-    }
+        st = enqueue_ack(c, p, d, stream);
     return st;
 }
