@@ -50,7 +50,9 @@ extern "C" {
     X(CLOSING, 13, "pool is closing")                                                              \
     X(POOL_FAILED, 14, "pool failed")                                                              \
     X(PERMISSION, 15, "permission denied")                                                         \
-    X(DRIVER, 16, "device driver error")
+    X(DRIVER, 16, "device driver error")                                                           \
+    X(RANK_IN_USE, 17, "rank is held by another live process")                                     \
+    X(FORKED, 18, "object belongs to the process that created it")
 
 typedef enum ferry_status {
 #define FERRY_STATUS_ENUM_(name, value, text) FERRY_##name = value,
@@ -327,6 +329,7 @@ typedef struct ferry_pool_stats {
     uint64_t broker_refused;     /* broker connections refused (other uid, bad message) */
     uint64_t consumers_attached; /* ranks that attached at least once */
     uint64_t consumers_alive;    /* attached ranks whose process is alive */
+    uint64_t too_large;          /* publishes refused because they can never fit (POOL_FULL) */
 } ferry_pool_stats;
 
 /* Fills *stats (whose struct_size and version the caller sets). */

@@ -59,8 +59,9 @@ typedef struct fixture {
     attach_log log;
 } fixture;
 
-static void record_attach(void *user, uint32_t rank, pid_t pid)
+static ferry_status record_attach(void *user, uint32_t rank, pid_t pid, pid_t *holder)
 {
+    (void)holder;
     attach_log *log = user;
     pthread_mutex_lock(&log->lock);
     if (log->count < MAX_ATTACHES) {
@@ -69,6 +70,7 @@ static void record_attach(void *user, uint32_t rank, pid_t pid)
     }
     log->count++;
     pthread_mutex_unlock(&log->lock);
+    return FERRY_OK;
 }
 
 static unsigned attach_count(fixture *f)

@@ -447,8 +447,11 @@ static void serve_connection(ferry__broker *b, int conn)
         refuse(b, conn, status);
         return;
     }
-    if (b->on_attach)
-        b->on_attach(b->user, rank, cred.pid);
+    pid_t holder = 0;
+    if (b->on_attach && b->on_attach(b->user, rank, cred.pid, &holder) != FERRY_OK) {
+        refuse(b, conn, FERRY_RANK_IN_USE);
+        return;
+    }
     send_reply(conn, FERRY_OK, b->shared_size, b->shared_fd);
 }
 

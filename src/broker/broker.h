@@ -15,9 +15,16 @@
 
 typedef struct ferry__broker ferry__broker;
 
-/* Called on the broker thread after a valid request from a peer process attaching as rank
- * (pid as seen from the producer's pid namespace). Must not block. */
-typedef void (*ferry__broker_attach_fn)(void *user, uint32_t rank, pid_t pid);
+/* A request's rank that claims no rank: the peer only opens the pool (acknowledging on
+ * behalf of others, observing). on_attach is not called for it. */
+#define FERRY__RANK_NONE UINT32_MAX
+
+/* Called on the broker thread after a valid request from a peer process claiming rank
+ * (pid as seen from the producer's pid namespace). Returns FERRY_OK to accept, or
+ * FERRY_RANK_IN_USE with *holder set to the live process that holds the rank; the broker
+ * replies with that status (and the holder). Must not block. */
+typedef ferry_status (*ferry__broker_attach_fn)(void *user, uint32_t rank, pid_t pid,
+                                                pid_t *holder);
 
 typedef struct ferry__broker_config {
     const uint8_t *pool_id;            /* 16 bytes: requests must name it */

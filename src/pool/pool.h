@@ -98,8 +98,8 @@ void ferry__signal_ready(ferry_pool *pool, uint32_t slot);
 int ferry__row_released_locked(const ferry_pool *pool, uint32_t slot);
 /* Returns a leased slot and its slice to the free lists. */
 void ferry__slot_release_locked(ferry_pool *pool, uint32_t slot);
-/* Broker callback: rank attached from pid. */
-void ferry__rank_attached(void *pool, uint32_t rank, pid_t pid);
+/* Broker callback: pid claims rank (ferry__broker_attach_fn). */
+ferry_status ferry__rank_attached(void *pool, uint32_t rank, pid_t pid, pid_t *holder);
 /* Describes who holds the pool (for POOL_FULL messages) into buf. */
 void ferry__describe_backlog_locked(ferry_pool *pool, char *buf, size_t size);
 ferry_status ferry__reclaimer_start(ferry_pool *pool);

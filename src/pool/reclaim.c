@@ -138,8 +138,9 @@ void ferry__signal_ready(ferry_pool *pool, uint32_t slot)
         ferry__futex_wake_all(ferry__row(pool->mem.control, pool->row_words, slot));
 }
 
-void ferry__rank_attached(void *arg, uint32_t rank, pid_t pid)
+ferry_status ferry__rank_attached(void *arg, uint32_t rank, pid_t pid, pid_t *holder)
 {
+    (void)holder;
     ferry_pool *pool = arg;
     uint64_t start = ferry__proc_starttime(pid);
     pthread_mutex_lock(&pool->lock);
@@ -148,6 +149,7 @@ void ferry__rank_attached(void *arg, uint32_t rank, pid_t pid)
     pool->ranks[rank].dead = 0;
     pool->ranks[rank].warned = 0;
     pthread_mutex_unlock(&pool->lock);
+    return FERRY_OK;
 }
 
 /* The rank with the oldest published lease it has not acknowledged. */
