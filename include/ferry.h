@@ -144,6 +144,8 @@ typedef struct ferry_descriptor {
     int32_t device;          /* producer's device ordinal, -1 for host memory */
     uint8_t handle[64];      /* backend-specific handle (CUDA IPC / FABRIC); zero for host */
     ferry_tensor tensor;     /* dtype and shape */
+    uint32_t part_index;     /* packed lease: this tensor's index among its parts */
+    uint32_t part_count;     /* packed lease: how many tensors it holds (0 if not packed) */
 } ferry_descriptor;
 
 /* Control words live in the device pool rather than host shared memory (GPU backends). */
@@ -309,7 +311,7 @@ FERRY_API ferry_status ferry_pool_describe(ferry_pool *pool, ferry_descriptor *d
  * many. Also acknowledges on behalf of consumers whose process died. */
 FERRY_API ferry_status ferry_pool_reclaim(ferry_pool *pool, uint64_t *reclaimed);
 
-#define FERRY_POOL_STATS_VERSION 1
+#define FERRY_POOL_STATS_VERSION 2
 
 typedef struct ferry_pool_stats {
     uint32_t struct_size;        /* set by the caller: sizeof(ferry_pool_stats) */

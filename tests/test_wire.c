@@ -395,7 +395,7 @@ static void test_reject_reserved(void **state)
     uint8_t b[DSIZE];
     for (int off = 157; off < 252; off++) {
         if (off == 160)
-            off = 224; /* skip the shape */
+            off = 232; /* skip the shape and the parts */
         memcpy(b, example_bytes, DSIZE);
         b[off] = 0x40;
         reseal(b);
@@ -420,6 +420,10 @@ struct field_case {
 #define SHAPE(i) (160 + 8 * (i))
 
 static const struct field_case field_cases[] = {
+    {"part 0 of 2 is invalid", {{9, 1, 0}, {228, 4, 2}}}, /* parts without MULTI */
+    {"part 2 of 2 is invalid", {{9, 1, 2}, {224, 4, 2}, {228, 4, 2}}}, /* index >= count */
+    {"part 0 of 1 is invalid", {{9, 1, 2}, {228, 4, 1}}},  /* one part is no pack */
+    {"part 1 of 0 is invalid", {{9, 1, 2}, {224, 4, 1}}},  /* an index without a count */
     {"backend 0 is invalid", {{8, 1, 0}}},
     {"backend 4 is invalid", {{8, 1, 4}}},
     {"backend 255 is invalid", {{8, 1, 255}}},

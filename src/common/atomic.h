@@ -49,6 +49,23 @@ static inline void ferry__store_release64(volatile uint64_t *p, uint64_t v)
     __atomic_store_n(p, v, __ATOMIC_RELEASE);
 }
 
+static inline uint64_t ferry__load_relaxed64(const volatile uint64_t *p)
+{
+    return __atomic_load_n(p, __ATOMIC_RELAXED);
+}
+
+static inline void ferry__store_relaxed64(volatile uint64_t *p, uint64_t v)
+{
+    __atomic_store_n(p, v, __ATOMIC_RELAXED);
+}
+
+/* Orders every earlier load and store of this thread before every later one (a writer's
+ * seqlock fence: a new generation word before the bytes of the new lease). */
+static inline void ferry__fence_seqcst(void)
+{
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+}
+
 /* Loads *p ordered after every earlier read of this thread (the re-check of a seqlock).
  * TSan does not model fences, so its builds use an equivalent read-modify-write. */
 static inline uint32_t ferry__load_after_reads32(volatile uint32_t *p)

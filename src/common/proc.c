@@ -1,4 +1,5 @@
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,4 +53,24 @@ int ferry__proc_alive(pid_t pid, uint64_t starttime)
 {
     uint64_t now = ferry__proc_starttime(pid);
     return now != 0 && (starttime == 0 || now == starttime);
+}
+
+static pid_t self_pid;
+static pthread_once_t self_once = PTHREAD_ONCE_INIT;
+
+static void self_after_fork(void)
+{
+    __atomic_store_n(&self_pid, getpid(), __ATOMIC_RELAXED);
+}
+
+static void self_init(void)
+{
+    __atomic_store_n(&self_pid, getpid(), __ATOMIC_RELAXED);
+    pthread_atfork(NULL, NULL, self_after_fork);
+}
+
+pid_t ferry__proc_self(void)
+{
+    pthread_once(&self_once, self_init);
+    return __atomic_load_n(&self_pid, __ATOMIC_RELAXED);
 }

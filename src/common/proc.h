@@ -12,4 +12,8 @@ uint64_t ferry__proc_starttime(pid_t pid);
 /* 1 if pid is alive (running, not a zombie) and started at starttime (0 = any start). */
 int ferry__proc_alive(pid_t pid, uint64_t starttime);
 
+/* This process's pid, kept current across fork() (a pthread_atfork child handler): cheap
+ * enough for every call that must refuse to run in a forked child. */
+pid_t ferry__proc_self(void);
+
 #endif

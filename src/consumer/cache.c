@@ -1,4 +1,5 @@
-/* The process-wide cache of opened pools: each pool is mapped once per process. */
+/* The process-wide cache of opened pools: each pool is mapped once per process, and stays
+ * mapped while its producer lives or while a call or a view still uses it. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -9,14 +10,28 @@
 
 #include "broker/broker.h"
 #include "common/atomic.h"
+#include "common/clock.h"
 #include "common/error.h"
 #include "common/proc.h"
 #include "consumer/consumer.h"
 
-#define FERRY_BROKER_TIMEOUT_NS 5000000000ull
-
 static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
 static ferry__mapped_pool *cache_head;
+static pthread_once_t cache_once = PTHREAD_ONCE_INIT;
+
+/* A forked child holds none of its parent's claims, and CUDA state does not survive a fork:
+ * the child starts with an empty cache. The parent's mappings stay mapped in the child (a
+ * view the child inherited must not fault); their bookkeeping is left behind. */
+static void cache_after_fork(void)
+{
+    pthread_mutex_init(&cache_lock, NULL);
+    cache_head = NULL;
+}
+
+static void cache_init(void)
+{
+    pthread_atfork(NULL, NULL, cache_after_fork);
+}
 
 static ferry__mapped_pool *find_locked(const uint8_t id[16])
 {
@@ -36,10 +51,15 @@ static void unlink_locked(ferry__mapped_pool *pool)
     }
 }
 
+void ferry__parts_free(ferry__mapped_pool *pool);
+
 static void unmap_pool(ferry__mapped_pool *pool)
 {
     ferry__gpu_detach(pool);
+    ferry__parts_free(pool);
+    pthread_mutex_destroy(&pool->parts_lock);
     free(pool->my_acks);
+    free(pool->viewed);
     if (pool->base)
         munmap(pool->base, pool->size);
     free(pool->attached);
@@ -53,6 +73,18 @@ static uint64_t segment_tail(const ferry__shm_header *h)
     if (h->backend == FERRY_BACKEND_HOST)
         return h->memory_size;
     return (h->desc_flags & FERRY_DESC_FLAG_DEVICE_CONTROL) ? 0 : h->data_start;
+}
+
+static const char *layout_mismatch(const ferry__shm_header *h)
+{
+    if (h->header_bytes != ferry__header_bytes(h->max_inflight) ||
+        h->gen_offset != FERRY_GEN_TABLE_OFFSET ||
+        h->extent_offset != ferry__extent_offset(h->max_inflight) ||
+        h->data_start != ferry__data_start(h->max_inflight, h->consumer_count) ||
+        h->data_start >= h->memory_size ||
+        h->data_size != ((h->memory_size - h->data_start) & ~(uint64_t)255))
+        return "inconsistent layout";
+    return NULL;
 }
 
 /* Checks the pool's own header against the descriptor and the segment's real size. */
@@ -77,13 +109,7 @@ static ferry_status validate_header(const ferry__shm_header *h, uint64_t size,
         why = "max_inflight differs";
     else if (h->memory_size != d->pool_size)
         why = "pool size differs";
-    else if (h->header_bytes != ferry__header_bytes(h->max_inflight) ||
-             h->gen_offset != FERRY_GEN_TABLE_OFFSET ||
-             h->data_start != ferry__data_start(h->max_inflight, h->consumer_count) ||
-             h->data_start >= h->memory_size ||
-             h->data_size != ((h->memory_size - h->data_start) & ~(uint64_t)255))
-        why = "inconsistent layout";
-    else if (h->header_bytes + segment_tail(h) != size)
+    else if ((why = layout_mismatch(h)) == NULL && h->header_bytes + segment_tail(h) != size)
         why = "segment size differs from the layout";
     if (why)
         return ferry__fail(FERRY_MISMATCH, "pool header does not match the descriptor: %s", why);
@@ -114,6 +140,7 @@ static void fill_view(ferry__mapped_pool *pool, const ferry_descriptor *d)
     pool->flags = (uint8_t)h->desc_flags;
     memcpy(pool->handle, d->handle, sizeof(pool->handle));
     pool->generations = (uint32_t *)((uint8_t *)pool->base + h->gen_offset);
+    pool->extents = (ferry__extent *)((uint8_t *)pool->base + h->extent_offset);
     if (!(h->desc_flags & FERRY_DESC_FLAG_DEVICE_CONTROL))
         pool->control = (uint32_t *)((uint8_t *)pool->base + h->header_bytes);
     if (h->backend == FERRY_BACKEND_HOST)
@@ -125,9 +152,43 @@ static void fill_view(ferry__mapped_pool *pool, const ferry_descriptor *d)
     pool->data_size = h->data_size;
 }
 
-/* Opens a pool through its broker, attaching rank. */
-static ferry_status open_pool(const ferry_descriptor *d, uint32_t rank, int device,
-                              ferry__mapped_pool **out)
+/* Nanoseconds left until deadline (0 once passed). */
+static uint64_t remaining(uint64_t deadline)
+{
+    uint64_t now = ferry__now_ns();
+    return deadline > now ? deadline - now : 0;
+}
+
+static ferry_status broker_ask(const uint8_t broker[16], const uint8_t pool_id[16],
+                               uint32_t claim, uint64_t deadline, int *fd, uint64_t *size,
+                               pid_t *ppid)
+{
+    return ferry__broker_request(broker, pool_id, claim, "pool broker", remaining(deadline), fd,
+                                 size, ppid);
+}
+
+/* Maps the segment the broker sent and checks it; the fd is closed either way. */
+static ferry_status map_checked(ferry__mapped_pool *pool, const ferry_descriptor *d, int fd,
+                                uint64_t size)
+{
+    ferry_status st = map_segment(fd, size, pool);
+    close(fd);
+    if (st == FERRY_OK)
+        st = validate_header(pool->base, size, d);
+    if (st == FERRY_OK && !(pool->attached = calloc(d->consumer_count, 1)))
+        st = ferry__fail(FERRY_NO_MEMORY, "out of memory opening a pool");
+    if (st != FERRY_OK)
+        return st;
+    fill_view(pool, d);
+    if ((pool->flags & FERRY_DESC_FLAG_DEVICE_CONTROL) &&
+        !(pool->my_acks = calloc((size_t)pool->max_inflight * pool->consumers, sizeof(uint32_t))))
+        return ferry__fail(FERRY_NO_MEMORY, "out of memory opening a pool");
+    return FERRY_OK;
+}
+
+/* Opens a pool through its broker, claiming rank claim (or none). */
+static ferry_status open_pool(const ferry_descriptor *d, uint32_t claim, int device,
+                              uint64_t deadline, ferry__mapped_pool **out)
 {
     int fd = -1;
     uint64_t size;
@@ -135,47 +196,34 @@ static ferry_status open_pool(const ferry_descriptor *d, uint32_t rank, int devi
     ferry__mapped_pool *pool = calloc(1, sizeof(*pool));
     if (!pool)
         return ferry__fail(FERRY_NO_MEMORY, "out of memory opening a pool");
-    ferry_status st = ferry__broker_request(d->broker, d->pool_id, rank, "pool broker",
-                                            FERRY_BROKER_TIMEOUT_NS, &fd, &size, &ppid);
-    if (st != FERRY_OK)
-        goto free_pool;
-    st = map_segment(fd, size, pool);
-    close(fd);
+    pthread_mutex_init(&pool->parts_lock, NULL);
+    ferry_status st = broker_ask(d->broker, d->pool_id, claim, deadline, &fd, &size, &ppid);
     if (st == FERRY_OK)
-        st = validate_header(pool->base, size, d);
-    if (st == FERRY_OK && !(pool->attached = calloc(d->consumer_count, 1)))
-        st = ferry__fail(FERRY_NO_MEMORY, "out of memory opening a pool");
-    if (st != FERRY_OK)
-        goto free_pool;
-    fill_view(pool, d);
-    if ((pool->flags & FERRY_DESC_FLAG_DEVICE_CONTROL) &&
-        !(pool->my_acks = calloc((size_t)pool->max_inflight * pool->consumers, sizeof(uint32_t)))) {
-        st = ferry__fail(FERRY_NO_MEMORY, "out of memory opening a pool");
-        goto free_pool;
+        st = map_checked(pool, d, fd, size);
+    if (st == FERRY_OK && pool->backend != FERRY_BACKEND_HOST)
+        st = ferry__gpu_attach(pool, device);
+    if (st != FERRY_OK) {
+        unmap_pool(pool);
+        return st;
     }
-    if (pool->backend != FERRY_BACKEND_HOST && (st = ferry__gpu_attach(pool, device)) != FERRY_OK)
-        goto free_pool;
     memcpy(pool->pool_id, d->pool_id, 16);
     memcpy(pool->broker, d->broker, 16);
     pool->producer_pid = ppid;
     pool->producer_start = ferry__proc_starttime(ppid);
-    pool->attached[rank] = 1;
-    pool->open_rank = rank;
+    if (claim != FERRY__RANK_NONE)
+        pool->attached[claim] = 1;
+    pool->open_rank = claim;
     *out = pool;
     return FERRY_OK;
-free_pool:
-    unmap_pool(pool);
-    return st;
 }
 
-/* Attaches another rank of this process to an open pool (the broker records it). */
-static ferry_status attach_rank(ferry__mapped_pool *pool, uint32_t rank)
+/* Claims another rank of an open pool for this process (the broker records it). */
+static ferry_status attach_rank(ferry__mapped_pool *pool, uint32_t rank, uint64_t deadline)
 {
     int fd;
     uint64_t size;
     pid_t ppid;
-    ferry_status st = ferry__broker_request(pool->broker, pool->pool_id, rank, "pool broker",
-                                            FERRY_BROKER_TIMEOUT_NS, &fd, &size, &ppid);
+    ferry_status st = broker_ask(pool->broker, pool->pool_id, rank, deadline, &fd, &size, &ppid);
     if (st != FERRY_OK)
         return st;
     close(fd);
@@ -185,81 +233,123 @@ static ferry_status attach_rank(ferry__mapped_pool *pool, uint32_t rank)
     return FERRY_OK;
 }
 
+static int producer_gone_now(const ferry__mapped_pool *p)
+{
+    return ferry__load_acquire32(&p->header->closing) ||
+           !ferry__proc_alive(p->producer_pid, p->producer_start);
+}
+
+/* Views whose lease every process can see acknowledged for their rank have ended (the
+ * contract: a view is valid until its rank's acknowledgement): their references go. Only
+ * for control words the CPU can read; other views end with this process's own ack. */
+static int drop_ended_views_locked(ferry__mapped_pool *p)
+{
+    int dropped = 0;
+    if (!p->viewed || !p->control)
+        return 0;
+    for (uint64_t i = 0; i < (uint64_t)p->max_inflight * p->consumers; i++) {
+        uint32_t gen = ferry__load_acquire32(&p->viewed[i]);
+        uint64_t slot = i / p->consumers, rank = i % p->consumers;
+        if (gen && ferry__load_acquire32(&p->control[slot * p->row_words + 1 + rank]) == gen &&
+            __atomic_compare_exchange_n(&p->viewed[i], &gen, 0, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_RELAXED))
+            dropped++;
+    }
+    return dropped;
+}
+
 /* Drops the cache's reference to pools whose producer closed them or died, so that a
  * long-lived consumer does not keep every pool it ever opened mapped. */
-static void sweep_gone_locked(void)
+static void sweep_gone_locked(ferry__mapped_pool **unmap)
 {
     ferry__mapped_pool **pp = &cache_head;
     while (*pp) {
         ferry__mapped_pool *p = *pp;
-        if (ferry__load_acquire32(&p->header->closing) ||
-            !ferry__proc_alive(p->producer_pid, p->producer_start)) {
+        if (ferry__load_acquire32(&p->gone) || producer_gone_now(p)) {
             *pp = p->next;
             ferry__store_release32(&p->gone, 1);
-            if (--p->refs == 0)
-                unmap_pool(p);
+            p->refs -= 1 + drop_ended_views_locked(p);
+            if (p->refs == 0) {
+                p->next = *unmap;
+                *unmap = p;
+            }
         } else {
             pp = &p->next;
         }
     }
 }
 
+static void unmap_all(ferry__mapped_pool *list)
+{
+    while (list) {
+        ferry__mapped_pool *next = list->next;
+        unmap_pool(list);
+        list = next;
+    }
+}
+
 void ferry__cache_sweep(void)
 {
+    ferry__mapped_pool *unmap = NULL;
+    pthread_once(&cache_once, cache_init);
     pthread_mutex_lock(&cache_lock);
-    sweep_gone_locked();
+    sweep_gone_locked(&unmap);
     pthread_mutex_unlock(&cache_lock);
+    unmap_all(unmap);
 }
 
 static ferry_status insert_or_reuse(ferry__mapped_pool *fresh, ferry__mapped_pool **out)
 {
+    ferry__mapped_pool *unmap = NULL;
     pthread_mutex_lock(&cache_lock);
-    sweep_gone_locked();
+    sweep_gone_locked(&unmap);
     ferry__mapped_pool *have = find_locked(fresh->pool_id);
     if (have) {
         /* Another thread opened it meanwhile: keep theirs. */
         have->refs++;
-        pthread_mutex_unlock(&cache_lock);
-        unmap_pool(fresh);
+        fresh->next = unmap;
+        unmap = fresh;
         *out = have;
-        return FERRY_OK;
+    } else {
+        fresh->refs = 2; /* the cache's and the caller's */
+        fresh->next = cache_head;
+        cache_head = fresh;
+        *out = fresh;
     }
-    fresh->refs = 2; /* the cache's and the caller's */
-    fresh->next = cache_head;
-    cache_head = fresh;
     pthread_mutex_unlock(&cache_lock);
-    *out = fresh;
+    unmap_all(unmap);
     return FERRY_OK;
 }
 
-ferry_status ferry__cache_acquire(const ferry_descriptor *desc, uint32_t rank, int device,
-                                  ferry__mapped_pool **out)
+ferry_status ferry__cache_acquire(const ferry_descriptor *desc, uint32_t claim, int device,
+                                  uint64_t deadline, ferry__mapped_pool **out)
 {
-    if (rank >= desc->consumer_count)
-        return ferry__fail(FERRY_INVALID_ARGUMENT, "rank %u is out of range (consumers=%u)", rank,
-                           desc->consumer_count);
+    if (claim != FERRY__RANK_NONE && claim >= desc->consumer_count)
+        return ferry__fail(FERRY_INVALID_ARGUMENT, "rank %u is out of range (consumers=%u)",
+                           claim, desc->consumer_count);
+    pthread_once(&cache_once, cache_init);
     pthread_mutex_lock(&cache_lock);
     ferry__mapped_pool *pool = find_locked(desc->pool_id);
-    int attached = 0;
+    int attached = 1;
     if (pool) {
         pool->refs++;
-        attached = rank < pool->consumers && pool->attached[rank];
+        attached = claim == FERRY__RANK_NONE || (claim < pool->consumers && pool->attached[claim]);
     }
     pthread_mutex_unlock(&cache_lock);
     if (!pool) {
         ferry__mapped_pool *fresh = NULL;
-        ferry_status st = open_pool(desc, rank, device, &fresh);
+        ferry_status st = open_pool(desc, claim, device, deadline, &fresh);
         if (st != FERRY_OK)
             return st;
         return insert_or_reuse(fresh, out);
     }
-    if (rank >= pool->consumers) {
+    if (claim != FERRY__RANK_NONE && claim >= pool->consumers) {
         ferry__cache_release(pool);
         return ferry__fail(FERRY_MISMATCH, "rank %u is out of range for the pool (consumers=%u)",
-                           rank, pool->consumers);
+                           claim, pool->consumers);
     }
     if (!attached) {
-        ferry_status st = attach_rank(pool, rank);
+        ferry_status st = attach_rank(pool, claim, deadline);
         if (st != FERRY_OK) {
             ferry__cache_release(pool);
             return st;
@@ -267,6 +357,13 @@ ferry_status ferry__cache_acquire(const ferry_descriptor *desc, uint32_t rank, i
     }
     *out = pool;
     return FERRY_OK;
+}
+
+void ferry__cache_retain(ferry__mapped_pool *pool)
+{
+    pthread_mutex_lock(&cache_lock);
+    pool->refs++;
+    pthread_mutex_unlock(&cache_lock);
 }
 
 void ferry__cache_release(ferry__mapped_pool *pool)
@@ -287,7 +384,8 @@ void ferry__cache_evict(ferry__mapped_pool *pool)
     if (!ferry__load_acquire32(&pool->gone)) {
         ferry__store_release32(&pool->gone, 1);
         unlink_locked(pool);
-        drop = 1;
+        drop = 1 + drop_ended_views_locked(pool);
+        pool->refs -= drop - 1; /* the last one through ferry__cache_release */
     }
     pthread_mutex_unlock(&cache_lock);
     if (drop)

@@ -1,11 +1,17 @@
 /* Consumer operations: wait for a lease, read or view it, acknowledge it; on GPU pools also
- * stream-ordered. */
+ * stream-ordered.
+ *
+ * Every call takes a reference on the opened pool for its own duration (and a view keeps one
+ * until its acknowledgement); consumer objects hold none. Only the calls that read a lease
+ * (open, wait, read, view and their stream-ordered forms) claim the consumer's rank for this
+ * process; acknowledgements never claim or displace a rank. */
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "broker/broker.h"
 #include "common/atomic.h"
 #include "common/clock.h"
 #include "common/error.h"
@@ -21,14 +27,16 @@
  * sleeping: the producer's stream usually writes the ready word within microseconds, and the
  * shortest sleep takes tens of them. */
 #define FERRY_GPU_SPIN_NS 100000ull
+/* How long calls without a timeout of their own (acknowledgements, stream-ordered calls) may
+ * wait for a pool's broker when they open the pool. */
+#define FERRY_OPEN_TIMEOUT_NS 5000000000ull
+/* The least time a call with a shorter timeout (0 included) gives the broker on first use. */
+#define FERRY_OPEN_MIN_NS 100000000ull
 
 struct ferry_consumer {
     uint32_t rank;
-    int32_t device;             /* for GPU pools; -1 for host pools only */
-    pthread_mutex_t lock;       /* guards pools */
-    ferry__mapped_pool **pools; /* pools this consumer holds a reference on */
-    size_t npools;
-    size_t cap;
+    int32_t device; /* for GPU pools; -1 for host pools only */
+    pid_t pid;      /* the process that created it */
 };
 
 ferry_status ferry_consumer_create_on(uint32_t rank, int32_t device, ferry_consumer **out)
@@ -37,12 +45,14 @@ ferry_status ferry_consumer_create_on(uint32_t rank, int32_t device, ferry_consu
         return ferry__fail(FERRY_INVALID_ARGUMENT, "consumer output pointer is NULL");
     if (device < -1)
         return ferry__fail(FERRY_INVALID_ARGUMENT, "device %d is not a device", device);
+    if (rank == FERRY__RANK_NONE)
+        return ferry__fail(FERRY_INVALID_ARGUMENT, "rank %u is not a rank", rank);
     ferry_consumer *c = calloc(1, sizeof(*c));
     if (!c)
         return ferry__fail(FERRY_NO_MEMORY, "out of memory for a consumer");
     c->rank = rank;
     c->device = device;
-    pthread_mutex_init(&c->lock, NULL);
+    c->pid = ferry__proc_self();
     *out = c;
     ferry__clear_error();
     return FERRY_OK;
@@ -55,34 +65,20 @@ ferry_status ferry_consumer_create(uint32_t rank, ferry_consumer **out)
 
 void ferry_consumer_destroy(ferry_consumer *c)
 {
-    if (!c)
-        return;
-    for (size_t i = 0; i < c->npools; i++)
-        ferry__cache_release(c->pools[i]);
-    free(c->pools);
-    pthread_mutex_destroy(&c->lock);
     free(c);
 }
 
-static ferry__mapped_pool *find_held(ferry_consumer *c, const uint8_t id[16])
-{
-    for (size_t i = 0; i < c->npools; i++)
-        if (memcmp(c->pools[i]->pool_id, id, 16) == 0)
-            return c->pools[i];
-    return NULL;
-}
+/* ---- finding the pool ------------------------------------------------------------------- */
 
-static ferry_status hold(ferry_consumer *c, ferry__mapped_pool *pool)
+static ferry_status check_call(const ferry_consumer *c, const ferry_descriptor *d)
 {
-    if (c->npools == c->cap) {
-        size_t cap = c->cap ? 2 * c->cap : 4;
-        ferry__mapped_pool **p = realloc(c->pools, cap * sizeof(*p));
-        if (!p)
-            return ferry__fail(FERRY_NO_MEMORY, "out of memory for the consumer's pools");
-        c->pools = p;
-        c->cap = cap;
-    }
-    c->pools[c->npools++] = pool;
+    if (!c || !d)
+        return ferry__fail(FERRY_INVALID_ARGUMENT, "consumer or descriptor is NULL");
+    if (c->pid != ferry__proc_self())
+        return ferry__fail(FERRY_FORKED,
+                           "consumer of rank %u was created by process %d; this forked child "
+                           "(pid %d) cannot use it: create a consumer in the child",
+                           c->rank, (int)c->pid, (int)ferry__proc_self());
     return FERRY_OK;
 }
 
@@ -110,48 +106,60 @@ static ferry_status check_against_pool(const ferry__mapped_pool *p, const ferry_
                            "descriptor range [%llu, +%llu) exceeds the pool's %llu data bytes",
                            (unsigned long long)d->offset, (unsigned long long)d->length,
                            (unsigned long long)p->data_size);
+    if (d->part_count && d->part_index >= d->part_count)
+        return ferry__fail(FERRY_INVALID_ARGUMENT, "descriptor part %u of %u is out of range",
+                           d->part_index, d->part_count);
     return FERRY_OK;
 }
 
-/* The opened pool for a descriptor (opening it on first use), checked against it. */
-static ferry_status pool_lookup(ferry_consumer *c, const ferry_descriptor *d, int open_only,
-                                ferry__mapped_pool **out)
+/* The deadline a call gives the broker when it opens a pool: its own, or a short grace for a
+ * call that may not wait at all. */
+static uint64_t open_deadline(uint64_t deadline)
 {
-    if (!c || !d)
-        return ferry__fail(FERRY_INVALID_ARGUMENT, "consumer or descriptor is NULL");
-    pthread_mutex_lock(&c->lock);
-    ferry__mapped_pool *p = find_held(c, d->pool_id);
-    ferry_status st = FERRY_OK;
-    if (!p) {
-        st = ferry__cache_acquire(d, c->rank, c->device, &p);
-        if (st == FERRY_OK && (st = hold(c, p)) != FERRY_OK)
-            ferry__cache_release(p);
-    }
-    pthread_mutex_unlock(&c->lock);
+    uint64_t least = ferry__deadline(FERRY_OPEN_MIN_NS);
+    return deadline > least ? deadline : least;
+}
+
+/* The opened pool for a descriptor (opening it on first use, claiming rank claim or none),
+ * checked against it; the caller releases it with ferry__cache_release. */
+static ferry_status pool_lookup(ferry_consumer *c, const ferry_descriptor *d, uint32_t claim,
+                                uint64_t deadline, int open_only, ferry__mapped_pool **out)
+{
+    ferry__mapped_pool *p = NULL;
+    ferry_status st = check_call(c, d);
     if (st == FERRY_OK)
-        st = check_against_pool(p, d);
+        st = ferry__cache_acquire(d, claim, c->device, open_deadline(deadline), &p);
+    if (st != FERRY_OK)
+        return st;
+    st = check_against_pool(p, d);
     if (st == FERRY_OK && (d->flags & FERRY_DESC_FLAG_POOL_ONLY) && !open_only)
         st = ferry__fail(FERRY_INVALID_ARGUMENT,
                          "a pool-only descriptor names no lease: it can only open the pool");
     if (st == FERRY_OK && p->backend != FERRY_BACKEND_HOST)
-        st = ferry__gpu_map(p, c->device);
-    if (st == FERRY_OK)
-        *out = p;
-    return st;
+        st = ferry__gpu_map(p, c->device, open_deadline(deadline));
+    if (st != FERRY_OK) {
+        ferry__cache_release(p);
+        return st;
+    }
+    *out = p;
+    return FERRY_OK;
 }
 
-static ferry_status pool_for(ferry_consumer *c, const ferry_descriptor *d, ferry__mapped_pool **out)
+/* What a call ends with: the pool's reference dropped, the error cleared on success. */
+static ferry_status done(ferry__mapped_pool *p, ferry_status st)
 {
-    return pool_lookup(c, d, 0, out);
+    ferry__cache_release(p);
+    if (st == FERRY_OK)
+        ferry__clear_error();
+    return st;
 }
 
 ferry_status ferry_consumer_open(ferry_consumer *c, const ferry_descriptor *d)
 {
     ferry__mapped_pool *p;
-    ferry_status st = pool_lookup(c, d, 1, &p);
-    if (st == FERRY_OK)
-        ferry__clear_error();
-    return st;
+    ferry_status st = pool_lookup(c, d, c ? c->rank : 0, ferry__deadline(FERRY_OPEN_TIMEOUT_NS),
+                                  1, &p);
+    return st == FERRY_OK ? done(p, st) : st;
 }
 
 /* ---- control words -------------------------------------------------------------------- */
@@ -159,6 +167,11 @@ ferry_status ferry_consumer_open(ferry_consumer *c, const ferry_descriptor *d)
 static uint64_t row_word(const ferry__mapped_pool *p, uint32_t slot)
 {
     return (uint64_t)slot * p->row_words;
+}
+
+static uint64_t rank_index(const ferry__mapped_pool *p, uint32_t slot, uint32_t rank)
+{
+    return (uint64_t)slot * p->consumers + rank;
 }
 
 static ferry_status load_word(ferry_consumer *c, ferry__mapped_pool *p, uint64_t word,
@@ -187,7 +200,7 @@ static ferry_status load_ack(ferry_consumer *c, ferry__mapped_pool *p, uint32_t 
                              uint32_t *value)
 {
     if (p->my_acks) {
-        *value = ferry__load_acquire32(&p->my_acks[(uint64_t)slot * p->consumers + rank]);
+        *value = ferry__load_acquire32(&p->my_acks[rank_index(p, slot, rank)]);
         return FERRY_OK;
     }
     return load_word(c, p, row_word(p, slot) + 1 + rank, value);
@@ -196,7 +209,7 @@ static ferry_status load_ack(ferry_consumer *c, ferry__mapped_pool *p, uint32_t 
 static void note_ack(ferry__mapped_pool *p, uint32_t slot, uint32_t rank, uint32_t generation)
 {
     if (p->my_acks)
-        ferry__store_release32(&p->my_acks[(uint64_t)slot * p->consumers + rank], generation);
+        ferry__store_release32(&p->my_acks[rank_index(p, slot, rank)], generation);
 }
 
 static ferry_status stale(const ferry__mapped_pool *p, const ferry_descriptor *d, uint32_t rank)
@@ -231,6 +244,22 @@ static ferry_status lease_state(ferry_consumer *c, ferry__mapped_pool *p, const 
     if (st == FERRY_OK && ack != d->generation)
         *state = check_ready ? ready == d->generation : 1;
     return st;
+}
+
+/* The descriptor's range must lie inside the extent its lease recorded: a well-formed
+ * descriptor cannot reach into another lease. Read once the lease is current (its
+ * generation checked, or its ready word seen); the caller checks the generation again. */
+static ferry_status check_extent(const ferry__mapped_pool *p, const ferry_descriptor *d)
+{
+    uint64_t off = ferry__load_relaxed64(&p->extents[d->slot].offset);
+    uint64_t len = ferry__load_relaxed64(&p->extents[d->slot].length);
+    if (d->offset >= off && d->length <= len && d->offset - off <= len - d->length)
+        return FERRY_OK;
+    return ferry__fail(FERRY_MISMATCH,
+                       "descriptor range [%llu, +%llu) is not inside its lease (slot=%u, "
+                       "generation=%u), which holds [%llu, +%llu)",
+                       (unsigned long long)d->offset, (unsigned long long)d->length, d->slot,
+                       d->generation, (unsigned long long)off, (unsigned long long)len);
 }
 
 static int producer_gone(ferry__mapped_pool *p)
@@ -274,21 +303,23 @@ static ferry_status gone_error(const ferry__mapped_pool *p, const ferry_descript
                        (int)p->producer_pid, d->slot, d->generation);
 }
 
+/* Waits until the lease is ready (and its extent holds the descriptor's range). */
 static ferry_status wait_ready(ferry_consumer *c, ferry__mapped_pool *p, const ferry_descriptor *d,
-                               uint64_t timeout_ns)
+                               uint64_t timeout_ns, uint64_t deadline)
 {
-    uint64_t start = 0, deadline = 0, next_check = 0;
+    uint64_t start = 0, next_check = 0;
     for (;;) {
         int state;
         ferry_status st = lease_state(c, p, d, 1, &state);
-        if (st != FERRY_OK || state > 0)
+        if (st != FERRY_OK)
             return st;
+        if (state > 0)
+            return check_extent(p, d);
         if (state < 0)
             return stale(p, d, c->rank);
         uint64_t now = ferry__now_ns();
         if (!start) {
             start = now;
-            deadline = timeout_ns > UINT64_MAX - now ? UINT64_MAX : now + timeout_ns;
             next_check = now + FERRY_READY_WAIT_SLICE_NS;
         } else if (now >= next_check) {
             /* /proc is read at most every slice, however short the sleeps. */
@@ -310,12 +341,11 @@ static ferry_status wait_ready(ferry_consumer *c, ferry__mapped_pool *p, const f
 ferry_status ferry_consumer_wait(ferry_consumer *c, const ferry_descriptor *d, uint64_t timeout_ns)
 {
     ferry__mapped_pool *p;
-    ferry_status st = pool_for(c, d, &p);
-    if (st == FERRY_OK)
-        st = wait_ready(c, p, d, timeout_ns);
-    if (st == FERRY_OK)
-        ferry__clear_error();
-    return st;
+    uint64_t deadline = ferry__deadline(timeout_ns);
+    ferry_status st = pool_lookup(c, d, c ? c->rank : 0, deadline, 0, &p);
+    if (st != FERRY_OK)
+        return st;
+    return done(p, wait_ready(c, p, d, timeout_ns, deadline));
 }
 
 static ferry_status copy_out(ferry_consumer *c, ferry__mapped_pool *p, const ferry_descriptor *d,
@@ -339,23 +369,116 @@ static ferry_status check_dst(const ferry_descriptor *d, const void *dst, size_t
     return FERRY_OK;
 }
 
+/* After a CPU read: the lease was not recycled while it was read. A slot reused meanwhile
+ * has a new generation; a lease whose slice was freed (and maybe leased again under another
+ * slot) has this rank's acknowledgement word at its generation, written by whoever
+ * acknowledged on its behalf. Both words are read after the copy's reads. */
+static ferry_status check_intact(ferry_consumer *c, ferry__mapped_pool *p,
+                                 const ferry_descriptor *d)
+{
+    if (ferry__load_after_reads32(&p->generations[d->slot]) != d->generation)
+        return stale(p, d, c->rank);
+    uint32_t ack;
+    ferry_status st = load_word(c, p, row_word(p, d->slot) + 1 + c->rank, &ack);
+    if (st != FERRY_OK)
+        return st;
+    if (ack == d->generation)
+        return ferry__fail(FERRY_STALE,
+                           "stale descriptor: lease (slot=%u, generation=%u) was acknowledged "
+                           "for rank %u while it was being read; the bytes read may be another "
+                           "lease's",
+                           d->slot, d->generation, c->rank);
+    return FERRY_OK;
+}
+
 ferry_status ferry_consumer_read(ferry_consumer *c, const ferry_descriptor *d, void *dst,
                                  size_t dst_size, uint64_t timeout_ns)
 {
     ferry__mapped_pool *p;
-    ferry_status st = pool_for(c, d, &p);
-    if (st == FERRY_OK)
-        st = check_dst(d, dst, dst_size);
-    if (st == FERRY_OK)
-        st = wait_ready(c, p, d, timeout_ns);
-    if (st == FERRY_OK)
-        st = copy_out(c, p, d, dst);
+    uint64_t deadline = ferry__deadline(timeout_ns);
+    ferry_status st = pool_lookup(c, d, c ? c->rank : 0, deadline, 0, &p);
     if (st != FERRY_OK)
         return st;
-    /* Seqlock-style re-check: the copy must not have overlapped a reuse of the slot. */
-    if (ferry__load_after_reads32(&p->generations[d->slot]) != d->generation)
+    st = check_dst(d, dst, dst_size);
+    if (st == FERRY_OK)
+        st = wait_ready(c, p, d, timeout_ns, deadline);
+    if (st == FERRY_OK)
+        st = copy_out(c, p, d, dst);
+    if (st == FERRY_OK)
+        st = check_intact(c, p, d);
+    return done(p, st);
+}
+
+/* ---- views: each holds a reference on its pool until its rank acknowledges ---------------- */
+
+static ferry_status viewed_table(ferry__mapped_pool *p, uint32_t **out)
+{
+    uint32_t *t = __atomic_load_n(&p->viewed, __ATOMIC_ACQUIRE);
+    if (!t) {
+        uint32_t *fresh = calloc((size_t)p->max_inflight * p->consumers, sizeof(uint32_t));
+        if (!fresh)
+            return ferry__fail(FERRY_NO_MEMORY, "out of memory for the pool's views");
+        if (__atomic_compare_exchange_n(&p->viewed, &t, fresh, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE))
+            t = fresh;
+        else
+            free(fresh);
+    }
+    *out = t;
+    return FERRY_OK;
+}
+
+/* Records a view of the lease for rank; a new record takes a reference on the pool (one that
+ * replaces the record of an earlier lease of the slot keeps that one's). */
+static ferry_status view_begin(ferry__mapped_pool *p, const ferry_descriptor *d, uint32_t rank)
+{
+    uint32_t *t = NULL;
+    ferry_status st = viewed_table(p, &t);
+    if (st != FERRY_OK)
+        return st;
+    uint32_t old = __atomic_exchange_n(&t[rank_index(p, d->slot, rank)], d->generation,
+                                       __ATOMIC_ACQ_REL);
+    if (old == 0)
+        ferry__cache_retain(p);
+    return FERRY_OK;
+}
+
+/* The rank's acknowledgement ends its view of the lease, if it had one. */
+static void view_end(ferry__mapped_pool *p, uint32_t slot, uint32_t rank, uint32_t generation)
+{
+    uint32_t *t = __atomic_load_n(&p->viewed, __ATOMIC_ACQUIRE);
+    uint32_t expected = generation;
+    if (t && __atomic_compare_exchange_n(&t[rank_index(p, slot, rank)], &expected, 0, 0,
+                                         __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+        ferry__cache_release(p); /* never the last reference: the call holds one */
+}
+
+static ferry_status data_pointer(ferry_consumer *c, ferry__mapped_pool *p,
+                                 const ferry_descriptor *d, const void **ptr)
+{
+    if (p->data) {
+        *ptr = p->data + d->offset;
+        return FERRY_OK;
+    }
+    return ferry__gpu_data(p, c->device, d->offset, ptr);
+}
+
+/* Hands out a view: recorded, then the lease checked current once more (a view of a lease
+ * recycled meanwhile is refused and forgotten). */
+static ferry_status view_out(ferry_consumer *c, ferry__mapped_pool *p, const ferry_descriptor *d,
+                             const void **data)
+{
+    const void *ptr = NULL;
+    ferry_status st = data_pointer(c, p, d, &ptr);
+    if (st == FERRY_OK)
+        st = view_begin(p, d, c->rank);
+    if (st != FERRY_OK)
+        return st;
+    if (ferry__load_after_reads32(&p->generations[d->slot]) != d->generation) {
+        view_end(p, d->slot, c->rank, d->generation);
         return stale(p, d, c->rank);
-    ferry__clear_error();
+    }
+    *data = ptr;
     return FERRY_OK;
 }
 
@@ -363,21 +486,94 @@ ferry_status ferry_consumer_view(ferry_consumer *c, const ferry_descriptor *d, c
                                  uint64_t timeout_ns)
 {
     ferry__mapped_pool *p;
-    const void *ptr = NULL;
-    ferry_status st = pool_for(c, d, &p);
-    if (st == FERRY_OK && !data)
-        st = ferry__fail(FERRY_INVALID_ARGUMENT, "data output is NULL");
-    if (st == FERRY_OK)
-        st = wait_ready(c, p, d, timeout_ns);
-    if (st == FERRY_OK && p->data)
-        ptr = p->data + d->offset;
-    else if (st == FERRY_OK)
-        st = ferry__gpu_data(p, c->device, d->offset, &ptr);
+    uint64_t deadline = ferry__deadline(timeout_ns);
+    ferry_status st = pool_lookup(c, d, c ? c->rank : 0, deadline, 0, &p);
     if (st != FERRY_OK)
         return st;
-    *data = ptr;
-    ferry__clear_error();
-    return FERRY_OK;
+    if (!data)
+        st = ferry__fail(FERRY_INVALID_ARGUMENT, "data output is NULL");
+    if (st == FERRY_OK)
+        st = wait_ready(c, p, d, timeout_ns, deadline);
+    if (st == FERRY_OK)
+        st = view_out(c, p, d, data);
+    return done(p, st);
+}
+
+/* ---- packed leases acknowledged part by part ---------------------------------------------- */
+
+/* The parts of one packed lease that this process acknowledged for one rank. */
+struct ferry__part_set {
+    ferry__part_set *next;
+    uint32_t slot, rank, generation, count, done;
+    uint64_t bits[]; /* one bit per part */
+};
+
+void ferry__parts_free(ferry__mapped_pool *p);
+
+void ferry__parts_free(ferry__mapped_pool *p)
+{
+    while (p->parts) {
+        ferry__part_set *next = p->parts->next;
+        free(p->parts);
+        p->parts = next;
+    }
+}
+
+/* Finds the set of (slot, rank, generation), dropping sets of leases no longer current. */
+static ferry__part_set **find_parts_locked(ferry__mapped_pool *p, const ferry_descriptor *d,
+                                           uint32_t rank)
+{
+    ferry__part_set **pp = &p->parts;
+    while (*pp) {
+        ferry__part_set *s = *pp;
+        if (ferry__load_acquire32(&p->generations[s->slot]) != s->generation) {
+            *pp = s->next;
+            free(s);
+            continue;
+        }
+        if (s->slot == d->slot && s->rank == rank && s->generation == d->generation)
+            return pp;
+        pp = &s->next;
+    }
+    return pp;
+}
+
+static ferry__part_set *new_parts(const ferry_descriptor *d, uint32_t rank)
+{
+    size_t words = ((size_t)d->part_count + 63) / 64;
+    ferry__part_set *s = calloc(1, sizeof(*s) + words * sizeof(uint64_t));
+    if (s) {
+        s->slot = d->slot;
+        s->rank = rank;
+        s->generation = d->generation;
+        s->count = d->part_count;
+    }
+    return s;
+}
+
+/* Records that rank acknowledged part d->part_index: *complete = 1 if that was the lease's
+ * last part (its acknowledgement word must be written now), 0 if parts remain, -1 if this
+ * part was acknowledged already. */
+static ferry_status part_ack(ferry__mapped_pool *p, const ferry_descriptor *d, uint32_t rank,
+                             int *complete)
+{
+    ferry_status st = FERRY_OK;
+    pthread_mutex_lock(&p->parts_lock);
+    ferry__part_set **pp = find_parts_locked(p, d, rank);
+    if (!*pp && !(*pp = new_parts(d, rank)))
+        st = ferry__fail(FERRY_NO_MEMORY, "out of memory for a packed lease's parts");
+    if (st == FERRY_OK) {
+        ferry__part_set *s = *pp;
+        uint64_t bit = 1ull << (d->part_index % 64), *word = &s->bits[d->part_index / 64];
+        *complete = (*word & bit) ? -1 : ++s->done >= s->count;
+        *word |= bit;
+        if (*complete == 1) {
+            *pp = s->next;
+            free(s);
+        }
+    }
+    pthread_mutex_unlock(&p->parts_lock);
+    return st;
 }
 
 /* ---- acknowledgements --------------------------------------------------------------- */
@@ -397,77 +593,119 @@ static ferry_status check_range(const ferry__mapped_pool *p, uint32_t first, uin
     return FERRY_OK;
 }
 
-/* Writes ack words for ranks [first, first + count). Fails STALE if the slot was reused, or
- * (strict) if any rank had already acknowledged. */
-static ferry_status ack_ranks(ferry_consumer *c, const ferry_descriptor *d, uint32_t first,
-                              uint32_t count, int strict)
+/* One rank's acknowledgement, now or (stream != NULL or GPU) enqueued on stream: *wrote is
+ * 1 if its word was written, 0 if only a part was recorded, -1 if it was acknowledged
+ * already. */
+static ferry_status ack_one(ferry_consumer *c, ferry__mapped_pool *p, const ferry_descriptor *d,
+                            uint32_t rank, int enqueue, void *stream, int *wrote)
 {
-    ferry__mapped_pool *p;
-    ferry_status st = pool_for(c, d, &p);
-    if (st == FERRY_OK)
-        st = check_range(p, first, count);
+    uint32_t ack;
+    int complete = 1;
+    *wrote = -1;
+    ferry_status st = load_ack(c, p, d->slot, rank, &ack);
+    if (st != FERRY_OK || ack == d->generation)
+        return st;
+    if (d->part_count)
+        st = part_ack(p, d, rank, &complete);
+    if (st != FERRY_OK || complete <= 0) {
+        *wrote = complete;
+        return st;
+    }
+    uint64_t word = row_word(p, d->slot) + 1 + rank;
+    st = enqueue ? ferry__gpu_enqueue_store(p, c->device, word, d->generation, stream)
+                 : store_word(c, p, word, d->generation);
+    if (st != FERRY_OK)
+        return st;
+    note_ack(p, d->slot, rank, d->generation);
+    view_end(p, d->slot, rank, d->generation);
+    *wrote = 1;
+    return FERRY_OK;
+}
+
+/* Acknowledges ranks [first, first + count). Fails STALE if the slot was reused, or
+ * (strict) if any rank had already acknowledged. */
+static ferry_status ack_ranks(ferry_consumer *c, ferry__mapped_pool *p, const ferry_descriptor *d,
+                              uint32_t first, uint32_t count, int strict, int enqueue,
+                              void *stream)
+{
+    ferry_status st = check_range(p, first, count);
     if (st != FERRY_OK)
         return st;
     if (ferry__load_acquire32(&p->generations[d->slot]) != d->generation)
         return stale(p, d, first);
-    uint32_t written = 0;
+    uint32_t written = 0, taken = 0;
     for (uint32_t r = first; r < first + count && st == FERRY_OK; r++) {
-        uint32_t ack;
-        st = load_ack(c, p, d->slot, r, &ack);
-        if (st == FERRY_OK && ack != d->generation &&
-            (st = store_word(c, p, row_word(p, d->slot) + 1 + r, d->generation)) == FERRY_OK) {
-            note_ack(p, d->slot, r, d->generation);
-            written++;
-        }
+        int wrote;
+        st = ack_one(c, p, d, r, enqueue, stream, &wrote);
+        written += wrote == 1;
+        taken += wrote >= 0;
     }
-    if (written)
+    if (written && !enqueue)
         signal_ack(p);
     if (st != FERRY_OK)
         return st;
-    if ((strict && written < count) || !written)
+    if ((strict && taken < count) || !taken)
         return stale(p, d, first);
-    ferry__clear_error();
     return FERRY_OK;
+}
+
+/* Acknowledgements open the pool without claiming any rank. */
+static ferry_status ack_call(ferry_consumer *c, const ferry_descriptor *d, uint32_t first,
+                             uint32_t count, int strict)
+{
+    ferry__mapped_pool *p;
+    ferry_status st = pool_lookup(c, d, FERRY__RANK_NONE, ferry__deadline(FERRY_OPEN_TIMEOUT_NS), 0,
+                                  &p);
+    if (st != FERRY_OK)
+        return st;
+    return done(p, ack_ranks(c, p, d, first, count, strict, 0, NULL));
 }
 
 ferry_status ferry_consumer_ack(ferry_consumer *c, const ferry_descriptor *d)
 {
     if (!c)
         return ferry__fail(FERRY_INVALID_ARGUMENT, "consumer is NULL");
-    return ack_ranks(c, d, c->rank, 1, 1);
+    return ack_call(c, d, c->rank, 1, 1);
 }
 
 ferry_status ferry_consumer_ack_range(ferry_consumer *c, const ferry_descriptor *d, uint32_t first,
                                       uint32_t count)
 {
-    return ack_ranks(c, d, first, count, 0);
+    return ack_call(c, d, first, count, 0);
 }
 
 ferry_status ferry_consumer_ack_all(ferry_consumer *c, const ferry_descriptor *d)
 {
     if (!d)
         return ferry__fail(FERRY_INVALID_ARGUMENT, "descriptor is NULL");
-    return ack_ranks(c, d, 0, d->consumer_count, 0);
+    return ack_call(c, d, 0, d->consumer_count, 0);
 }
 
 /* ---- stream-ordered (GPU pools) -------------------------------------------------------- */
 
 /* The GPU pool of a descriptor, refusing a lease this rank can no longer read. */
-static ferry_status gpu_pool_for(ferry_consumer *c, const ferry_descriptor *d,
+static ferry_status gpu_pool_for(ferry_consumer *c, const ferry_descriptor *d, uint32_t claim,
                                  ferry__mapped_pool **out)
 {
     ferry__mapped_pool *p;
     int state;
-    ferry_status st = pool_for(c, d, &p);
-    if (st == FERRY_OK && p->backend == FERRY_BACKEND_HOST)
+    ferry_status st = pool_lookup(c, d, claim, ferry__deadline(FERRY_OPEN_TIMEOUT_NS), 0, &p);
+    if (st != FERRY_OK)
+        return st;
+    if (p->backend == FERRY_BACKEND_HOST)
         st = ferry__fail(FERRY_NOT_SUPPORTED, "stream-ordered operations need a GPU pool");
     if (st == FERRY_OK)
         st = lease_state(c, p, d, 0, &state);
     if (st == FERRY_OK && state < 0)
         st = stale(p, d, c->rank);
-    if (st == FERRY_OK)
-        *out = p;
-    return st;
+    if (st == FERRY_OK && claim != FERRY__RANK_NONE)
+        st = check_extent(p, d);
+    if (st != FERRY_OK) {
+        ferry__cache_release(p);
+        return st;
+    }
+    *out = p;
+    return FERRY_OK;
 }
 
 /* Enqueues the stream's wait for the lease's ready word, unless the CPU sees it written
@@ -481,59 +719,44 @@ static ferry_status enqueue_ready_wait(ferry_consumer *c, ferry__mapped_pool *p,
     return ferry__gpu_enqueue_wait(p, c->device, row_word(p, d->slot), d->generation, stream);
 }
 
-/* Enqueues this rank's acknowledgement after the stream's work, and notes it. */
-static ferry_status enqueue_ack(ferry_consumer *c, ferry__mapped_pool *p, const ferry_descriptor *d,
-                                void *stream)
-{
-    ferry_status st = ferry__gpu_enqueue_store(p, c->device, row_word(p, d->slot) + 1 + c->rank,
-                                               d->generation, stream);
-    if (st == FERRY_OK) {
-        note_ack(p, d->slot, c->rank, d->generation);
-        ferry__clear_error();
-    }
-    return st;
-}
-
 ferry_status ferry_consumer_read_async(ferry_consumer *c, const ferry_descriptor *d, void *dst,
                                        size_t dst_size, void *stream)
 {
     ferry__mapped_pool *p;
-    ferry_status st = gpu_pool_for(c, d, &p);
-    if (st == FERRY_OK)
-        st = check_dst(d, dst, dst_size);
+    ferry_status st = gpu_pool_for(c, d, c ? c->rank : 0, &p);
+    if (st != FERRY_OK)
+        return st;
+    st = check_dst(d, dst, dst_size);
     if (st == FERRY_OK)
         st = enqueue_ready_wait(c, p, d, stream);
     if (st == FERRY_OK)
         st = ferry__gpu_enqueue_copy(p, c->device, d->offset, dst, d->length, stream);
     if (st == FERRY_OK)
-        st = enqueue_ack(c, p, d, stream);
-    return st;
+        st = ack_ranks(c, p, d, c->rank, 1, 1, 1, stream);
+    return done(p, st);
 }
 
 ferry_status ferry_consumer_view_async(ferry_consumer *c, const ferry_descriptor *d, void *stream,
                                        const void **data)
 {
     ferry__mapped_pool *p;
-    const void *ptr = NULL;
-    ferry_status st = gpu_pool_for(c, d, &p);
-    if (st == FERRY_OK && !data)
+    ferry_status st = gpu_pool_for(c, d, c ? c->rank : 0, &p);
+    if (st != FERRY_OK)
+        return st;
+    if (!data)
         st = ferry__fail(FERRY_INVALID_ARGUMENT, "data output is NULL");
     if (st == FERRY_OK)
         st = enqueue_ready_wait(c, p, d, stream);
     if (st == FERRY_OK)
-        st = ferry__gpu_data(p, c->device, d->offset, &ptr);
-    if (st != FERRY_OK)
-        return st;
-    *data = ptr;
-    ferry__clear_error();
-    return FERRY_OK;
+        st = view_out(c, p, d, data);
+    return done(p, st);
 }
 
 ferry_status ferry_consumer_ack_async(ferry_consumer *c, const ferry_descriptor *d, void *stream)
 {
     ferry__mapped_pool *p;
-    ferry_status st = gpu_pool_for(c, d, &p);
-    if (st == FERRY_OK)
-        st = enqueue_ack(c, p, d, stream);
-    return st;
+    ferry_status st = gpu_pool_for(c, d, FERRY__RANK_NONE, &p);
+    if (st != FERRY_OK)
+        return st;
+    return done(p, ack_ranks(c, p, d, c->rank, 1, 1, 1, stream));
 }

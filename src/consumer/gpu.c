@@ -9,9 +9,11 @@
 
 #include "broker/broker.h"
 #include "common/atomic.h"
+#include "common/clock.h"
 #include "common/error.h"
 #include "consumer/consumer.h"
 #include "driver/driver.h"
+#include "transport/cuda_pool.h"
 
 #define FERRY_GPU_MAX_DEVICES 64
 
@@ -22,9 +24,11 @@ struct ferry__gpu_pool {
     int device;                              /* the device whose context registered it */
     CUdeviceptr segment_dev;                 /* its device address */
     CUdeviceptr base[FERRY_GPU_MAX_DEVICES]; /* the pool opened on each device, 0 if not */
+    uint8_t borrowed[FERRY_GPU_MAX_DEVICES]; /* base is the producer's own (same process) */
     CUmemGenericAllocationHandle vmm[FERRY_GPU_MAX_DEVICES]; /* CUDA VMM: imported handles */
 };
 
+/* Calls that reach gpu_map after their pool was opened give the VMM broker this long. */
 #define FERRY_VMM_BROKER_TIMEOUT_NS 5000000000ull
 
 static int device_control(const ferry__mapped_pool *p)
@@ -87,7 +91,8 @@ static ferry_status open_ipc(ferry__mapped_pool *p, CUdeviceptr *base)
 }
 
 /* CUDA VMM: the allocation handle, from the FABRIC bytes or the broker's POSIX fd. */
-static ferry_status import_vmm(ferry__mapped_pool *p, CUmemGenericAllocationHandle *h)
+static ferry_status import_vmm(ferry__mapped_pool *p, uint64_t deadline,
+                               CUmemGenericAllocationHandle *h)
 {
     const ferry__cuda *cuda = p->gpu->cuda;
     if (p->flags & FERRY_DESC_FLAG_FABRIC) {
@@ -98,9 +103,10 @@ static ferry_status import_vmm(ferry__mapped_pool *p, CUmemGenericAllocationHand
     int fd;
     uint64_t size;
     pid_t pid;
-    ferry_status st =
-        ferry__broker_request(p->handle, p->pool_id, p->open_rank, "CUDA VMM POSIX FD broker",
-                              FERRY_VMM_BROKER_TIMEOUT_NS, &fd, &size, &pid);
+    uint64_t now = ferry__now_ns();
+    ferry_status st = ferry__broker_request(p->handle, p->pool_id, FERRY__RANK_NONE,
+                                            "CUDA VMM POSIX FD broker",
+                                            deadline > now ? deadline - now : 0, &fd, &size, &pid);
     if (st != FERRY_OK)
         return st;
     CUresult rc = cuda->cuMemImportFromShareableHandle(h, (void *)(intptr_t)fd,
@@ -135,7 +141,8 @@ static ferry_status map_range(const ferry__cuda *cuda, CUmemGenericAllocationHan
 }
 
 /* CUDA VMM: imports the pool and maps it on the consumer's device. */
-static ferry_status open_vmm(ferry__mapped_pool *p, int device, CUdeviceptr *base)
+static ferry_status open_vmm(ferry__mapped_pool *p, int device, uint64_t deadline,
+                             CUdeviceptr *base)
 {
     const ferry__cuda *cuda = p->gpu->cuda;
     if (!cuda->cuMemCreate)
@@ -146,7 +153,7 @@ static ferry_status open_vmm(ferry__mapped_pool *p, int device, CUdeviceptr *bas
     CUmemGenericAllocationHandle h;
     FERRY_CU_TRY(cuda, cuMemGetAllocationGranularity,
                  (&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
-    ferry_status st = import_vmm(p, &h);
+    ferry_status st = import_vmm(p, deadline, &h);
     if (st == FERRY_OK && (st = map_range(cuda, h, p->memory_size, g, device, base)) != FERRY_OK)
         cuda->cuMemRelease(h);
     if (st == FERRY_OK)
@@ -154,12 +161,33 @@ static ferry_status open_vmm(ferry__mapped_pool *p, int device, CUdeviceptr *bas
     return st;
 }
 
-static ferry_status open_handle(ferry__mapped_pool *p, int device, CUdeviceptr *base)
+/* A consumer in the producer's own process reads the producer's mapping: CUDA refuses to
+ * open a process's own IPC handle, and importing its own VMM allocation would map it twice.
+ * A CUDA VMM mapping is made accessible from the consumer's device too. */
+static ferry_status borrow_local(ferry__mapped_pool *p, int device, const ferry__cuda_local *l,
+                                 CUdeviceptr *base)
 {
-    return p->backend == FERRY_BACKEND_CUDA_VMM ? open_vmm(p, device, base) : open_ipc(p, base);
+    if (p->backend == FERRY_BACKEND_CUDA_VMM && device != l->device) {
+        CUmemAccessDesc access = {{CU_MEM_LOCATION_TYPE_DEVICE, device},
+                                  CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+        FERRY_CU_TRY(p->gpu->cuda, cuMemSetAccess, (l->base, l->size, &access, 1));
+    }
+    *base = l->base;
+    p->gpu->borrowed[device] = 1;
+    return FERRY_OK;
 }
 
-ferry_status ferry__gpu_map(ferry__mapped_pool *p, int device)
+static ferry_status open_handle(ferry__mapped_pool *p, int device, uint64_t deadline,
+                                CUdeviceptr *base)
+{
+    ferry__cuda_local local;
+    if (ferry__cuda_local_find(p->pool_id, &local))
+        return borrow_local(p, device, &local, base);
+    return p->backend == FERRY_BACKEND_CUDA_VMM ? open_vmm(p, device, deadline, base)
+                                                : open_ipc(p, base);
+}
+
+ferry_status ferry__gpu_map(ferry__mapped_pool *p, int device, uint64_t deadline)
 {
     ferry_status st = check_device(device);
     if (st != FERRY_OK)
@@ -171,7 +199,7 @@ ferry_status ferry__gpu_map(ferry__mapped_pool *p, int device)
     pthread_mutex_lock(&g->lock);
     if (!g->base[device]) {
         CUdeviceptr base = 0;
-        st = open_handle(p, device, &base);
+        st = open_handle(p, device, deadline, &base);
         if (st == FERRY_OK)
             __atomic_store_n(&g->base[device], base, __ATOMIC_RELEASE);
     }
@@ -185,7 +213,7 @@ void ferry__gpu_detach(ferry__mapped_pool *p)
     if (!g)
         return;
     for (int d = 0; d < FERRY_GPU_MAX_DEVICES; d++) {
-        if (!g->base[d] || ferry__cuda_use_device(g->cuda, d) != FERRY_OK)
+        if (!g->base[d] || g->borrowed[d] || ferry__cuda_use_device(g->cuda, d) != FERRY_OK)
             continue;
         if (p->backend == FERRY_BACKEND_CUDA_VMM) {
             g->cuda->cuMemUnmap(g->base[d], p->memory_size);
@@ -206,7 +234,7 @@ void ferry__gpu_detach(ferry__mapped_pool *p)
 static ferry_status word_address(ferry__mapped_pool *p, int device, uint64_t word,
                                  CUdeviceptr *addr)
 {
-    ferry_status st = ferry__gpu_map(p, device);
+    ferry_status st = ferry__gpu_map(p, device, ferry__deadline(FERRY_VMM_BROKER_TIMEOUT_NS));
     if (st != FERRY_OK)
         return st;
     ferry__gpu_pool *g = p->gpu;
@@ -249,7 +277,7 @@ ferry_status ferry__gpu_store(ferry__mapped_pool *p, int device, uint64_t word, 
 
 ferry_status ferry__gpu_data(ferry__mapped_pool *p, int device, uint64_t offset, const void **data)
 {
-    ferry_status st = ferry__gpu_map(p, device);
+    ferry_status st = ferry__gpu_map(p, device, ferry__deadline(FERRY_VMM_BROKER_TIMEOUT_NS));
     if (st != FERRY_OK)
         return st;
     *data = (const void *)(uintptr_t)(p->gpu->base[device] + p->header->data_start + offset);

@@ -52,8 +52,8 @@ static ferry_status check_limits(const ferry_pool_config *config)
     return FERRY_OK;
 }
 
-ferry_status ferry__config_validate(const ferry_pool_config *config, const char *transport,
-                                    uint64_t *data_start)
+ferry_status ferry__config_validate(const ferry_pool_config *config,
+                                    const ferry__transport_ops *ops, uint64_t *data_start)
 {
     ferry_status st = check_struct(config);
     if (st == FERRY_OK)
@@ -74,10 +74,13 @@ ferry_status ferry__config_validate(const ferry_pool_config *config, const char 
         return st;
     uint64_t start =
         ferry__data_start((uint64_t)config->max_inflight_slices, (uint64_t)config->consumer_count);
-    if ((uint64_t)config->memory_size < start + FERRY_DATA_ALIGN)
+    /* A transport that rounds the size (CUDA VMM, to its granularity) reports a size below
+     * its granularity first, as the reference does; the engine checks the control metadata
+     * against the rounded size once the memory exists. */
+    if (!ops->rounds_size && (uint64_t)config->memory_size < start + FERRY_DATA_ALIGN)
         return ferry__fail(FERRY_INVALID_ARGUMENT,
                            "%s pool is too small after control metadata: pool=%lld, control=%llu",
-                           transport, (long long)config->memory_size, (unsigned long long)start);
+                           ops->name, (long long)config->memory_size, (unsigned long long)start);
     *data_start = start;
     return FERRY_OK;
 }
@@ -90,7 +93,7 @@ ferry_status ferry_pool_config_check(const ferry_pool_config *config)
     if (st == FERRY_OK)
         st = ferry__transport_select(config->backend, &ops);
     if (st == FERRY_OK)
-        st = ferry__config_validate(config, ops->name, &data_start);
+        st = ferry__config_validate(config, ops, &data_start);
     if (st == FERRY_OK)
         ferry__clear_error();
     return st;

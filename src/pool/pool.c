@@ -1,5 +1,6 @@
 /* The pool engine: leases, publishing, commit, cancel and the pool's life cycle. */
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,6 +51,7 @@ static void init_shared(ferry_pool *pool)
     h->data_start = pool->data_start;
     h->data_size = pool->data_size;
     h->gen_offset = FERRY_GEN_TABLE_OFFSET;
+    h->extent_offset = ferry__extent_offset(pool->max_inflight);
     h->desc_flags = pool->mem.flags;
     h->device = pool->mem.device;
     ferry__fill_words(pool->mem.generations, pool->max_inflight, g);
@@ -125,14 +127,14 @@ static ferry_status pool_setup(ferry_pool *pool, const ferry_pool_config *config
 {
     ferry_status st = ferry__transport_select(config->backend, &pool->ops);
     if (st == FERRY_OK)
-        st = ferry__config_validate(config, pool->ops->name, &pool->data_start);
+        st = ferry__config_validate(config, pool->ops, &pool->data_start);
     if (st != FERRY_OK)
         return st;
     pool->config = *config;
     pool->consumers = (uint32_t)config->consumer_count;
     pool->max_inflight = (uint32_t)config->max_inflight_slices;
     pool->row_words = 1 + pool->consumers;
-    pool->pid = getpid();
+    pool->pid = ferry__proc_self();
     pool->mem.shared_fd = -1;
     st = random_bytes(pool->pool_id, sizeof(pool->pool_id));
     memcpy(pool->mem.pool_id, pool->pool_id, sizeof(pool->pool_id));
@@ -205,16 +207,35 @@ static void wake_all_ready(ferry_pool *pool)
 
 static void check_health_locked(ferry_pool *pool);
 
+static int forked(const ferry_pool *pool)
+{
+    return pool->pid != ferry__proc_self();
+}
+
+static ferry_status forked_error(const ferry_pool *pool)
+{
+    return ferry__fail(FERRY_FORKED,
+                       "%s pool was created by process %d; this forked child (pid %d) cannot "
+                       "use it: create a pool in the child",
+                       pool->ops->name, (int)pool->pid, (int)ferry__proc_self());
+}
+
+/* The pool's life: open -> closing (set under the lock: every entry point refuses from
+ * here, the counted ones in flight finish) -> closed (memory released). A second close waits
+ * for the first to finish. */
 void ferry_pool_close(ferry_pool *pool)
 {
-    if (!pool)
+    if (!pool || forked(pool))
         return;
     pthread_mutex_lock(&pool->lock);
-    int first = !pool->closing;
+    if (pool->closing) {
+        while (!pool->closed)
+            pthread_cond_wait(&pool->idle_cv, &pool->lock);
+        pthread_mutex_unlock(&pool->lock);
+        return;
+    }
     pool->closing = 1;
     pthread_mutex_unlock(&pool->lock);
-    if (!first)
-        return;
     ferry__signal_space(pool); /* publishers waiting for space see the pool closing */
     pthread_mutex_lock(&pool->lock);
     while (pool->active)
@@ -228,13 +249,29 @@ void ferry_pool_close(ferry_pool *pool)
     pool->ops->destroy(&pool->mem);
     pthread_mutex_lock(&pool->lock);
     pool->closed = 1;
+    pthread_cond_broadcast(&pool->idle_cv);
     pthread_mutex_unlock(&pool->lock);
+}
+
+/* In a forked child: the pool's threads, device memory and shared words are the parent's.
+ * Only the child's copies of the mappings, fds and heap are released; the locks are not
+ * touched (a parent thread may have held them at the fork). */
+static void forget_in_child(ferry_pool *pool)
+{
+    ferry__broker_forget(pool->broker);
+    pool->ops->forget(&pool->mem);
+    free_tables(pool);
+    free(pool);
 }
 
 void ferry_pool_destroy(ferry_pool *pool)
 {
     if (!pool)
         return;
+    if (forked(pool)) {
+        forget_in_child(pool);
+        return;
+    }
     ferry_pool_close(pool);
     free_tables(pool);
     fini_sync(pool);
@@ -245,6 +282,8 @@ ferry_status ferry_pool_error(ferry_pool *pool, char *cause, size_t size)
 {
     if (!pool)
         return ferry__fail(FERRY_INVALID_ARGUMENT, "pool is NULL");
+    if (forked(pool))
+        return forked_error(pool);
     pthread_mutex_lock(&pool->lock);
     if (!pool->closing)
         check_health_locked(pool);
@@ -260,7 +299,7 @@ ferry_status ferry_pool_error(ferry_pool *pool, char *cause, size_t size)
 
 /* ---- leases ------------------------------------------------------------------------- */
 
-static ferry_status try_lease_locked(ferry_pool *pool, uint64_t bytes, lease *out)
+static ferry_status try_lease_locked(ferry_pool *pool, uint64_t bytes, int committed, lease *out)
 {
     if (!pool->ring_count)
         return FERRY_POOL_FULL;
@@ -283,15 +322,20 @@ static ferry_status try_lease_locked(ferry_pool *pool, uint64_t bytes, lease *ou
     pool->ring_count--;
     s->offset = offset;
     s->handle = handle;
-    s->committed = 0;
+    s->committed = (uint8_t)committed;
     s->cancelled = 0;
     s->generation++;
     s->leased_ns = ferry__now_ns();
     s->inflight_pos = pool->inflight_count;
     pool->inflight[pool->inflight_count++] = slot;
     /* The generation word goes first: from here on a consumer holding an older descriptor
-     * for this slot sees that it is stale. */
+     * for this slot sees that it is stale. The fence keeps every later store (the extent,
+     * the bytes of the new lease) behind it, so that a reader that saw any of them sees the
+     * new generation when it checks again. */
     ferry__store_release32(&pool->mem.generations[slot], s->generation);
+    ferry__fence_seqcst();
+    ferry__store_relaxed64(&pool->mem.extents[slot].offset, offset);
+    ferry__store_relaxed64(&pool->mem.extents[slot].length, bytes);
     out->slot = slot;
     out->generation = s->generation;
     out->offset = offset;
@@ -309,19 +353,20 @@ static void note_lease_locked(ferry_pool *pool)
 }
 
 /* One attempt: allocate, and on a miss reclaim what consumers released and retry. */
-static ferry_status lease_once_locked(ferry_pool *pool, uint64_t bytes, lease *out)
+static ferry_status lease_once_locked(ferry_pool *pool, uint64_t bytes, int committed, lease *out)
 {
-    ferry_status st = try_lease_locked(pool, bytes, out);
+    ferry_status st = try_lease_locked(pool, bytes, committed, out);
     if (st == FERRY_POOL_FULL && ferry__reclaim_locked(pool))
-        st = try_lease_locked(pool, bytes, out);
+        st = try_lease_locked(pool, bytes, committed, out);
     if (st == FERRY_POOL_FULL && ferry__reap_dead_locked(pool) && ferry__reclaim_locked(pool))
-        st = try_lease_locked(pool, bytes, out);
+        st = try_lease_locked(pool, bytes, committed, out);
     if (st == FERRY_OK)
         note_lease_locked(pool);
     return st;
 }
 
-static ferry_status lease_wait(ferry_pool *pool, uint64_t bytes, uint64_t deadline, lease *out)
+static ferry_status lease_wait(ferry_pool *pool, uint64_t bytes, int committed, uint64_t deadline,
+                               lease *out)
 {
     ferry__shm_header *h = pool->mem.header;
     ferry_status st = FERRY_POOL_FULL;
@@ -329,7 +374,7 @@ static ferry_status lease_wait(ferry_pool *pool, uint64_t bytes, uint64_t deadli
     for (;;) {
         uint32_t seq = ferry__load_seqcst32(&h->ack_seq);
         pthread_mutex_lock(&pool->lock);
-        st = pool->closing ? FERRY_CLOSING : lease_once_locked(pool, bytes, out);
+        st = pool->closing ? FERRY_CLOSING : lease_once_locked(pool, bytes, committed, out);
         pthread_mutex_unlock(&pool->lock);
         uint64_t now = ferry__now_ns();
         if (st != FERRY_POOL_FULL || now >= deadline)
@@ -398,8 +443,8 @@ static void lease_done_locked(ferry_pool *pool)
         pthread_cond_broadcast(&pool->idle_cv);
 }
 
-static ferry_status wait_for_space_locked(ferry_pool *pool, uint64_t bytes, uint64_t timeout_ns,
-                                          uint64_t deadline, lease *out)
+static ferry_status wait_for_space_locked(ferry_pool *pool, uint64_t bytes, int committed,
+                                          uint64_t timeout_ns, uint64_t deadline, lease *out)
 {
     ferry_status st = FERRY_POOL_FULL;
     pool->stats.pool_full_events++;
@@ -411,7 +456,7 @@ static ferry_status wait_for_space_locked(ferry_pool *pool, uint64_t bytes, uint
     }
     if (timeout_ns) {
         pthread_mutex_unlock(&pool->lock);
-        st = lease_wait(pool, bytes, deadline, out);
+        st = lease_wait(pool, bytes, committed, deadline, out);
         pthread_mutex_lock(&pool->lock);
     }
     if (st == FERRY_POOL_FULL)
@@ -421,18 +466,35 @@ static ferry_status wait_for_space_locked(ferry_pool *pool, uint64_t bytes, uint
     return st;
 }
 
-/* Creates a lease of bytes, waiting up to timeout_ns for space. The caller is an active
- * publisher from here (close waits for it) and, on success, must call lease_done. */
-static ferry_status lease_acquire(ferry_pool *pool, uint64_t bytes, uint64_t timeout_ns, lease *out)
+/* A lease that can never fit is the caller's signal to take its fallback path: POOL_FULL at
+ * once, whatever the timeout, counted apart from the pool being full for now. */
+static ferry_status too_large_locked(ferry_pool *pool, uint64_t bytes)
+{
+    pool->stats.too_large++;
+    return ferry__fail(FERRY_POOL_FULL,
+                       "%s pool: %llu bytes can never fit in its %llu usable bytes (take the "
+                       "fallback path)",
+                       pool->ops->name, (unsigned long long)bytes,
+                       (unsigned long long)pool->data_size);
+}
+
+/* Creates a lease of bytes, waiting up to timeout_ns for space; committed says that the
+ * publisher writes its ready word itself (publish) rather than through a commit (reserve).
+ * The caller is an active publisher from here (close waits for it) and, on success, must
+ * call lease_done. */
+static ferry_status lease_acquire(ferry_pool *pool, uint64_t bytes, int committed,
+                                  uint64_t timeout_ns, lease *out)
 {
     uint64_t deadline = ferry__deadline(timeout_ns);
     pthread_mutex_lock(&pool->lock);
     ferry_status st = usable_locked(pool);
+    if (st == FERRY_OK && bytes > pool->data_size)
+        st = too_large_locked(pool, bytes);
     if (st == FERRY_OK) {
         pool->active++;
-        st = lease_once_locked(pool, bytes, out);
+        st = lease_once_locked(pool, bytes, committed, out);
         if (st == FERRY_POOL_FULL)
-            st = wait_for_space_locked(pool, bytes, timeout_ns, deadline, out);
+            st = wait_for_space_locked(pool, bytes, committed, timeout_ns, deadline, out);
         if (st != FERRY_OK)
             lease_done_locked(pool);
     }
@@ -500,6 +562,8 @@ static ferry_status check_pool_arg(ferry_pool *pool, const void *ptr, const char
 {
     if (!pool)
         return ferry__fail(FERRY_INVALID_ARGUMENT, "pool is NULL");
+    if (forked(pool))
+        return forked_error(pool);
     if (!ptr)
         return ferry__fail(FERRY_INVALID_ARGUMENT, "%s is NULL", what);
     return FERRY_OK;
@@ -547,15 +611,6 @@ static ferry_status pack_layout(const ferry_tensor *tensors, const void *const *
     return FERRY_OK;
 }
 
-static ferry_status check_fits(ferry_pool *pool, uint64_t total)
-{
-    if (total > pool->data_size)
-        return ferry__fail(
-            FERRY_INVALID_ARGUMENT, "%llu bytes can never fit in the %s pool's %llu usable bytes",
-            (unsigned long long)total, pool->ops->name, (unsigned long long)pool->data_size);
-    return FERRY_OK;
-}
-
 #define FERRY_PACK_STACK 16
 
 static ferry_status publish_packed(ferry_pool *pool, const ferry_tensor *tensors,
@@ -567,9 +622,7 @@ static ferry_status publish_packed(ferry_pool *pool, const ferry_tensor *tensors
     lease l;
     ferry_status st = pack_layout(tensors, srcs, count, offsets, lengths, &total);
     if (st == FERRY_OK)
-        st = check_fits(pool, total);
-    if (st == FERRY_OK)
-        st = lease_acquire(pool, total, timeout_ns, &l);
+        st = lease_acquire(pool, total, 1, timeout_ns, &l);
     if (st != FERRY_OK)
         return st;
     for (size_t i = 0; i < count && st == FERRY_OK; i++)
@@ -583,9 +636,13 @@ static ferry_status publish_packed(ferry_pool *pool, const ferry_tensor *tensors
         return st;
     }
     uint8_t flags = count > 1 ? FERRY_DESC_FLAG_MULTI : 0;
-    for (size_t i = 0; i < count; i++)
+    for (size_t i = 0; i < count; i++) {
         fill_descriptor(pool, &l, l.offset + offsets[i], lengths[i], &tensors[i], flags, &descs[i]);
-    pool->slots[l.slot].committed = 1;
+        if (count > 1) {
+            descs[i].part_index = (uint32_t)i;
+            descs[i].part_count = (uint32_t)count;
+        }
+    }
     lease_done(pool);
     ferry__clear_error();
     return FERRY_OK;
@@ -606,6 +663,9 @@ ferry_status ferry_pool_publish_many_async(ferry_pool *pool, const ferry_tensor 
         return st;
     uint64_t stack_off[FERRY_PACK_STACK], stack_len[FERRY_PACK_STACK];
     uint64_t *offsets = stack_off, *lengths = stack_len;
+    if (count > UINT32_MAX)
+        return ferry__fail(FERRY_INVALID_ARGUMENT, "publish_many takes at most %u tensors",
+                           UINT32_MAX);
     if (count > FERRY_PACK_STACK) {
         offsets = calloc(count, sizeof(*offsets));
         lengths = calloc(count, sizeof(*lengths));
@@ -637,9 +697,7 @@ ferry_status ferry_pool_reserve(ferry_pool *pool, const ferry_tensor *tensor, ui
     if (st == FERRY_OK)
         st = ferry_tensor_nbytes(tensor, &length);
     if (st == FERRY_OK)
-        st = check_fits(pool, length);
-    if (st == FERRY_OK)
-        st = lease_acquire(pool, length, timeout_ns, &l);
+        st = lease_acquire(pool, length, 0, timeout_ns, &l);
     if (st != FERRY_OK)
         return st;
     st = pool->ops->slice_ptr(&pool->mem, l.offset, &ptr);
@@ -714,15 +772,30 @@ static ferry_status cancel_locked(ferry_pool *pool, uint32_t slot)
     return FERRY_OK;
 }
 
+/* A part of a packed lease whose lease another part already cancelled: nothing to do. */
+static int sibling_cancelled_locked(const ferry_pool *pool, const ferry_descriptor *d)
+{
+    return (d->flags & FERRY_DESC_FLAG_MULTI) && memcmp(d->pool_id, pool->pool_id, 16) == 0 &&
+           d->slot < pool->max_inflight && pool->slots[d->slot].generation == d->generation &&
+           pool->slots[d->slot].cancelled;
+}
+
 ferry_status ferry_pool_cancel(ferry_pool *pool, const ferry_descriptor *desc)
 {
     ferry_status st = check_pool_arg(pool, desc, "descriptor");
     if (st != FERRY_OK)
         return st;
     pthread_mutex_lock(&pool->lock);
+    if (!pool->closing && sibling_cancelled_locked(pool, desc)) {
+        pthread_mutex_unlock(&pool->lock);
+        ferry__clear_error();
+        return FERRY_OK;
+    }
     st = pool->closing ? closing_error(pool) : find_lease_locked(pool, desc, "release");
     if (st == FERRY_OK)
         st = cancel_locked(pool, desc->slot);
+    if (st == FERRY_OK)
+        pool->active++; /* the wake-ups below touch shared memory: close waits for them */
     pthread_mutex_unlock(&pool->lock);
     if (st != FERRY_OK)
         return st;
@@ -730,6 +803,7 @@ ferry_status ferry_pool_cancel(ferry_pool *pool, const ferry_descriptor *desc)
      * before signal_ready's read of the sleeper count. */
     ferry__signal_space(pool);
     ferry__signal_ready(pool, desc->slot);
+    lease_done(pool);
     ferry__clear_error();
     return FERRY_OK;
 }
@@ -751,7 +825,9 @@ ferry_status ferry_pool_copied(ferry_pool *pool, const ferry_descriptor *desc, i
     int copied = 1;
     pthread_mutex_lock(&pool->lock);
     const ferry__slot *s = &pool->slots[desc->slot];
-    if (!pool->closed && s->inflight_pos != FERRY_NIL && s->generation == desc->generation) {
+    if (pool->closing && !pool->closed)
+        st = closing_error(pool);
+    else if (!pool->closed && s->inflight_pos != FERRY_NIL && s->generation == desc->generation) {
         st = pool->ops->sync_control(&pool->mem);
         if (st == FERRY_OK)
             copied = ferry__load_acquire32(&pool->mem.control[row_word(pool, desc->slot)]) ==
@@ -770,11 +846,18 @@ ferry_status ferry_pool_describe(ferry_pool *pool, ferry_descriptor *desc)
     ferry_status st = check_pool_arg(pool, desc, "descriptor output");
     if (st != FERRY_OK)
         return st;
-    if (pool->closing)
-        return closing_error(pool);
     lease none = {0};
     ferry_tensor t = ferry_tensor_bytes(0);
-    fill_descriptor(pool, &none, 0, 0, &t, FERRY_DESC_FLAG_POOL_ONLY, desc);
+    ferry_descriptor d;
+    pthread_mutex_lock(&pool->lock);
+    if (pool->closing)
+        st = closing_error(pool);
+    else
+        fill_descriptor(pool, &none, 0, 0, &t, FERRY_DESC_FLAG_POOL_ONLY, &d);
+    pthread_mutex_unlock(&pool->lock);
+    if (st != FERRY_OK)
+        return st;
+    *desc = d;
     ferry__clear_error();
     return FERRY_OK;
 }
@@ -783,16 +866,20 @@ ferry_status ferry_pool_reclaim(ferry_pool *pool, uint64_t *reclaimed)
 {
     if (!pool)
         return ferry__fail(FERRY_INVALID_ARGUMENT, "pool is NULL");
+    if (forked(pool))
+        return forked_error(pool);
     pthread_mutex_lock(&pool->lock);
-    if (pool->closed) {
+    if (pool->closing) {
         pthread_mutex_unlock(&pool->lock);
         return closing_error(pool);
     }
     uint64_t acked = ferry__reap_dead_locked(pool);
     uint64_t n = ferry__reclaim_locked(pool);
+    pool->active++; /* the wake-up below touches shared memory: close waits for it */
     pthread_mutex_unlock(&pool->lock);
     if (acked || n)
         ferry__signal_space(pool);
+    lease_done(pool);
     if (reclaimed)
         *reclaimed = n;
     ferry__clear_error();
@@ -815,18 +902,32 @@ static uint64_t alive_ranks_locked(ferry_pool *pool, uint64_t *attached)
     return alive;
 }
 
+/* Bytes of each version of ferry_pool_stats; 0 for an unknown version. */
+static size_t stats_size(uint32_t version)
+{
+    switch (version) {
+    case 1:
+        return offsetof(ferry_pool_stats, too_large);
+    case FERRY_POOL_STATS_VERSION:
+        return sizeof(ferry_pool_stats);
+    default:
+        return 0;
+    }
+}
+
 ferry_status ferry_pool_stats_get(ferry_pool *pool, ferry_pool_stats *stats)
 {
     ferry_status st = check_pool_arg(pool, stats, "stats");
     if (st != FERRY_OK)
         return st;
-    if (stats->struct_size < sizeof(*stats) || stats->version != FERRY_POOL_STATS_VERSION)
+    size_t size = stats_size(stats->version);
+    if (!size || stats->struct_size < size)
         return ferry__fail(FERRY_INVALID_ARGUMENT,
                            "stats has struct_size=%u version=%u; set them to "
                            "sizeof(ferry_pool_stats) and FERRY_POOL_STATS_VERSION",
                            stats->struct_size, stats->version);
     pthread_mutex_lock(&pool->lock);
-    if (pool->closed) {
+    if (pool->closing) {
         pthread_mutex_unlock(&pool->lock);
         return closing_error(pool);
     }
@@ -841,7 +942,7 @@ ferry_status ferry_pool_stats_get(ferry_pool *pool, ferry_pool_stats *stats)
     s.broker_refused = ferry__broker_refused(pool->broker);
     s.consumers_alive = alive_ranks_locked(pool, &s.consumers_attached);
     pthread_mutex_unlock(&pool->lock);
-    *stats = s;
+    memcpy(stats, &s, size); /* a caller built against an older header gets its fields */
     ferry__clear_error();
     return FERRY_OK;
 }
@@ -873,7 +974,7 @@ ferry_status ferry_pool_consumer_info(ferry_pool *pool, uint32_t rank, ferry_con
                            pool->consumers);
     ferry_consumer_info ci = {0};
     pthread_mutex_lock(&pool->lock);
-    if (pool->closed) {
+    if (pool->closing) {
         pthread_mutex_unlock(&pool->lock);
         return closing_error(pool);
     }

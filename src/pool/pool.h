@@ -75,8 +75,8 @@ struct ferry_pool {
 };
 
 /* Validates a configuration for the named transport; *data_start on success. */
-ferry_status ferry__config_validate(const ferry_pool_config *config, const char *transport,
-                                    uint64_t *data_start);
+ferry_status ferry__config_validate(const ferry_pool_config *config,
+                                    const ferry__transport_ops *ops, uint64_t *data_start);
 
 #endif
 

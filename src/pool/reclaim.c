@@ -138,17 +138,45 @@ void ferry__signal_ready(ferry_pool *pool, uint32_t slot)
         ferry__futex_wake_all(ferry__row(pool->mem.control, pool->row_words, slot));
 }
 
+/* A rank whose process died is taken over: its leases in flight were sent to that process,
+ * so they are acknowledged on its behalf first, in the same critical section as the takeover
+ * (a lease published between the death and the reclaimer's next look would otherwise wait
+ * forever for an acknowledgement the new process knows nothing of). */
+static uint64_t settle_dead_rank_locked(ferry_pool *pool, uint32_t rank)
+{
+    if (pool->ops->sync_control(&pool->mem) != FERRY_OK)
+        return 0;
+    uint64_t n = ack_for_rank_locked(pool, rank);
+    pool->stats.acked_for_dead += n;
+    if (n)
+        ferry__log(FERRY_LOG_WARN,
+                   "%s pool: consumer rank %u (pid %d) is gone and a new process takes it "
+                   "over; its %llu leases in flight were acknowledged on its behalf",
+                   pool->ops->name, rank, (int)pool->ranks[rank].pid, (unsigned long long)n);
+    return n;
+}
+
 ferry_status ferry__rank_attached(void *arg, uint32_t rank, pid_t pid, pid_t *holder)
 {
-    (void)holder;
     ferry_pool *pool = arg;
-    uint64_t start = ferry__proc_starttime(pid);
+    uint64_t start = ferry__proc_starttime(pid), settled = 0;
     pthread_mutex_lock(&pool->lock);
-    pool->ranks[rank].pid = pid;
-    pool->ranks[rank].starttime = start;
-    pool->ranks[rank].dead = 0;
-    pool->ranks[rank].warned = 0;
+    ferry__rank *rk = &pool->ranks[rank];
+    if (rk->pid && !(rk->pid == pid && rk->starttime == start)) {
+        if (!rk->dead && ferry__proc_alive(rk->pid, rk->starttime)) {
+            *holder = rk->pid;
+            pthread_mutex_unlock(&pool->lock);
+            return FERRY_RANK_IN_USE;
+        }
+        settled = settle_dead_rank_locked(pool, rank);
+    }
+    rk->pid = pid;
+    rk->starttime = start;
+    rk->dead = 0;
+    rk->warned = 0;
     pthread_mutex_unlock(&pool->lock);
+    if (settled)
+        ferry__signal_space(pool);
     return FERRY_OK;
 }
 

@@ -28,7 +28,7 @@ static ferry_status ipc_build(ferry__cuda_pool *c, const ferry_pool_config *conf
     FERRY_CU_TRY(c->cuda, cuIpcGetMemHandle, (&handle, c->base));
     memcpy(mem->handle, &handle, sizeof(mem->handle));
     mem->memory_size = (uint64_t)config->memory_size;
-    return FERRY_OK;
+    return ferry__cuda_local_add(c, mem);
 }
 
 static ferry_status ipc_create(const ferry_pool_config *config, uint64_t data_start,
@@ -55,6 +55,16 @@ static void ipc_destroy(ferry__pool_memory *mem)
     mem->shared_fd = -1;
 }
 
+static void ipc_forget(ferry__pool_memory *mem)
+{
+    if (mem->priv) {
+        ferry__cuda_pool_forget(mem->priv, mem);
+        free(mem->priv);
+    }
+    memset(mem, 0, sizeof(*mem));
+    mem->shared_fd = -1;
+}
+
 static ferry_status ipc_check(ferry__pool_memory *mem, char *cause, size_t size)
 {
     (void)mem;
@@ -67,9 +77,11 @@ const ferry__transport_ops ferry__cuda_ipc_transport = {
     .name = "CUDA IPC",
     .pool_name = "CUDA IPC",
     .backend = FERRY_BACKEND_CUDA_IPC,
+    .rounds_size = 0,
     .space_poll_ns = 20000ull,
     .create = ipc_create,
     .destroy = ipc_destroy,
+    .forget = ipc_forget,
     .check = ipc_check,
     .copy_in = ferry__cuda_copy_in,
     .mark_ready = ferry__cuda_mark_ready,

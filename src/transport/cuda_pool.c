@@ -1,4 +1,5 @@
 /* The GPU transports' shared part: host segment, control placement, data path. */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -10,6 +11,80 @@
 static ferry__cuda_pool *state_of(ferry__pool_memory *mem)
 {
     return mem->priv;
+}
+
+/* ---- pools of this process -------------------------------------------------------------- */
+
+typedef struct local_entry {
+    struct local_entry *next;
+    uint8_t pool_id[16];
+    const ferry__cuda_pool *owner;
+    ferry__cuda_local info;
+} local_entry;
+
+static pthread_mutex_t local_lock = PTHREAD_MUTEX_INITIALIZER;
+static local_entry *local_head;
+static pthread_once_t local_once = PTHREAD_ONCE_INIT;
+
+/* A forked child created none of its parent's pools: it forgets them (no CUDA, no free of
+ * what other threads of the parent may have held: the list is only dropped). */
+static void local_after_fork(void)
+{
+    pthread_mutex_init(&local_lock, NULL);
+    local_head = NULL;
+}
+
+static void local_init(void)
+{
+    pthread_atfork(NULL, NULL, local_after_fork);
+}
+
+ferry_status ferry__cuda_local_add(ferry__cuda_pool *c, const ferry__pool_memory *mem)
+{
+    pthread_once(&local_once, local_init);
+    local_entry *e = calloc(1, sizeof(*e));
+    if (!e)
+        return ferry__fail(FERRY_NO_MEMORY, "%s pool: out of memory", c->transport);
+    memcpy(e->pool_id, mem->pool_id, sizeof(e->pool_id));
+    e->owner = c;
+    e->info.base = c->base;
+    e->info.size = mem->memory_size;
+    e->info.device = c->device;
+    pthread_mutex_lock(&local_lock);
+    e->next = local_head;
+    local_head = e;
+    pthread_mutex_unlock(&local_lock);
+    c->local = 1;
+    return FERRY_OK;
+}
+
+static void local_remove(const ferry__cuda_pool *c)
+{
+    pthread_mutex_lock(&local_lock);
+    for (local_entry **pp = &local_head; *pp; pp = &(*pp)->next) {
+        if ((*pp)->owner == c) {
+            local_entry *e = *pp;
+            *pp = e->next;
+            free(e);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&local_lock);
+}
+
+int ferry__cuda_local_find(const uint8_t pool_id[16], ferry__cuda_local *out)
+{
+    int found = 0;
+    pthread_once(&local_once, local_init);
+    pthread_mutex_lock(&local_lock);
+    for (local_entry *e = local_head; e && !found; e = e->next) {
+        if (memcmp(e->pool_id, pool_id, sizeof(e->pool_id)) == 0) {
+            *out = e->info;
+            found = 1;
+        }
+    }
+    pthread_mutex_unlock(&local_lock);
+    return found;
 }
 
 ferry_status ferry__cuda_pool_use_device(ferry__cuda_pool *c)
@@ -81,8 +156,23 @@ ferry_status ferry__cuda_pool_place(ferry__cuda_pool *c, const ferry_pool_config
                              : control_on_host(c, mem, config->initial_generation);
 }
 
+void ferry__cuda_pool_forget(ferry__cuda_pool *c, ferry__pool_memory *mem)
+{
+    if (c->segment)
+        munmap(c->segment, mem->shared_size);
+    c->segment = NULL;
+    if (mem->shared_fd >= 0)
+        close(mem->shared_fd);
+    mem->shared_fd = -1;
+    free(c->mirror);
+    c->mirror = NULL;
+}
+
 void ferry__cuda_pool_release(ferry__cuda_pool *c, ferry__pool_memory *mem)
 {
+    if (c->local)
+        local_remove(c);
+    c->local = 0;
     if (c->registered && ferry__cuda_pool_use_device(c) == FERRY_OK)
         c->cuda->cuMemHostUnregister(c->segment);
     c->registered = 0;

@@ -19,6 +19,7 @@ typedef struct ferry__cuda_pool {
     uint64_t control_words;
     uint32_t *mirror; /* device placement: what the CPU last read of the table */
     void *backend;    /* the transport's own state */
+    int local;        /* registered among this process's pools */
 } ferry__cuda_pool;
 
 /* Loads the driver and makes the pool's device current; fills c (cuda, transport, device,
@@ -35,6 +36,24 @@ ferry_status ferry__cuda_pool_place(ferry__cuda_pool *c, const ferry_pool_config
 void ferry__cuda_pool_release(ferry__cuda_pool *c, ferry__pool_memory *mem);
 
 ferry_status ferry__cuda_pool_use_device(ferry__cuda_pool *c);
+
+/* In a forked child: unmaps the child's copy of the segment and closes its fd; no CUDA call
+ * (the child has no context) and no shared word is touched. */
+void ferry__cuda_pool_forget(ferry__cuda_pool *c, ferry__pool_memory *mem);
+
+/* Pools created by this process, so that a consumer in the producer's own process reads the
+ * producer's own mapping (CUDA refuses to open a process's own IPC handle). */
+typedef struct ferry__cuda_local {
+    CUdeviceptr base; /* the pool region on the producer's device */
+    uint64_t size;    /* its bytes */
+    int device;       /* the producer's device */
+} ferry__cuda_local;
+
+/* 1 and *out if this process created the pool named pool_id and has not released it. */
+int ferry__cuda_local_find(const uint8_t pool_id[16], ferry__cuda_local *out);
+
+/* Registers a created pool (c->base, mem->memory_size); undone by ferry__cuda_pool_release. */
+ferry_status ferry__cuda_local_add(ferry__cuda_pool *c, const ferry__pool_memory *mem);
 
 /* The data path, identical for every GPU transport (transport.h ops). */
 ferry_status ferry__cuda_copy_in(ferry__pool_memory *mem, uint64_t offset, const void *src,

@@ -231,6 +231,8 @@ static ferry_status vmm_build(ferry__cuda_pool *c, const ferry_pool_config *conf
                                                   : export_fd(c, config, v, mem);
     if (st == FERRY_OK)
         mem->memory_size = v->size;
+    if (st == FERRY_OK)
+        st = ferry__cuda_local_add(c, mem);
     return st;
 }
 
@@ -267,6 +269,22 @@ static void vmm_destroy(ferry__pool_memory *mem)
     mem->shared_fd = -1;
 }
 
+static void vmm_forget(ferry__pool_memory *mem)
+{
+    ferry__cuda_pool *c = mem->priv;
+    if (c) {
+        vmm *v = c->backend;
+        ferry__broker_forget(v->fd_broker);
+        if (v->fd >= 0)
+            close(v->fd);
+        free(v);
+        ferry__cuda_pool_forget(c, mem);
+        free(c);
+    }
+    memset(mem, 0, sizeof(*mem));
+    mem->shared_fd = -1;
+}
+
 static ferry_status vmm_check(ferry__pool_memory *mem, char *cause, size_t size)
 {
     ferry__cuda_pool *c = mem->priv;
@@ -280,9 +298,11 @@ const ferry__transport_ops ferry__cuda_vmm_transport = {
     .name = "CUDA VMM",
     .pool_name = "CUDA VMM multimodal",
     .backend = FERRY_BACKEND_CUDA_VMM,
+    .rounds_size = 1,
     .space_poll_ns = 20000ull,
     .create = vmm_create,
     .destroy = vmm_destroy,
+    .forget = vmm_forget,
     .check = vmm_check,
     .copy_in = ferry__cuda_copy_in,
     .mark_ready = ferry__cuda_mark_ready,

@@ -47,6 +47,7 @@ void ferry__segment_layout(ferry__pool_memory *mem, void *base, uint64_t max_inf
 {
     mem->header = base;
     mem->generations = (uint32_t *)((uint8_t *)base + FERRY_GEN_TABLE_OFFSET);
+    mem->extents = (ferry__extent *)((uint8_t *)base + ferry__extent_offset(max_inflight));
     mem->control = (uint32_t *)((uint8_t *)base + ferry__header_bytes(max_inflight));
 }
 
@@ -100,6 +101,12 @@ static void host_destroy(ferry__pool_memory *mem)
     mem->shared_fd = -1;
 }
 
+/* The host transport owns nothing but its mapping and its fd: forgetting is destroying. */
+static void host_forget(ferry__pool_memory *mem)
+{
+    host_destroy(mem);
+}
+
 static ferry_status host_check(ferry__pool_memory *mem, char *cause, size_t size)
 {
     (void)mem;
@@ -145,9 +152,11 @@ const ferry__transport_ops ferry__host_transport = {
     .name = "host",
     .pool_name = "host",
     .backend = FERRY_BACKEND_HOST,
+    .rounds_size = 0,
     .space_poll_ns = 100000000ull,
     .create = host_create,
     .destroy = host_destroy,
+    .forget = host_forget,
     .check = host_check,
     .copy_in = host_copy_in,
     .mark_ready = host_mark_ready,

@@ -16,6 +16,7 @@ typedef struct ferry__pool_memory {
     uint8_t pool_id[16];       /* set by the engine before create: the pool's identity */
     ferry__shm_header *header; /* shared header (host memory) */
     uint32_t *generations;     /* shared slot generation table (host memory) */
+    ferry__extent *extents;    /* shared slot extent table (host memory) */
     uint32_t *control;         /* control table as the CPU reads it: the shared words, or a
                                 * mirror refreshed by sync_control (device placement) */
     uint64_t data_start;       /* data offset inside the pool region */
@@ -33,6 +34,8 @@ typedef struct ferry__transport_ops {
     const char *name;      /* "host", "CUDA IPC", "CUDA VMM": used in messages */
     const char *pool_name; /* in "<pool_name> pool failed" / "... is closing" */
     ferry_backend backend;
+    /* 1 if create rounds memory_size (the engine checks the control metadata afterwards). */
+    int rounds_size;
     /* Nanoseconds a publisher waiting for space sleeps at most between looks at the control
      * words: long where every acknowledgement wakes it (CPU acks bump a futex), short where
      * GPU streams write acknowledgements that wake nobody. */
@@ -43,6 +46,9 @@ typedef struct ferry__transport_ops {
                            ferry__pool_memory *mem);
     /* Releases everything create made. */
     void (*destroy)(ferry__pool_memory *mem);
+    /* In a forked child: releases only what the child's copy of the process owns (its
+     * mappings and file descriptors), touching no shared word, no device and no thread. */
+    void (*forget)(ferry__pool_memory *mem);
     /* FERRY_OK while the transport's background parts are healthy; otherwise the first
      * failure's status, its message copied into cause. */
     ferry_status (*check)(ferry__pool_memory *mem, char *cause, size_t size);

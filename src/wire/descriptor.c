@@ -31,12 +31,14 @@ enum {
     OFF_NDIM = 156,
     OFF_RESERVED_A = 157,
     OFF_SHAPE = 160,
-    OFF_RESERVED_B = 224,
+    OFF_PART_INDEX = 224,
+    OFF_PART_COUNT = 228,
+    OFF_RESERVED_B = 232,
     OFF_CHECKSUM = 252,
 };
 
 _Static_assert(OFF_CHECKSUM + 4 == FERRY_DESCRIPTOR_SIZE, "checksum ends the descriptor");
-_Static_assert(OFF_SHAPE + 8 * FERRY_MAX_NDIM == OFF_RESERVED_B, "shape layout");
+_Static_assert(OFF_SHAPE + 8 * FERRY_MAX_NDIM == OFF_PART_INDEX, "shape layout");
 _Static_assert(OFF_HANDLE + sizeof(((ferry_descriptor *)0)->handle) == OFF_DTYPE_CODE,
                "handle layout");
 
@@ -166,6 +168,21 @@ static ferry_status check_tensor(const ferry_descriptor *d, ferry_status st)
     return check_extent(d, st);
 }
 
+/* Parts of a packed lease: both 0 (one tensor, or a packed lease acknowledged as a whole),
+ * or, with MULTI, part_index < part_count with part_count >= 2. */
+static ferry_status check_parts(const ferry_descriptor *d, ferry_status st)
+{
+    if (d->part_count == 0 && d->part_index == 0)
+        return FERRY_OK;
+    if (!(d->flags & FERRY_DESC_FLAG_MULTI) || d->part_count < 2 ||
+        d->part_index >= d->part_count)
+        return ferry__fail(st,
+                           "descriptor part %u of %u is invalid (parts need the MULTI flag, "
+                           "part_count >= 2 and part_index < part_count)",
+                           d->part_index, d->part_count);
+    return FERRY_OK;
+}
+
 /* Every rule of docs/wire-format.md that a decoded struct can break; st is the status of a
  * rejection. */
 static ferry_status check_fields(const ferry_descriptor *d, ferry_status st)
@@ -175,6 +192,8 @@ static ferry_status check_fields(const ferry_descriptor *d, ferry_status st)
         rc = check_identity(d, st);
     if (rc == FERRY_OK)
         rc = check_tensor(d, st);
+    if (rc == FERRY_OK)
+        rc = check_parts(d, st);
     return rc;
 }
 
@@ -210,6 +229,8 @@ static void put_fields(uint8_t *out, const ferry_descriptor *d)
     ferry__put_le32(out + OFF_DEVICE, (uint32_t)d->device);
     memcpy(out + OFF_HANDLE, d->handle, sizeof(d->handle));
     put_tensor(out, &d->tensor);
+    ferry__put_le32(out + OFF_PART_INDEX, d->part_index);
+    ferry__put_le32(out + OFF_PART_COUNT, d->part_count);
 }
 
 ferry_status ferry_descriptor_encode(const ferry_descriptor *desc,
@@ -296,6 +317,8 @@ static void get_fields(const uint8_t *p, ferry_descriptor *d)
     d->device = (int32_t)ferry__get_le32(p + OFF_DEVICE);
     memcpy(d->handle, p + OFF_HANDLE, sizeof(d->handle));
     get_tensor(p, &d->tensor);
+    d->part_index = ferry__get_le32(p + OFF_PART_INDEX);
+    d->part_count = ferry__get_le32(p + OFF_PART_COUNT);
 }
 
 ferry_status ferry_descriptor_decode(const void *buf, size_t len, ferry_descriptor *desc)
