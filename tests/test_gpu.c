@@ -596,6 +596,62 @@ static void test_copied_follows_stream(void **state)
     copied_test(FERRY_CONTROL_DEVICE); /* ferry_pool_copied reads the device's table */
 }
 
+/* A consumer in the producer's own process (a single-process server, a producer that
+ * acknowledges on behalf of its ranks): CUDA refuses to open a process's own IPC handle, so
+ * it must read the producer's own mapping. Stream-ordered and CPU reads, a view, and acks on
+ * behalf, all in this process. */
+static void same_process_test(int placement)
+{
+    ferry_pool *pool = make_pool(8 << 20, 2, placement);
+    source src = make_source();
+    ferry_consumer *c;
+    assert_int_equal(ferry_consumer_create_on(0, 0, &c), FERRY_OK);
+    CUdeviceptr dst = dev_alloc(MAX_ITEM);
+    uint8_t *host = malloc(MAX_ITEM);
+    for (int i = 0; i < 3; i++) {
+        size_t n = 1000 + (size_t)i * 7777;
+        ferry_descriptor d = publish_item(pool, &src, i, n, 0);
+        assert_int_equal(ferry_consumer_wait(c, &d, 10000 * MS), FERRY_OK);
+        if (i == 0) {
+            if (ferry_consumer_read_async(c, &d, (void *)(uintptr_t)dst, MAX_ITEM, NULL) !=
+                FERRY_OK)
+                fail_msg("read_async: %s", ferry_last_error());
+            assert_int_equal(cu->cuMemcpy((CUdeviceptr)(uintptr_t)host, dst, n), CUDA_SUCCESS);
+        } else if (i == 1) {
+            const void *view;
+            if (ferry_consumer_view(c, &d, &view, 10000 * MS) != FERRY_OK)
+                fail_msg("view: %s", ferry_last_error());
+            assert_int_equal(cu->cuMemcpy((CUdeviceptr)(uintptr_t)host, (CUdeviceptr)(uintptr_t)view, n),
+                             CUDA_SUCCESS);
+            assert_int_equal(ferry_consumer_ack(c, &d), FERRY_OK);
+        } else {
+            if (ferry_consumer_read(c, &d, host, MAX_ITEM, 10000 * MS) != FERRY_OK)
+                fail_msg("read: %s", ferry_last_error());
+            assert_int_equal(ferry_consumer_ack(c, &d), FERRY_OK);
+        }
+        assert_true(th_check(host, n, (uint64_t)(100 + i % 4)));
+        /* rank 1 is acknowledged on its behalf by this process, which claims nothing */
+        assert_int_equal(ferry_consumer_ack_range(c, &d, 1, 1), FERRY_OK);
+    }
+    assert_int_equal(cu->cuStreamSynchronize(NULL), CUDA_SUCCESS);
+    th_wait_drained(pool);
+    ferry_consumer_info info;
+    assert_int_equal(ferry_pool_consumer_info(pool, 1, &info), FERRY_OK);
+    assert_int_equal(info.attached, 0);
+    ferry_consumer_destroy(c);
+    cu->cuMemFree(dst);
+    free(host);
+    free_source(&src);
+    ferry_pool_destroy(pool);
+}
+
+static void test_same_process_consumer(void **state)
+{
+    (void)state;
+    same_process_test(FERRY_CONTROL_HOST);
+    same_process_test(FERRY_CONTROL_DEVICE);
+}
+
 static void test_consumer_without_context(void **state)
 {
     (void)state;
@@ -924,6 +980,13 @@ static void test_vmm_granularity(void **state)
     assert_int_equal(ferry_pool_create(&c, &pool), FERRY_INVALID_ARGUMENT);
     assert_string_equal(ferry_last_error(),
                         "memory_size=1048576 is smaller than CUDA VMM granularity=2097152");
+    /* Below one granule with the default control table: the granularity is reported, as the
+     * reference does, not the control metadata. */
+    c = vmm_config(4096, FERRY_VMM_HANDLE_AUTO);
+    c.max_inflight_slices = 4096;
+    assert_int_equal(ferry_pool_create(&c, &pool), FERRY_INVALID_ARGUMENT);
+    assert_string_equal(ferry_last_error(),
+                        "memory_size=4096 is smaller than CUDA VMM granularity=2097152");
     c.memory_size = (3 << 20) + 12345;
     assert_int_equal(ferry_pool_create(&c, &pool), FERRY_OK);
     ferry_pool_stats s = th_stats(pool);
@@ -1062,6 +1125,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_pool_full_then_recovery),
         cmocka_unit_test(test_reserve_commit_and_many),
         cmocka_unit_test(test_copied_follows_stream),
+        cmocka_unit_test(test_same_process_consumer),
         cmocka_unit_test(test_consumer_without_context),
         cmocka_unit_test(test_consumer_killed),
         cmocka_unit_test(test_producer_killed),

@@ -33,10 +33,12 @@ static void cache_init(void)
     pthread_atfork(NULL, NULL, cache_after_fork);
 }
 
-static ferry__mapped_pool *find_locked(const uint8_t id[16])
+/* A pool whose producer is gone stays listed while calls or views hold it, so that their
+ * acknowledgements still find it; only callers that can use such a pool ask for it. */
+static ferry__mapped_pool *find_locked(const uint8_t id[16], int allow_gone)
 {
     for (ferry__mapped_pool *p = cache_head; p; p = p->next)
-        if (memcmp(p->pool_id, id, 16) == 0)
+        if (memcmp(p->pool_id, id, 16) == 0 && (allow_gone || !ferry__load_acquire32(&p->gone)))
             return p;
     return NULL;
 }
@@ -258,21 +260,27 @@ static int drop_ended_views_locked(ferry__mapped_pool *p)
     return dropped;
 }
 
+/* Marks a pool gone and drops the cache's reference (and those of views that ended); 1 if
+ * no reference is left. */
+static int drop_gone_locked(ferry__mapped_pool *p)
+{
+    ferry__store_release32(&p->gone, 1);
+    p->refs -= 1 + drop_ended_views_locked(p);
+    return p->refs == 0;
+}
+
 /* Drops the cache's reference to pools whose producer closed them or died, so that a
- * long-lived consumer does not keep every pool it ever opened mapped. */
+ * long-lived consumer does not keep every pool it ever opened mapped; those no call or view
+ * holds any more are unlinked into *unmap. */
 static void sweep_gone_locked(ferry__mapped_pool **unmap)
 {
     ferry__mapped_pool **pp = &cache_head;
     while (*pp) {
         ferry__mapped_pool *p = *pp;
-        if (ferry__load_acquire32(&p->gone) || producer_gone_now(p)) {
+        if (!ferry__load_acquire32(&p->gone) && producer_gone_now(p) && drop_gone_locked(p)) {
             *pp = p->next;
-            ferry__store_release32(&p->gone, 1);
-            p->refs -= 1 + drop_ended_views_locked(p);
-            if (p->refs == 0) {
-                p->next = *unmap;
-                *unmap = p;
-            }
+            p->next = *unmap;
+            *unmap = p;
         } else {
             pp = &p->next;
         }
@@ -303,7 +311,7 @@ static ferry_status insert_or_reuse(ferry__mapped_pool *fresh, ferry__mapped_poo
     ferry__mapped_pool *unmap = NULL;
     pthread_mutex_lock(&cache_lock);
     sweep_gone_locked(&unmap);
-    ferry__mapped_pool *have = find_locked(fresh->pool_id);
+    ferry__mapped_pool *have = find_locked(fresh->pool_id, 0);
     if (have) {
         /* Another thread opened it meanwhile: keep theirs. */
         have->refs++;
@@ -322,14 +330,14 @@ static ferry_status insert_or_reuse(ferry__mapped_pool *fresh, ferry__mapped_poo
 }
 
 ferry_status ferry__cache_acquire(const ferry_descriptor *desc, uint32_t claim, int device,
-                                  uint64_t deadline, ferry__mapped_pool **out)
+                                  uint64_t deadline, int allow_gone, ferry__mapped_pool **out)
 {
     if (claim != FERRY__RANK_NONE && claim >= desc->consumer_count)
         return ferry__fail(FERRY_INVALID_ARGUMENT, "rank %u is out of range (consumers=%u)",
                            claim, desc->consumer_count);
     pthread_once(&cache_once, cache_init);
     pthread_mutex_lock(&cache_lock);
-    ferry__mapped_pool *pool = find_locked(desc->pool_id);
+    ferry__mapped_pool *pool = find_locked(desc->pool_id, allow_gone);
     int attached = 1;
     if (pool) {
         pool->refs++;
@@ -372,6 +380,8 @@ void ferry__cache_release(ferry__mapped_pool *pool)
         return;
     pthread_mutex_lock(&cache_lock);
     int last = --pool->refs == 0;
+    if (last)
+        unlink_locked(pool);
     pthread_mutex_unlock(&cache_lock);
     if (last)
         unmap_pool(pool);
@@ -379,17 +389,10 @@ void ferry__cache_release(ferry__mapped_pool *pool)
 
 void ferry__cache_evict(ferry__mapped_pool *pool)
 {
-    int drop = 0;
     pthread_mutex_lock(&cache_lock);
-    if (!ferry__load_acquire32(&pool->gone)) {
-        ferry__store_release32(&pool->gone, 1);
-        unlink_locked(pool);
-        drop = 1 + drop_ended_views_locked(pool);
-        pool->refs -= drop - 1; /* the last one through ferry__cache_release */
-    }
+    if (!ferry__load_acquire32(&pool->gone))
+        drop_gone_locked(pool); /* never the last reference: the caller holds one */
     pthread_mutex_unlock(&cache_lock);
-    if (drop)
-        ferry__cache_release(pool);
 }
 
 unsigned ferry__cache_size(void)
@@ -397,7 +400,7 @@ unsigned ferry__cache_size(void)
     unsigned n = 0;
     pthread_mutex_lock(&cache_lock);
     for (ferry__mapped_pool *p = cache_head; p; p = p->next)
-        n++;
+        n += !ferry__load_acquire32(&p->gone);
     pthread_mutex_unlock(&cache_lock);
     return n;
 }

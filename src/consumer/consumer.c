@@ -126,9 +126,10 @@ static ferry_status pool_lookup(ferry_consumer *c, const ferry_descriptor *d, ui
                                 uint64_t deadline, int open_only, ferry__mapped_pool **out)
 {
     ferry__mapped_pool *p = NULL;
+    int acking = claim == FERRY__RANK_NONE;
     ferry_status st = check_call(c, d);
     if (st == FERRY_OK)
-        st = ferry__cache_acquire(d, claim, c->device, open_deadline(deadline), &p);
+        st = ferry__cache_acquire(d, claim, c->device, open_deadline(deadline), acking, &p);
     if (st != FERRY_OK)
         return st;
     st = check_against_pool(p, d);
@@ -622,6 +623,19 @@ static ferry_status ack_one(ferry_consumer *c, ferry__mapped_pool *p, const ferr
     return FERRY_OK;
 }
 
+/* The producer is gone: nobody reads acknowledgements any more, but they still end this
+ * process's views of the lease, so that the pool can be unmapped. */
+static ferry_status ack_gone(ferry__mapped_pool *p, const ferry_descriptor *d, uint32_t first,
+                             uint32_t count)
+{
+    for (uint32_t r = first; r < first + count; r++)
+        view_end(p, d->slot, r, d->generation);
+    return ferry__fail(FERRY_PRODUCER_GONE,
+                       "producer of the pool (pid %d) is gone or closed the pool; the "
+                       "acknowledgement of lease (slot=%u, generation=%u) only ended its views",
+                       (int)p->producer_pid, d->slot, d->generation);
+}
+
 /* Acknowledges ranks [first, first + count). Fails STALE if the slot was reused, or
  * (strict) if any rank had already acknowledged. */
 static ferry_status ack_ranks(ferry_consumer *c, ferry__mapped_pool *p, const ferry_descriptor *d,
@@ -631,6 +645,8 @@ static ferry_status ack_ranks(ferry_consumer *c, ferry__mapped_pool *p, const fe
     ferry_status st = check_range(p, first, count);
     if (st != FERRY_OK)
         return st;
+    if (ferry__load_acquire32(&p->gone))
+        return ack_gone(p, d, first, count);
     if (ferry__load_acquire32(&p->generations[d->slot]) != d->generation)
         return stale(p, d, first);
     uint32_t written = 0, taken = 0;

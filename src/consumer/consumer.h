@@ -55,10 +55,11 @@ typedef struct ferry__mapped_pool {
 
 /* Finds or opens the pool a descriptor names and, unless claim is FERRY__RANK_NONE, makes
  * sure this process holds rank claim of it (RANK_IN_USE if another live process does).
- * Opening waits for the producer's broker until deadline (ferry__now_ns clock) at most.
+ * Opening waits for the producer's broker until deadline (ferry__now_ns clock) at most. A pool
+ * whose producer is gone is found only with allow_gone (to end views by acknowledging).
  * Takes a reference that ferry__cache_release drops. */
 ferry_status ferry__cache_acquire(const ferry_descriptor *desc, uint32_t claim, int device,
-                                  uint64_t deadline, ferry__mapped_pool **pool);
+                                  uint64_t deadline, int allow_gone, ferry__mapped_pool **pool);
 
 /* Takes one more reference on a pool the caller holds one on. */
 void ferry__cache_retain(ferry__mapped_pool *pool);
@@ -66,10 +67,11 @@ void ferry__cache_retain(ferry__mapped_pool *pool);
 /* Drops a reference; the mapping goes away with the last one. */
 void ferry__cache_release(ferry__mapped_pool *pool);
 
-/* Removes a pool whose producer is gone from the cache (held references stay valid). */
+/* Marks a pool whose producer is gone and drops the cache's reference to it (the caller's
+ * stays valid; the pool stays listed, for acknowledgements only, while references last). */
 void ferry__cache_evict(ferry__mapped_pool *pool);
 
-/* Number of pools in the cache (tests). */
+/* Number of pools in the cache whose producer is not known to be gone (tests). */
 unsigned ferry__cache_size(void);
 
 /* Drops the cache's reference to every pool whose producer is gone. */

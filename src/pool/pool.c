@@ -206,6 +206,7 @@ static void wake_all_ready(ferry_pool *pool)
 }
 
 static void check_health_locked(ferry_pool *pool);
+static ferry_status closing_error(ferry_pool *pool);
 
 static int forked(const ferry_pool *pool)
 {
@@ -288,11 +289,14 @@ ferry_status ferry_pool_error(ferry_pool *pool, char *cause, size_t size)
     if (!pool->closing)
         check_health_locked(pool);
     ferry_status st = pool->failed != FERRY_OK ? FERRY_POOL_FAILED : FERRY_OK;
+    int closing = pool->closing;
     if (cause && size)
         snprintf(cause, size, "%s", st == FERRY_OK ? "" : pool->failure);
     pthread_mutex_unlock(&pool->lock);
     if (st != FERRY_OK)
         return ferry__fail(st, "%s pool failed: %s", pool->ops->pool_name, pool->failure);
+    if (closing) /* a latched failure stays retrievable after close; health does not */
+        return closing_error(pool);
     ferry__clear_error();
     return FERRY_OK;
 }
