@@ -11,6 +11,23 @@
  * detailed message of the failure is available from ferry_last_error() on the same
  * thread. Outputs are the last parameters and are written only on success. Objects are
  * opaque; destroy(NULL) is a no-op.
+ *
+ * Threads: a pool and a consumer may be used from any number of threads at once, close
+ * included (see ferry_pool_close for what a call racing it gets); only destroy must come
+ * after every other call on the object has returned.
+ *
+ * Processes: a rank belongs to one live process at a time. The calls that read a lease (open,
+ * wait, read, view and their stream-ordered forms) claim the consumer's rank for the calling
+ * process; a second live process claiming it gets RANK_IN_USE, naming the holder's pid. A
+ * rank whose process died may be claimed again (a restarted worker): the leases the dead
+ * process held are acknowledged on its behalf first. Acknowledgements claim nothing, so any
+ * process (a group leader, the producer itself) may acknowledge on behalf of other ranks. A
+ * consumer in the producer's own process works on every backend and placement.
+ *
+ * fork(): pools and consumers belong to the process that created them. In a forked child
+ * every call on them fails with FORKED; ferry_pool_destroy and ferry_consumer_destroy there
+ * release only the child's copies (no thread joined, no shared word written, no device
+ * call). A child makes its own consumers (claiming ranks as itself) and its own pools.
  */
 #ifndef FERRY_H
 #define FERRY_H
@@ -229,8 +246,11 @@ FERRY_API ferry_status ferry_pool_create(const ferry_pool_config *config, ferry_
 
 /* Shuts a pool down: refuses new publishers ("<transport> pool is closing"), waits for the
  * active ones, stops the reclaimer, closes the broker, then releases the memory. Consumers
- * still waiting see PRODUCER_GONE. Closing twice is harmless; every later call on the pool
- * but ferry_pool_destroy fails with CLOSING. NULL is a no-op. */
+ * still waiting see PRODUCER_GONE. From the moment close begins, every call on the pool on
+ * any thread fails with CLOSING (ferry_pool_copied answers done = 1 once it has finished;
+ * ferry_pool_error still reports a latched failure); calls already inside the pool finish
+ * first, and a publisher waiting for space is woken. A second close, concurrent or later,
+ * returns once the first has finished. NULL is a no-op. */
 FERRY_API void ferry_pool_close(ferry_pool *pool);
 
 /* Closes the pool if it is not closed yet, then frees it. NULL is a no-op. */
@@ -249,14 +269,19 @@ FERRY_API ferry_status ferry_pool_error(ferry_pool *pool, char *cause, size_t si
 /* Copies one tensor into a new lease and marks it ready. With timeout_ns == 0 a full pool
  * fails at once with POOL_FULL (a warning is logged once per pool); otherwise publish waits
  * up to timeout_ns for space (reclaiming acknowledged slices as they free up) and then fails
- * with POOL_FULL. On success *desc is the descriptor to send to the consumers. */
+ * with POOL_FULL. A tensor larger than the pool's usable bytes fails with POOL_FULL at once,
+ * whatever the timeout ("... can never fit ..."; counted in stats.too_large): the caller's
+ * signal to take its fallback path. On success *desc is the descriptor to send to the
+ * consumers. */
 FERRY_API ferry_status ferry_pool_publish(ferry_pool *pool, const ferry_tensor *tensor,
                                           const void *src, uint64_t timeout_ns,
                                           ferry_descriptor *desc);
 
 /* Publishes count tensors of one request into a single lease, each offset aligned to its
- * element size; descs[i] describes tensors[i]. All descriptors share the lease: consumers
- * acknowledge it once and the producer cancels it once. */
+ * element size; descs[i] describes tensors[i] (part_index i of part_count count). All
+ * descriptors share the lease: a rank may receive and acknowledge the parts one by one (in
+ * one process), and the lease is acknowledged for that rank once all its parts are; the
+ * producer cancels it through any part (cancelling another part afterwards is harmless). */
 FERRY_API ferry_status ferry_pool_publish_many(ferry_pool *pool, const ferry_tensor *tensors,
                                                const void *const *srcs, size_t count,
                                                uint64_t timeout_ns, ferry_descriptor *descs);
@@ -360,7 +385,8 @@ FERRY_API ferry_status ferry_split_budget(int64_t total_pool_size, int64_t token
 typedef struct ferry_consumer ferry_consumer;
 
 /* Creates a consumer context acting as one rank. Pools are opened through a process-wide
- * cache keyed by pool identity, so every pool is mapped once per process. */
+ * cache keyed by pool identity, so every pool is mapped once per process; a consumer holds
+ * no pool: a pool whose producer is gone is unmapped once no call and no view uses it. */
 FERRY_API ferry_status ferry_consumer_create(uint32_t rank, ferry_consumer **consumer);
 
 /* Creates a consumer context for rank whose GPU work runs on device (an ordinal; -1 for a
@@ -369,40 +395,52 @@ FERRY_API ferry_status ferry_consumer_create(uint32_t rank, ferry_consumer **con
 FERRY_API ferry_status ferry_consumer_create_on(uint32_t rank, int32_t device,
                                                 ferry_consumer **consumer);
 
-/* Releases the context and its references to opened pools. NULL is a no-op. */
+/* Frees the context. NULL is a no-op. */
 FERRY_API void ferry_consumer_destroy(ferry_consumer *consumer);
 
-/* Opens (or finds in the cache) the pool a descriptor names and attaches this rank to it,
- * before the first tensor must be read. Fails with MISMATCH if the descriptor disagrees
- * with the pool's own header, PRODUCER_GONE if the pool's broker cannot be reached. */
+/* Opens (or finds in the cache) the pool a descriptor names and claims this rank for the
+ * calling process, before the first tensor must be read. Fails with MISMATCH if the
+ * descriptor disagrees with the pool's own header, PRODUCER_GONE if the pool's broker cannot
+ * be reached, RANK_IN_USE if another live process holds the rank, TIMEOUT after 5 s. */
 FERRY_API ferry_status ferry_consumer_open(ferry_consumer *consumer, const ferry_descriptor *desc);
 
 /* Waits up to timeout_ns for the lease to be ready. STALE if this rank already acknowledged
- * it or its slot was reused or cancelled; PRODUCER_GONE if the producer died or closed the
- * pool; TIMEOUT otherwise. */
+ * it or its slot was reused or cancelled; MISMATCH if the descriptor's range is not inside
+ * its lease (a forged or corrupted descriptor); PRODUCER_GONE if the producer died or closed
+ * the pool; RANK_IN_USE as for ferry_consumer_open; TIMEOUT otherwise. The timeout bounds the
+ * whole call, the first opening of the pool included (which gets at least 100 ms). */
 FERRY_API ferry_status ferry_consumer_wait(ferry_consumer *consumer, const ferry_descriptor *desc,
                                            uint64_t timeout_ns);
 
-/* Waits for the lease, then copies the tensor into dst (dst_size >= desc->length). Does not
- * acknowledge. Never returns bytes of another lease: a slot reused during the copy gives
- * STALE. */
+/* Waits for the lease (as ferry_consumer_wait), then copies the tensor into dst (dst_size >=
+ * desc->length). Does not acknowledge. Never returns bytes of another lease: if the lease
+ * could have been recycled during the copy (its slot reused, or this rank acknowledged on its
+ * behalf by another thread or process, after which the slice may be freed and reused), the
+ * read ends STALE and dst holds garbage. */
 FERRY_API ferry_status ferry_consumer_read(ferry_consumer *consumer, const ferry_descriptor *desc,
                                            void *dst, size_t dst_size, uint64_t timeout_ns);
 
 /* Waits for the lease, then points *data at the tensor inside the pool (read-only, valid until
- * this rank acknowledges the lease). */
+ * this rank's acknowledgement of the lease, whoever writes it: a group leader acknowledging
+ * on this rank's behalf ends the view too). The view keeps the pool mapped in this process
+ * until this process acknowledges it, even after the producer is gone. */
 FERRY_API ferry_status ferry_consumer_view(ferry_consumer *consumer, const ferry_descriptor *desc,
                                            const void **data, uint64_t timeout_ns);
 
-/* Acknowledges the lease as this consumer's rank (also without reading it). */
+/* Acknowledges the lease as this consumer's rank (also without reading it). For a part of a
+ * packed lease, acknowledges that part (see ferry_pool_publish_many). STALE if it was
+ * acknowledged already; PRODUCER_GONE if the producer is gone (the ack still ends this
+ * process's view of the lease). Claims no rank. */
 FERRY_API ferry_status ferry_consumer_ack(ferry_consumer *consumer, const ferry_descriptor *desc);
 
-/* Acknowledges the lease for ranks [first, first + count) (an attention subgroup). */
+/* Acknowledges the lease for ranks [first, first + count) (an attention subgroup), on their
+ * behalf: claims no rank, and ends those ranks' views and CPU reads in progress (which then
+ * end STALE). STALE only if every rank had acknowledged already. */
 FERRY_API ferry_status ferry_consumer_ack_range(ferry_consumer *consumer,
                                                 const ferry_descriptor *desc, uint32_t first,
                                                 uint32_t count);
 
-/* Acknowledges the lease for every rank. */
+/* Acknowledges the lease for every rank (as ferry_consumer_ack_range). */
 FERRY_API ferry_status ferry_consumer_ack_all(ferry_consumer *consumer,
                                               const ferry_descriptor *desc);
 
@@ -412,7 +450,13 @@ FERRY_API ferry_status ferry_consumer_ack_all(ferry_consumer *consumer,
  * acknowledgement, all enqueued: the call returns at once. To bound the wait on a producer
  * that may die, call ferry_consumer_wait (CPU, with a timeout) first. With control words in
  * host memory the stream wait is left out when the CPU already sees the ready word (the
- * producer's stream fences its copy before writing it). NOT_SUPPORTED on host pools. */
+ * producer's stream fences its copy before writing it). NOT_SUPPORTED on host pools.
+ * What is guaranteed: the copy runs after the producer's copy and before this rank's
+ * acknowledgement, and the lease is checked current (and its range inside it) when the call
+ * is made. What is not: ferry cannot stop another process from acknowledging this rank on
+ * its behalf before the stream has run (the slice may then be reused under the stream's
+ * copy); acknowledge a stream-reading rank on its behalf only after its stream has run. The
+ * parts of a packed lease read stream-ordered must be acknowledged on one stream. */
 FERRY_API ferry_status ferry_consumer_read_async(ferry_consumer *consumer,
                                                  const ferry_descriptor *desc, void *dst,
                                                  size_t dst_size, void *stream);
