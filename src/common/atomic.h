@@ -63,7 +63,12 @@ static inline void ferry__store_relaxed64(volatile uint64_t *p, uint64_t v)
  * seqlock fence: a new generation word before the bytes of the new lease). */
 static inline void ferry__fence_seqcst(void)
 {
+#if defined(__SANITIZE_THREAD__)
+    static uint32_t tsan_fence; /* TSan does not model fences: a seq_cst RMW stands in */
+    __atomic_fetch_add(&tsan_fence, 0, __ATOMIC_SEQ_CST);
+#else
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
+#endif
 }
 
 /* Loads *p ordered after every earlier read of this thread (the re-check of a seqlock).
