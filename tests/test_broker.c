@@ -1,4 +1,5 @@
-/* The pool broker: fd hand-off to real processes, refusals, client errors, fd hygiene. */
+/* The pool broker: fd hand-off to real processes, refusals, client errors, fd hygiene,
+ * concurrent connections, rank claims, fork and client timeouts. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -46,6 +47,8 @@
 
 typedef struct attach_log {
     pthread_mutex_t lock;
+    ferry_status answer; /* what record_attach returns (FERRY_OK unless a test sets it) */
+    pid_t holder;        /* and the holder it reports with it */
     unsigned count;
     uint32_t rank[MAX_ATTACHES];
     pid_t pid[MAX_ATTACHES];
@@ -61,7 +64,6 @@ typedef struct fixture {
 
 static ferry_status record_attach(void *user, uint32_t rank, pid_t pid, pid_t *holder)
 {
-    (void)holder;
     attach_log *log = user;
     pthread_mutex_lock(&log->lock);
     if (log->count < MAX_ATTACHES) {
@@ -69,8 +71,20 @@ static ferry_status record_attach(void *user, uint32_t rank, pid_t pid, pid_t *h
         log->pid[log->count] = pid;
     }
     log->count++;
+    ferry_status answer = log->answer;
+    if (answer != FERRY_OK)
+        *holder = log->holder;
     pthread_mutex_unlock(&log->lock);
-    return FERRY_OK;
+    return answer;
+}
+
+/* Makes the fixture's on_attach answer status (with holder) from now on. */
+static void set_attach_answer(fixture *f, ferry_status status, pid_t holder)
+{
+    pthread_mutex_lock(&f->log.lock);
+    f->log.answer = status;
+    f->log.holder = holder;
+    pthread_mutex_unlock(&f->log.lock);
 }
 
 static unsigned attach_count(fixture *f)
@@ -150,7 +164,7 @@ static uint64_t get64(const uint8_t *p)
 static void make_request(uint8_t out[REQUEST_SIZE], const uint8_t pool_id[16], uint32_t rank)
 {
     memcpy(out, "FRYB", 4);
-    out[4] = 1; /* version */
+    out[4] = 2; /* version */
     out[5] = 0;
     out[6] = 1; /* type OPEN */
     out[7] = 0;
@@ -239,7 +253,7 @@ static int raw_exchange(const uint8_t name[16], const void *buf, size_t len, int
     close(s);
     assert_int_equal(n, REPLY_SIZE);
     assert_memory_equal(reply, "FRYR", 4);
-    assert_int_equal(reply[4] | (reply[5] << 8), 1);
+    assert_int_equal(reply[4] | (reply[5] << 8), 2);
     int status = reply[6] | (reply[7] << 8);
     assert_int_equal(nfds, status == FERRY_OK ? 1 : 0);
     if (fd >= 0)
@@ -261,7 +275,7 @@ static int count_fds(void)
 }
 
 /* A listening socket on a fresh random abstract name that nobody accepts from. */
-static int make_listener(uint8_t name[16])
+static int make_listener_with_backlog(uint8_t name[16], int backlog)
 {
     struct sockaddr_un addr;
     random_bytes(name, 16);
@@ -269,8 +283,26 @@ static int make_listener(uint8_t name[16])
     int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     assert_true(s >= 0);
     assert_int_equal(bind(s, (struct sockaddr *)&addr, len), 0);
-    assert_int_equal(listen(s, 8), 0);
+    assert_int_equal(listen(s, backlog), 0);
     return s;
+}
+
+static int make_listener(uint8_t name[16])
+{
+    return make_listener_with_backlog(name, 8);
+}
+
+/* Waits (5 s at most) until this process has want descriptors open, as count_fds counts
+ * them: the broker's accepted connections are descriptors of this, its producer's,
+ * process. Returns whether the count got there. */
+static int wait_fd_count(int want)
+{
+    for (int i = 0; i < 5000; i++) {
+        if (count_fds() == want)
+            return 1;
+        poll(NULL, 0, 1);
+    }
+    return 0;
 }
 
 static int wait_child(pid_t pid)
@@ -389,7 +421,7 @@ static void test_hand_made_request_and_reply_bytes(void **state)
     assert_true(fd >= 0);
     close(fd);
     assert_memory_equal(reply, "FRYR", 4);
-    assert_int_equal(reply[4], 1);
+    assert_int_equal(reply[4], 2);
     assert_int_equal(reply[5], 0);
     assert_int_equal(reply[6], 0);
     assert_int_equal(reply[7], 0);
@@ -424,7 +456,7 @@ static void test_rank_out_of_range(void **state)
 
     assert_int_equal(request(f, f->pool_id, CONSUMERS, &fd), FERRY_INVALID_ARGUMENT);
     assert_int_equal(ferry__broker_refused(f->broker), 1);
-    assert_int_equal(request(f, f->pool_id, UINT32_MAX, &fd), FERRY_INVALID_ARGUMENT);
+    assert_int_equal(request(f, f->pool_id, FERRY__RANK_NONE - 1, &fd), FERRY_INVALID_ARGUMENT);
     assert_int_equal(ferry__broker_refused(f->broker), 2);
     assert_int_equal(fd, -1);
     assert_int_equal(request(f, f->pool_id, CONSUMERS - 1, &fd), FERRY_OK);
@@ -457,7 +489,8 @@ static void test_malformed_requests(void **state)
     } corruptions[] = {
         {0, 'X'},   /* magic */
         {3, 'R'},   /* magic "FRYR": a reply is not a request */
-        {4, 2},     /* version */
+        {4, 1},     /* version 1, the previous one */
+        {4, 3},     /* version */
         {5, 1},     /* version, high byte */
         {6, 2},     /* type */
         {7, 1},     /* type, high byte */
@@ -643,7 +676,7 @@ static void *fake_server_main(void *arg)
 static void make_reply(uint8_t out[REPLY_SIZE], uint16_t status, uint64_t size)
 {
     memcpy(out, "FRYR", 4);
-    out[4] = 1;
+    out[4] = 2;
     out[5] = 0;
     out[6] = (uint8_t)status;
     out[7] = (uint8_t)(status >> 8);
@@ -652,9 +685,17 @@ static void make_reply(uint8_t out[REPLY_SIZE], uint16_t status, uint64_t size)
     memset(out + 16, 0, 8);
 }
 
-/* Runs one request against a fake broker sending reply (len bytes, nfds descriptors);
- * returns the client's status. */
-static ferry_status against_fake(const uint8_t *reply, size_t len, int nfds, int *fd)
+/* Writes the reply's detail field (offset 16). */
+static void set_detail(uint8_t reply[REPLY_SIZE], uint64_t detail)
+{
+    for (int i = 0; i < 8; i++)
+        reply[16 + i] = (uint8_t)(detail >> (8 * i));
+}
+
+/* Runs one request for rank against a fake broker sending reply (len bytes, nfds
+ * descriptors); returns the client's status. */
+static ferry_status against_fake_as(const uint8_t *reply, size_t len, int nfds, uint32_t rank,
+                                    int *fd)
 {
     fake_server fs = {.reply_len = len, .nfds = nfds, .got_len = -1};
     uint8_t name[16], pool_id[16] = {1, 2, 3};
@@ -665,13 +706,19 @@ static ferry_status against_fake(const uint8_t *reply, size_t len, int nfds, int
     memcpy(fs.reply, reply, len);
     fs.listener = make_listener(name);
     assert_int_equal(pthread_create(&thread, NULL, fake_server_main, &fs), 0);
-    ferry_status st = ferry__broker_request(name, pool_id, 0, LABEL, TIMEOUT_NS, fd, &size, &pid);
+    ferry_status st =
+        ferry__broker_request(name, pool_id, rank, LABEL, TIMEOUT_NS, fd, &size, &pid);
     assert_int_equal(pthread_join(thread, NULL), 0);
     close(fs.listener);
     assert_int_equal(fs.got_len, REQUEST_SIZE);
     if (st == FERRY_OK)
         assert_int_equal(size, 12345);
     return st;
+}
+
+static ferry_status against_fake(const uint8_t *reply, size_t len, int nfds, int *fd)
+{
+    return against_fake_as(reply, len, nfds, 0, fd);
 }
 
 static void test_reply_without_fd(void **state)
@@ -706,16 +753,31 @@ static void test_bad_replies(void **state)
     /* Short and long replies, with a descriptor each. */
     assert_int_equal(against_fake(reply, REPLY_SIZE - 1, 1, &fd), FERRY_SYSTEM);
     assert_int_equal(against_fake(reply, REPLY_SIZE + 8, 1, &fd), FERRY_SYSTEM);
-    /* Bad magic, version and reserved. */
+    /* Bad magic, and versions 1 (the previous one) and 3. */
     reply[0] = 'X';
     assert_int_equal(against_fake(reply, REPLY_SIZE, 1, &fd), FERRY_SYSTEM);
     assert_non_null(strstr(ferry_last_error(), "malformed reply"));
     make_reply(reply, FERRY_OK, 12345);
-    reply[4] = 2;
+    reply[4] = 1;
     assert_int_equal(against_fake(reply, REPLY_SIZE, 1, &fd), FERRY_SYSTEM);
+    reply[4] = 3;
+    assert_int_equal(against_fake(reply, REPLY_SIZE, 1, &fd), FERRY_SYSTEM);
+    /* A granted reply with a nonzero detail (first and last byte). */
+    make_reply(reply, FERRY_OK, 12345);
+    reply[16] = 1;
+    assert_int_equal(against_fake(reply, REPLY_SIZE, 1, &fd), FERRY_SYSTEM);
+    assert_string_equal(ferry_last_error(),
+                        LABEL " sent a malformed reply: a size or detail field its status does "
+                              "not allow");
     make_reply(reply, FERRY_OK, 12345);
     reply[23] = 1;
     assert_int_equal(against_fake(reply, REPLY_SIZE, 1, &fd), FERRY_SYSTEM);
+    /* A refusal with a detail, or with a size. */
+    make_reply(reply, FERRY_PERMISSION, 0);
+    set_detail(reply, 1);
+    assert_int_equal(against_fake(reply, REPLY_SIZE, 0, &fd), FERRY_SYSTEM);
+    make_reply(reply, FERRY_PERMISSION, 4096);
+    assert_int_equal(against_fake(reply, REPLY_SIZE, 0, &fd), FERRY_SYSTEM);
     /* A refusal is passed through; an unknown status is malformed. */
     make_reply(reply, FERRY_PERMISSION, 0);
     assert_int_equal(against_fake(reply, REPLY_SIZE, 0, &fd), FERRY_PERMISSION);
@@ -1076,6 +1138,395 @@ static void test_names_and_address(void **state)
     pthread_mutex_destroy(&g.log.lock);
 }
 
+/* ------------------------------------------------------------------------------------
+ * Concurrent connections
+ * ---------------------------------------------------------------------------------- */
+
+/* Waits (5 s at most) for a reply on each of count sockets; records when each came (0 if
+ * none) and its status (-1 if none, or a hang-up without a reply). */
+static void receive_all(const int *socks, int count, uint64_t *arrived, int *status)
+{
+    uint64_t deadline = ferry__now_ns() + 5000 * MS;
+    int left = count;
+
+    for (int i = 0; i < count; i++) {
+        arrived[i] = 0;
+        status[i] = -1;
+    }
+    while (left > 0 && ferry__now_ns() < deadline) {
+        struct pollfd p[64];
+        int which[64], n = 0;
+        for (int i = 0; i < count && n < 64; i++)
+            if (arrived[i] == 0) {
+                p[n] = (struct pollfd){socks[i], POLLIN, 0};
+                which[n++] = i;
+            }
+        if (poll(p, (nfds_t)n, 100) <= 0)
+            continue;
+        uint64_t now = ferry__now_ns();
+        for (int k = 0; k < n; k++) {
+            uint8_t reply[64];
+            int fd, nfds, i = which[k];
+            if (!p[k].revents)
+                continue;
+            ssize_t got = raw_receive(socks[i], reply, sizeof(reply), 0, &fd, &nfds);
+            assert_int_equal(nfds, 0);
+            arrived[i] = now;
+            status[i] = got == REPLY_SIZE ? (reply[6] | (reply[7] << 8)) : -1;
+            left--;
+        }
+    }
+}
+
+/* Hole 15: silent same-uid peers must not delay a real consumer (the broker used to serve
+ * one connection at a time, waiting 1 s for each). */
+static void test_silent_peers_do_not_delay_others(void **state)
+{
+    fixture *f = *state;
+    enum { SILENT = 8 };
+    int peers[SILENT], status[SILENT], fd = -1;
+    uint64_t connected[SILENT], arrived[SILENT];
+    int before = count_fds();
+
+    for (int i = 0; i < SILENT; i++) {
+        peers[i] = raw_connect(f->name);
+        connected[i] = ferry__now_ns();
+    }
+    (void)wait_fd_count(before + 2 * SILENT); /* the broker holds them all */
+    uint64_t start = ferry__now_ns();
+    assert_int_equal(request(f, f->pool_id, 1, &fd), FERRY_OK);
+    uint64_t elapsed = ferry__now_ns() - start;
+    close(fd);
+    assert_true(elapsed < 200 * MS);
+    assert_int_equal(attach_count(f), 1);
+    assert_int_equal(ferry__broker_refused(f->broker), 0);
+
+    /* Each is refused at its own deadline, 1 s after it connected, not one after another. */
+    receive_all(peers, SILENT, arrived, status);
+    for (int i = 0; i < SILENT; i++) {
+        close(peers[i]);
+        assert_int_equal(status[i], FERRY_TIMEOUT);
+        assert_true(arrived[i] - connected[i] >= 900 * MS);
+        assert_true(arrived[i] - connected[i] < 2000 * MS);
+    }
+    assert_int_equal(ferry__broker_refused(f->broker), SILENT);
+    assert_true(wait_fd_count(before));
+}
+
+/* Peers connecting 300 ms apart are refused 300 ms apart, each about 1 s after it came. */
+static void test_silent_peers_refused_at_own_deadline(void **state)
+{
+    fixture *f = *state;
+    enum { SILENT = 4 };
+    int peers[SILENT], status[SILENT];
+    uint64_t connected[SILENT], arrived[SILENT];
+
+    for (int i = 0; i < SILENT; i++) {
+        if (i > 0)
+            poll(NULL, 0, 300);
+        peers[i] = raw_connect(f->name);
+        connected[i] = ferry__now_ns();
+    }
+    receive_all(peers, SILENT, arrived, status);
+    for (int i = 0; i < SILENT; i++) {
+        close(peers[i]);
+        assert_int_equal(status[i], FERRY_TIMEOUT);
+        assert_true(arrived[i] - connected[i] >= 900 * MS);
+        assert_true(arrived[i] - connected[i] < 1600 * MS);
+    }
+    assert_int_equal(ferry__broker_refused(f->broker), SILENT);
+}
+
+/* With 64 connections pending, the next one is refused at once; the broker serves again as
+ * soon as the table has room. */
+static void test_full_table_refuses_at_once(void **state)
+{
+    fixture *f = *state;
+    enum { TABLE = 64 };
+    int peers[TABLE], fd = -1, got, nfds;
+    uint8_t reply[64];
+    int before = count_fds();
+
+    for (int i = 0; i < TABLE; i++)
+        peers[i] = raw_connect(f->name);
+    assert_true(wait_fd_count(before + 2 * TABLE));
+
+    uint64_t start = ferry__now_ns();
+    int extra = raw_connect(f->name);
+    ssize_t n = raw_receive(extra, reply, sizeof(reply), 5000, &got, &nfds);
+    close(extra);
+    assert_int_equal(n, REPLY_SIZE);
+    assert_int_equal(nfds, 0);
+    assert_int_equal(reply[6] | (reply[7] << 8), FERRY_TIMEOUT);
+    assert_true(ferry__now_ns() - start < 500 * MS);
+    assert_int_equal(ferry__broker_refused(f->broker), 1);
+    assert_int_equal(request(f, f->pool_id, 0, &fd), FERRY_TIMEOUT);
+    assert_string_equal(ferry_last_error(), LABEL " refused the request: timed out");
+    assert_int_equal(fd, -1);
+    assert_int_equal(ferry__broker_refused(f->broker), 2);
+
+    /* Peers that hang up are answered (an empty request) and closed at once. */
+    for (int i = 0; i < TABLE; i++)
+        close(peers[i]);
+    assert_true(wait_fd_count(before));
+    assert_int_equal(ferry__broker_refused(f->broker), 2 + TABLE);
+    assert_int_equal(request(f, f->pool_id, 0, &fd), FERRY_OK);
+    close(fd);
+    assert_int_equal(attach_count(f), 1);
+}
+
+/* Stopping closes every pending connection at once, without a reply. */
+static void test_stop_closes_pending(void **state)
+{
+    fixture *f = *state;
+    enum { SILENT = 4 };
+    int peers[SILENT], got, nfds;
+    uint8_t reply[64];
+    int before = count_fds();
+
+    for (int i = 0; i < SILENT; i++)
+        peers[i] = raw_connect(f->name);
+    assert_true(wait_fd_count(before + 2 * SILENT));
+    uint64_t start = ferry__now_ns();
+    ferry__broker_stop(f->broker);
+    f->broker = NULL;
+    assert_true(ferry__now_ns() - start < 500 * MS);
+    assert_int_equal(count_fds(), before + SILENT - 2); /* and the listener and eventfd */
+    for (int i = 0; i < SILENT; i++) {
+        ssize_t n = raw_receive(peers[i], reply, sizeof(reply), 1000, &got, &nfds);
+        close(peers[i]);
+        assert_true(n <= 0);
+        assert_int_equal(nfds, 0);
+    }
+}
+
+/* ------------------------------------------------------------------------------------
+ * Rank claims
+ * ---------------------------------------------------------------------------------- */
+
+static void test_rank_none_opens_without_attach(void **state)
+{
+    fixture *f = *state;
+    int fd = -1;
+    struct stat a, b;
+
+    assert_int_equal(request(f, f->pool_id, FERRY__RANK_NONE, &fd), FERRY_OK);
+    assert_int_equal(fstat(fd, &a), 0);
+    assert_int_equal(fstat(f->memfd, &b), 0);
+    assert_true(a.st_ino == b.st_ino && a.st_dev == b.st_dev);
+    close(fd);
+    /* Even while on_attach would refuse: it is not asked. */
+    set_attach_answer(f, FERRY_RANK_IN_USE, 4242);
+    assert_int_equal(request(f, f->pool_id, FERRY__RANK_NONE, &fd), FERRY_OK);
+    close(fd);
+    assert_int_equal(attach_count(f), 0);
+    assert_int_equal(ferry__broker_refused(f->broker), 0);
+}
+
+static void test_rank_in_use(void **state)
+{
+    fixture *f = *state;
+    uint8_t req[REQUEST_SIZE], reply[64];
+    int fd = -1, got, nfds;
+    int before = count_fds();
+
+    set_attach_answer(f, FERRY_RANK_IN_USE, 4242);
+    assert_int_equal(request(f, f->pool_id, 2, &fd), FERRY_RANK_IN_USE);
+    assert_string_equal(ferry_last_error(), "rank 2 is held by live process 4242 (a rank belongs "
+                                            "to one live process at a time)");
+    assert_int_equal(fd, -1);
+    assert_int_equal(ferry__broker_refused(f->broker), 1);
+    assert_int_equal(attach_count(f), 1);
+    assert_int_equal(f->log.rank[0], 2);
+    assert_int_equal(f->log.pid[0], getpid());
+
+    /* The bytes: status 17, size 0, detail the holder's pid, no descriptor. */
+    make_request(req, f->pool_id, 3);
+    int s = raw_connect(f->name);
+    raw_send(s, req, sizeof(req), -1);
+    ssize_t n = raw_receive(s, reply, sizeof(reply), 5000, &got, &nfds);
+    close(s);
+    assert_int_equal(n, REPLY_SIZE);
+    assert_int_equal(nfds, 0);
+    assert_int_equal(reply[6] | (reply[7] << 8), FERRY_RANK_IN_USE);
+    assert_int_equal(get64(reply + 8), 0);
+    assert_int_equal(get64(reply + 16), 4242);
+    assert_true(wait_fd_count(before));
+
+    /* Another refusal of the callback is passed on; RANK_IN_USE without a holder is not. */
+    set_attach_answer(f, FERRY_CLOSING, 0);
+    assert_int_equal(request(f, f->pool_id, 0, &fd), FERRY_CLOSING);
+    assert_string_equal(ferry_last_error(), LABEL " refused the request: pool is closing");
+    set_attach_answer(f, FERRY_RANK_IN_USE, 0);
+    assert_int_equal(request(f, f->pool_id, 0, &fd), FERRY_SYSTEM);
+    assert_int_equal(fd, -1);
+    set_attach_answer(f, FERRY_OK, 0);
+    assert_int_equal(request(f, f->pool_id, 0, &fd), FERRY_OK);
+    close(fd);
+    assert_int_equal(ferry__broker_refused(f->broker), 4);
+    assert_true(wait_fd_count(before));
+}
+
+/* The client's checks of a RANK_IN_USE reply, against a fake broker. */
+static void test_rank_in_use_replies(void **state)
+{
+    (void)state;
+    uint8_t reply[REPLY_SIZE];
+    int fd = -1;
+    int fds_before = count_fds();
+
+    make_reply(reply, FERRY_RANK_IN_USE, 0);
+    set_detail(reply, 4242);
+    assert_int_equal(against_fake_as(reply, REPLY_SIZE, 0, 3, &fd), FERRY_RANK_IN_USE);
+    assert_string_equal(ferry_last_error(), "rank 3 is held by live process 4242 (a rank belongs "
+                                            "to one live process at a time)");
+    /* With a descriptor, with a size, or in answer to a request claiming no rank. */
+    assert_int_equal(against_fake_as(reply, REPLY_SIZE, 1, 3, &fd), FERRY_SYSTEM);
+    assert_non_null(strstr(ferry_last_error(), "malformed reply"));
+    assert_int_equal(against_fake_as(reply, REPLY_SIZE, 0, FERRY__RANK_NONE, &fd), FERRY_SYSTEM);
+    make_reply(reply, FERRY_RANK_IN_USE, 4096);
+    set_detail(reply, 4242);
+    assert_int_equal(against_fake_as(reply, REPLY_SIZE, 0, 3, &fd), FERRY_SYSTEM);
+    /* No holder, or one that is no pid. */
+    make_reply(reply, FERRY_RANK_IN_USE, 0);
+    assert_int_equal(against_fake_as(reply, REPLY_SIZE, 0, 3, &fd), FERRY_SYSTEM);
+    set_detail(reply, 0x80000000u);
+    assert_int_equal(against_fake_as(reply, REPLY_SIZE, 0, 3, &fd), FERRY_SYSTEM);
+    set_detail(reply, 1ull << 32 | 4242);
+    assert_int_equal(against_fake_as(reply, REPLY_SIZE, 0, 3, &fd), FERRY_SYSTEM);
+    assert_int_equal(fd, -1);
+    assert_int_equal(count_fds(), fds_before);
+}
+
+/* ------------------------------------------------------------------------------------
+ * Fork
+ * ---------------------------------------------------------------------------------- */
+
+/* In a child: forgets the broker (or, with stop, stops it as a child would by mistake);
+ * exits 0 if exactly its listener, eventfd and one pending connection were closed. */
+static int child_forget(ferry__broker *broker, int stop)
+{
+    int before = count_fds();
+    if (stop)
+        ferry__broker_stop(broker);
+    else
+        ferry__broker_forget(broker);
+    ferry__broker_forget(NULL);
+    return count_fds() == before - 3 ? 0 : 1;
+}
+
+static void test_forget_in_forked_child(void **state)
+{
+    fixture *f = *state;
+    int fd = -1, got, nfds;
+    uint8_t reply[64];
+    int before = count_fds();
+
+    /* One silent peer pending; one request served after it, so that it is in the table. */
+    int silent = raw_connect(f->name);
+    uint64_t connected = ferry__now_ns();
+    assert_int_equal(request(f, f->pool_id, 0, &fd), FERRY_OK);
+    close(fd);
+    assert_true(wait_fd_count(before + 2));
+    for (int stop = 0; stop < 2; stop++) {
+        pid_t child = fork();
+        assert_true(child >= 0);
+        if (child == 0)
+            _exit(child_forget(f->broker, stop));
+        assert_int_equal(wait_child(child), 0);
+    }
+
+    /* The parent's broker goes on: it serves, and still times its pending peer out. */
+    assert_int_equal(request(f, f->pool_id, 1, &fd), FERRY_OK);
+    close(fd);
+    assert_int_equal(attach_count(f), 2);
+    ssize_t n = raw_receive(silent, reply, sizeof(reply), 5000, &got, &nfds);
+    close(silent);
+    assert_int_equal(n, REPLY_SIZE);
+    assert_int_equal(reply[6] | (reply[7] << 8), FERRY_TIMEOUT);
+    assert_true(ferry__now_ns() - connected >= 900 * MS);
+    assert_true(wait_fd_count(before));
+}
+
+/* ------------------------------------------------------------------------------------
+ * Client timeouts
+ * ---------------------------------------------------------------------------------- */
+
+/* Times one request to name with timeout_ns; checks TIMEOUT with message. */
+static uint64_t timed_timeout(const uint8_t name[16], uint64_t timeout_ns, const char *message)
+{
+    uint8_t pool_id[16] = {0};
+    int fd = -1;
+    uint64_t size;
+    pid_t pid;
+    uint64_t start = ferry__now_ns();
+    ferry_status st = ferry__broker_request(name, pool_id, 0, LABEL, timeout_ns, &fd, &size, &pid);
+    uint64_t elapsed = ferry__now_ns() - start;
+    assert_int_equal(st, FERRY_TIMEOUT);
+    assert_string_equal(ferry_last_error(), message);
+    assert_int_equal(fd, -1);
+    return elapsed;
+}
+
+static void test_timeout_is_prompt(void **state)
+{
+    (void)state;
+    uint8_t name[16];
+    int fillers[64], filled = 0;
+    int fds_before = count_fds();
+
+    /* A broker that accepts nothing: the connection is queued, the reply never comes. */
+    int listener = make_listener(name);
+    uint64_t t = timed_timeout(name, 100 * MS, LABEL " did not reply within 100 ms");
+    assert_true(t >= 100 * MS && t < 300 * MS);
+    assert_true(timed_timeout(name, 0, LABEL " did not reply within 0 ms") < 50 * MS);
+    close(listener);
+
+    /* A broker whose backlog is full: connect itself cannot complete. */
+    listener = make_listener_with_backlog(name, 0);
+    struct sockaddr_un addr;
+    unsigned len = ferry__broker_address(name, &addr);
+    while (filled < 64) {
+        int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        assert_true(s >= 0);
+        if (connect(s, (struct sockaddr *)&addr, len) != 0) {
+            assert_int_equal(errno, EAGAIN);
+            close(s);
+            break;
+        }
+        fillers[filled++] = s;
+    }
+    assert_true(filled < 64);
+    t = timed_timeout(name, 100 * MS, LABEL " did not accept the connection within 100 ms");
+    assert_true(t >= 100 * MS && t < 300 * MS);
+    assert_true(timed_timeout(name, 0, LABEL " did not accept the connection within 0 ms") <
+                50 * MS);
+    for (int i = 0; i < filled; i++)
+        close(fillers[i]);
+    close(listener);
+    assert_int_equal(count_fds(), fds_before);
+}
+
+/* A timeout of 0 against a live broker: one attempt, no waiting, nothing left behind. */
+static void test_zero_timeout_makes_one_attempt(void **state)
+{
+    fixture *f = *state;
+    int fd = -1;
+    uint64_t size;
+    pid_t pid;
+    int before = count_fds();
+
+    uint64_t start = ferry__now_ns();
+    ferry_status st = ferry__broker_request(f->name, f->pool_id, 0, LABEL, 0, &fd, &size, &pid);
+    assert_true(ferry__now_ns() - start < 50 * MS);
+    assert_true(st == FERRY_TIMEOUT || st == FERRY_OK);
+    if (st == FERRY_OK)
+        close(fd);
+    assert_true(wait_fd_count(before));
+    assert_int_equal(request(f, f->pool_id, 0, &fd), FERRY_OK);
+    close(fd);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1101,6 +1552,16 @@ int main(void)
         cmocka_unit_test(test_broker_of_other_uid_rejected),
         cmocka_unit_test_setup_teardown(test_backoff_on_fd_exhaustion, setup, teardown),
         cmocka_unit_test_setup_teardown(test_names_and_address, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_silent_peers_do_not_delay_others, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_silent_peers_refused_at_own_deadline, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_full_table_refuses_at_once, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stop_closes_pending, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_rank_none_opens_without_attach, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_rank_in_use, setup, teardown),
+        cmocka_unit_test(test_rank_in_use_replies),
+        cmocka_unit_test_setup_teardown(test_forget_in_forked_child, setup, teardown),
+        cmocka_unit_test(test_timeout_is_prompt),
+        cmocka_unit_test_setup_teardown(test_zero_timeout_makes_one_attempt, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

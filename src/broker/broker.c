@@ -4,18 +4,26 @@
  *
  *   request, 32 bytes, consumer -> broker
  *     0  u32  magic     "FRYB"
- *     4  u16  version   1
+ *     4  u16  version   2
  *     6  u16  type      1 (OPEN)
  *     8  u8[16] pool_id
- *     24 u32  rank
+ *     24 u32  rank      < consumer_count, or 0xFFFFFFFF (FERRY__RANK_NONE: claim no rank)
  *     28 u32  reserved  0
  *
  *   reply, 24 bytes, broker -> consumer (one fd in SCM_RIGHTS iff status is OK)
  *     0  u32  magic     "FRYR"
- *     4  u16  version   1
+ *     4  u16  version   2
  *     6  u16  status    ferry_status (0 = OK)
- *     8  u64  size      shared_size
- *     16 u64  reserved  0
+ *     8  u64  size      shared_size (0 in a refusal)
+ *     16 u64  detail    RANK_IN_USE: the holder's pid (1..INT32_MAX); otherwise 0
+ *
+ * Version 1 had no RANK_NONE and a reserved zero where version 2 has detail; neither side
+ * accepts the other's version.
+ *
+ * The thread is one poll() loop over the stop eventfd, the listening socket and a table of
+ * up to BROKER_MAX_PENDING accepted connections waiting for their request, each with its
+ * own deadline: a connection is served the moment its request arrives, a silent one is
+ * refused at its own deadline, and none waits behind another.
  */
 #include <errno.h>
 #include <limits.h>
@@ -39,7 +47,7 @@
 
 #define BROKER_REQUEST_MAGIC 0x42595246u /* bytes "FRYB" read as a little-endian u32 */
 #define BROKER_REPLY_MAGIC   0x52595246u /* bytes "FRYR" read as a little-endian u32 */
-#define BROKER_VERSION       1u
+#define BROKER_VERSION       2u
 #define BROKER_TYPE_OPEN     1u
 #define BROKER_REQUEST_SIZE  32
 #define BROKER_REPLY_SIZE    24
@@ -48,7 +56,10 @@
 #define BROKER_HEX_SIZE      (2 * BROKER_ID_SIZE + 1)
 
 #define BROKER_REQUEST_WAIT_MS 1000 /* how long a connected peer may stay silent */
+#define BROKER_MAX_PENDING     64   /* accepted connections waiting for their request */
+#define BROKER_POLL_FIRST_CONN 2    /* poll slots: stop eventfd, listener, then connections */
 #define BROKER_BACKOFF_MS      10   /* pause after a transient accept failure */
+#define BROKER_RETRY_MS        1    /* client: pause before retrying a full backlog */
 #define BROKER_BIND_ATTEMPTS   8    /* fresh random names tried on EADDRINUSE */
 #define BROKER_MAX_FDS         8    /* SCM_RIGHTS room when receiving (excess: MSG_CTRUNC) */
 #define BROKER_ERROR_MAX       256
@@ -70,8 +81,19 @@ typedef struct broker_reply {
     uint16_t version;
     uint16_t status;
     uint64_t size;
-    uint64_t reserved;
+    uint64_t detail;
 } broker_reply;
+
+/* An accepted connection waiting for its request. fd is -1 in a free slot; it is written
+ * with release order (and a slot freed before its fd is closed) so that the table a forked
+ * child inherits never names a descriptor already closed (ferry__broker_forget). A
+ * connection accepted at the very moment of a fork may not be in the child's table yet:
+ * the child then keeps that one copy (close-on-exec). */
+typedef struct broker_conn {
+    int fd;
+    pid_t pid;         /* the peer's, from SO_PEERCRED at accept */
+    uint64_t deadline; /* refused with FERRY_TIMEOUT if no request arrived by then */
+} broker_conn;
 
 struct ferry__broker {
     uint8_t pool_id[BROKER_ID_SIZE];
@@ -81,9 +103,12 @@ struct ferry__broker {
     uint32_t consumer_count;
     ferry__broker_attach_fn on_attach;
     void *user;
-    int listen_fd; /* -1 once the thread closed it after a latched error */
+    int listen_fd; /* atomic: -1 once the thread closed it after a latched error */
     int stop_fd;   /* eventfd: readable once ferry__broker_stop was called */
+    pid_t owner;   /* the process that started the thread */
     pthread_t thread;
+    broker_conn pending[BROKER_MAX_PENDING]; /* the thread's (and a forked child's) only */
+    unsigned pending_count;
     uint64_t refused;   /* atomic */
     uint64_t transient; /* atomic: accept failures backed off from */
     int latch;          /* atomic: LATCH_* */
@@ -102,6 +127,7 @@ typedef union broker_control {
 typedef struct broker_call {
     int sock;
     const char *label;
+    uint32_t rank;
     uint64_t deadline;
     uint64_t timeout_ns;
     char hex[BROKER_HEX_SIZE];
@@ -170,7 +196,7 @@ static void encode_reply(const broker_reply *rep, uint8_t out[BROKER_REPLY_SIZE]
     put_le16(out + 4, rep->version);
     put_le16(out + 6, rep->status);
     put_le64(out + 8, rep->size);
-    put_le64(out + 16, rep->reserved);
+    put_le64(out + 16, rep->detail);
 }
 
 static void decode_reply(const uint8_t in[BROKER_REPLY_SIZE], broker_reply *rep)
@@ -179,7 +205,7 @@ static void decode_reply(const uint8_t in[BROKER_REPLY_SIZE], broker_reply *rep)
     rep->version = get_le16(in + 4);
     rep->status = get_le16(in + 6);
     rep->size = get_le64(in + 8);
-    rep->reserved = get_le64(in + 16);
+    rep->detail = get_le64(in + 16);
 }
 
 /* ------------------------------------------------------------------------------------
@@ -328,11 +354,24 @@ static void latch_listener(ferry__broker *b, short revents)
         latch_error(b, "listening socket", "hung up");
 }
 
+/* After a latched failure: frees the name so that new clients fail fast (ECONNREFUSED)
+ * instead of timing out. The slot is cleared before the close, so that neither
+ * ferry__broker_shutdown_for_tests nor a forked child's ferry__broker_forget can see a
+ * descriptor number that is already closed. */
+static void release_listener(ferry__broker *b)
+{
+    int fd = b->listen_fd;
+    if (fd < 0)
+        return;
+    __atomic_store_n(&b->listen_fd, -1, __ATOMIC_RELEASE);
+    close(fd);
+}
+
 /* Sends a reply, with fd in SCM_RIGHTS when fd >= 0. Never blocks and never raises SIGPIPE;
  * a peer that cannot take the reply simply does not get it. */
-static void send_reply(int conn, ferry_status status, uint64_t size, int fd)
+static void send_reply(int conn, ferry_status status, uint64_t size, uint64_t detail, int fd)
 {
-    broker_reply rep = {BROKER_REPLY_MAGIC, BROKER_VERSION, (uint16_t)status, size, 0};
+    broker_reply rep = {BROKER_REPLY_MAGIC, BROKER_VERSION, (uint16_t)status, size, detail};
     uint8_t buf[BROKER_REPLY_SIZE];
     union {
         struct cmsghdr align;
@@ -358,30 +397,11 @@ static void send_reply(int conn, ferry_status status, uint64_t size, int fd)
     while (n < 0 && errno == EINTR);
 }
 
-static void refuse(ferry__broker *b, int conn, ferry_status status)
+/* Sends a refusal (detail: the holder's pid for RANK_IN_USE, else 0) and counts it. */
+static void refuse(ferry__broker *b, int conn, ferry_status status, pid_t detail)
 {
     __atomic_fetch_add(&b->refused, 1, __ATOMIC_RELAXED);
-    send_reply(conn, status, 0, -1);
-}
-
-enum { WAIT_READY, WAIT_TIMEOUT, WAIT_STOP };
-
-/* Waits (bounded) for the peer's request, or for the broker to be stopped. */
-static int wait_request(const ferry__broker *b, int conn)
-{
-    uint64_t deadline = ferry__deadline((uint64_t)BROKER_REQUEST_WAIT_MS * 1000000u);
-    for (;;) {
-        struct pollfd fds[2] = {{b->stop_fd, POLLIN, 0}, {conn, POLLIN, 0}};
-        int n = poll(fds, 2, remaining_ms(deadline));
-        if (n < 0 && errno != EINTR)
-            return WAIT_TIMEOUT; /* cannot wait for this peer: refuse it */
-        if (n > 0 && fds[0].revents)
-            return WAIT_STOP;
-        if (n > 0)
-            return WAIT_READY;
-        if (n == 0 && ferry__now_ns() >= deadline)
-            return WAIT_TIMEOUT;
-    }
+    send_reply(conn, status, 0, (uint64_t)detail, -1);
 }
 
 static ferry_status check_request(const ferry__broker *b, const uint8_t *buf, uint32_t *rank)
@@ -393,7 +413,7 @@ static ferry_status check_request(const ferry__broker *b, const uint8_t *buf, ui
         return FERRY_INVALID_ARGUMENT;
     if (memcmp(req.pool_id, b->pool_id, BROKER_ID_SIZE) != 0)
         return FERRY_MISMATCH;
-    if (req.rank >= b->consumer_count)
+    if (req.rank != FERRY__RANK_NONE && req.rank >= b->consumer_count)
         return FERRY_INVALID_ARGUMENT;
     *rank = req.rank;
     return FERRY_OK;
@@ -419,51 +439,102 @@ static ferry_status read_request(const ferry__broker *b, int conn, uint32_t *ran
     return check_request(b, buf, rank);
 }
 
-/* Serves one connection: checks the peer, reads its request, replies. The caller closes
- * conn. */
-static void serve_connection(ferry__broker *b, int conn)
+/* Asks on_attach whether pid may hold rank. Returns FERRY_OK, or the refusal to send:
+ * RANK_IN_USE with *holder set, another status the callback chose, or SYSTEM when the
+ * callback broke its contract (an unknown status, or RANK_IN_USE without a holder). */
+static ferry_status claim_rank(ferry__broker *b, uint32_t rank, pid_t pid, pid_t *holder)
+{
+    pid_t who = 0;
+    if (!b->on_attach)
+        return FERRY_OK;
+    ferry_status status = b->on_attach(b->user, rank, pid, &who);
+    if (status == FERRY_OK)
+        return FERRY_OK;
+    if (status == FERRY_RANK_IN_USE && who > 0) {
+        *holder = who;
+        return FERRY_RANK_IN_USE;
+    }
+    if (status == FERRY_RANK_IN_USE || !known_status((unsigned)status))
+        return FERRY_SYSTEM;
+    return status;
+}
+
+/* Closes a pending connection and frees its slot (the slot first: see broker_conn). */
+static void conn_close(ferry__broker *b, broker_conn *c)
+{
+    int fd = c->fd;
+    __atomic_store_n(&c->fd, -1, __ATOMIC_RELEASE);
+    close(fd);
+    b->pending_count--;
+}
+
+/* Serves a connection whose request has arrived (or that hung up), then closes it. */
+static void conn_serve(ferry__broker *b, broker_conn *c)
+{
+    uint32_t rank = FERRY__RANK_NONE;
+    pid_t holder = 0;
+
+    ferry_status status = read_request(b, c->fd, &rank);
+    if (status == FERRY_OK && rank != FERRY__RANK_NONE)
+        status = claim_rank(b, rank, c->pid, &holder);
+    if (status == FERRY_OK)
+        send_reply(c->fd, FERRY_OK, b->shared_size, 0, b->shared_fd);
+    else
+        refuse(b, c->fd, status, holder);
+    conn_close(b, c);
+}
+
+/* Closes every pending connection without a reply (their peers see the hang-up). Also run
+ * by ferry__broker_forget in a forked child, on the child's copies. */
+static void close_pending(ferry__broker *b)
+{
+    for (unsigned i = 0; i < BROKER_MAX_PENDING; i++) {
+        int fd = __atomic_load_n(&b->pending[i].fd, __ATOMIC_ACQUIRE);
+        if (fd < 0)
+            continue;
+        __atomic_store_n(&b->pending[i].fd, -1, __ATOMIC_RELEASE);
+        close(fd);
+    }
+    b->pending_count = 0;
+}
+
+/* Takes in a freshly accepted connection: a peer of another uid is refused at once without
+ * reading its request, and so is anybody while the table is full; the others wait in the
+ * table for their request. */
+static void admit(ferry__broker *b, int conn)
 {
     struct ucred cred;
     socklen_t len = sizeof(cred);
-    uint32_t rank = 0;
 
-    if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || len != sizeof(cred)) {
-        refuse(b, conn, FERRY_SYSTEM);
-        return;
+    if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || len != sizeof(cred))
+        refuse(b, conn, FERRY_SYSTEM, 0);
+    else if (cred.uid != geteuid())
+        refuse(b, conn, FERRY_PERMISSION, 0);
+    else if (b->pending_count == BROKER_MAX_PENDING)
+        refuse(b, conn, FERRY_TIMEOUT, 0);
+    else {
+        for (unsigned i = 0; i < BROKER_MAX_PENDING; i++) {
+            broker_conn *c = &b->pending[i];
+            if (c->fd >= 0)
+                continue;
+            c->pid = cred.pid;
+            c->deadline = ferry__deadline((uint64_t)BROKER_REQUEST_WAIT_MS * 1000000u);
+            __atomic_store_n(&c->fd, conn, __ATOMIC_RELEASE);
+            b->pending_count++;
+            return;
+        }
     }
-    if (cred.uid != geteuid()) {
-        refuse(b, conn, FERRY_PERMISSION);
-        return;
-    }
-    int waited = wait_request(b, conn);
-    if (waited == WAIT_STOP)
-        return;
-    if (waited == WAIT_TIMEOUT) {
-        refuse(b, conn, FERRY_TIMEOUT);
-        return;
-    }
-    ferry_status status = read_request(b, conn, &rank);
-    if (status != FERRY_OK) {
-        refuse(b, conn, status);
-        return;
-    }
-    pid_t holder = 0;
-    if (b->on_attach && b->on_attach(b->user, rank, cred.pid, &holder) != FERRY_OK) {
-        refuse(b, conn, FERRY_RANK_IN_USE);
-        return;
-    }
-    send_reply(conn, FERRY_OK, b->shared_size, b->shared_fd);
+    close(conn);
 }
 
 enum { ACCEPT_DONE, ACCEPT_BACK_OFF, ACCEPT_FAILED };
 
-/* Accepts and serves one connection. */
+/* Accepts one connection into the table. */
 static int accept_one(ferry__broker *b)
 {
-    int conn = accept4(b->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+    int conn = accept4(b->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (conn >= 0) {
-        serve_connection(b, conn);
-        close(conn);
+        admit(b, conn);
         return ACCEPT_DONE;
     }
     switch (errno) {
@@ -487,52 +558,104 @@ static int accept_one(ferry__broker *b)
     }
 }
 
-enum { EVENT_CONNECTION, EVENT_IDLE, EVENT_STOP, EVENT_FAILED };
+/* One round of the loop: the poll set, which connection each slot is, and the backoff. */
+typedef struct broker_loop {
+    struct pollfd fds[BROKER_POLL_FIRST_CONN + BROKER_MAX_PENDING];
+    broker_conn *conn[BROKER_POLL_FIRST_CONN + BROKER_MAX_PENDING];
+    nfds_t count;
+    uint64_t backoff_until; /* 0: not backing off */
+} broker_loop;
 
-/* Blocks until the broker is stopped or (unless backing off) a peer connects. While backing
- * off it waits only for the stop request, BROKER_BACKOFF_MS at most. */
-static int wait_event(ferry__broker *b, bool backing_off)
+/* Fills the poll set: the stop eventfd, the listener (-1, ignored by poll, once released or
+ * while backing off) and every pending connection. Returns the earliest time to wake up. */
+static uint64_t loop_prepare(ferry__broker *b, broker_loop *loop, uint64_t now)
 {
-    struct pollfd fds[2] = {{b->stop_fd, POLLIN, 0}, {b->listen_fd, POLLIN, 0}};
-    int n = poll(fds, backing_off ? 1 : 2, backing_off ? BROKER_BACKOFF_MS : -1);
+    uint64_t wake = UINT64_MAX;
+    if (loop->backoff_until != 0 && now >= loop->backoff_until)
+        loop->backoff_until = 0;
+    if (loop->backoff_until != 0)
+        wake = loop->backoff_until;
+    loop->fds[0] = (struct pollfd){b->stop_fd, POLLIN, 0};
+    loop->fds[1] = (struct pollfd){loop->backoff_until ? -1 : b->listen_fd, POLLIN, 0};
+    loop->count = BROKER_POLL_FIRST_CONN;
+    for (unsigned i = 0; i < BROKER_MAX_PENDING; i++) {
+        broker_conn *c = &b->pending[i];
+        if (c->fd < 0)
+            continue;
+        loop->conn[loop->count] = c;
+        loop->fds[loop->count++] = (struct pollfd){c->fd, POLLIN, 0};
+        if (c->deadline < wake)
+            wake = c->deadline;
+    }
+    return wake;
+}
+
+enum { EVENT_READY, EVENT_STOP, EVENT_FAILED };
+
+/* Blocks until the broker is stopped, something is readable, or the earliest deadline. */
+static int loop_wait(ferry__broker *b, broker_loop *loop)
+{
+    uint64_t wake = loop_prepare(b, loop, ferry__now_ns());
+    int n = poll(loop->fds, loop->count, remaining_ms(wake));
     if (n < 0 && errno == EINTR)
-        return EVENT_IDLE;
+        return EVENT_READY;
     if (n < 0) {
         latch_errno(b, "poll", errno);
         return EVENT_FAILED;
     }
-    if (fds[0].revents)
-        return EVENT_STOP;
-    if (!backing_off && (fds[1].revents & (POLLERR | POLLHUP | POLLNVAL))) {
-        latch_listener(b, fds[1].revents);
-        return EVENT_FAILED;
-    }
-    return n > 0 ? EVENT_CONNECTION : EVENT_IDLE;
+    return loop->fds[0].revents ? EVENT_STOP : EVENT_READY;
 }
 
+/* Serves every connection whose request arrived, then refuses those past their deadline. */
+static void serve_pending(ferry__broker *b, broker_loop *loop)
+{
+    for (nfds_t i = BROKER_POLL_FIRST_CONN; i < loop->count; i++)
+        if (loop->fds[i].revents)
+            conn_serve(b, loop->conn[i]);
+    uint64_t now = ferry__now_ns();
+    for (unsigned i = 0; i < BROKER_MAX_PENDING; i++) {
+        broker_conn *c = &b->pending[i];
+        if (c->fd >= 0 && now >= c->deadline) {
+            refuse(b, c->fd, FERRY_TIMEOUT, 0);
+            conn_close(b, c);
+        }
+    }
+}
+
+/* Handles the listener's events: a connection to accept, or a failure that latches. */
+static void serve_listener(ferry__broker *b, broker_loop *loop)
+{
+    short revents = loop->fds[1].revents;
+    if (revents & (POLLERR | POLLHUP | POLLNVAL)) {
+        latch_listener(b, revents);
+        release_listener(b);
+        return;
+    }
+    if (!(revents & POLLIN))
+        return;
+    int accepted = accept_one(b);
+    if (accepted == ACCEPT_FAILED)
+        release_listener(b);
+    else if (accepted == ACCEPT_BACK_OFF)
+        loop->backoff_until = ferry__deadline((uint64_t)BROKER_BACKOFF_MS * 1000000u);
+}
+
+/* Runs until stopped. After a latched failure it no longer listens but still serves (or
+ * times out) the connections already accepted, then ends. */
 static void *broker_main(void *arg)
 {
     ferry__broker *b = arg;
-    bool backing_off = false;
+    broker_loop loop = {.count = 0};
 
-    for (;;) {
-        int event = wait_event(b, backing_off);
-        if (event == EVENT_STOP)
-            return NULL;
-        if (event == EVENT_FAILED)
+    while (b->listen_fd >= 0 || b->pending_count > 0) {
+        int event = loop_wait(b, &loop);
+        if (event != EVENT_READY)
             break;
-        backing_off = false;
-        if (event == EVENT_IDLE)
-            continue;
-        int accepted = accept_one(b);
-        if (accepted == ACCEPT_FAILED)
-            break;
-        backing_off = accepted == ACCEPT_BACK_OFF;
+        serve_pending(b, &loop);
+        serve_listener(b, &loop);
     }
-    /* No longer served: free the name so that new clients fail fast (ECONNREFUSED) instead
-     * of timing out. ferry__broker_stop reads listen_fd only after joining this thread. */
-    close(b->listen_fd);
-    __atomic_store_n(&b->listen_fd, -1, __ATOMIC_RELEASE);
+    release_listener(b);
+    close_pending(b);
     return NULL;
 }
 
@@ -573,6 +696,9 @@ static ferry__broker *broker_new(const ferry__broker_config *config)
     b->user = config->user;
     b->listen_fd = -1;
     b->stop_fd = -1;
+    b->owner = getpid();
+    for (unsigned i = 0; i < BROKER_MAX_PENDING; i++)
+        b->pending[i].fd = -1;
     memcpy(b->label, config->label, label_size);
     return b;
 }
@@ -674,12 +800,27 @@ void ferry__broker_stop(ferry__broker *broker)
 
     if (!broker)
         return;
+    if (getpid() != broker->owner) {
+        /* A forked child: the thread is the parent's, and so is the eventfd's counter. */
+        ferry__broker_forget(broker);
+        return;
+    }
     do
         n = write(broker->stop_fd, &one, sizeof(one));
     while (n < 0 && errno == EINTR);
     pthread_join(broker->thread, NULL);
-    if (broker->listen_fd >= 0)
-        close(broker->listen_fd);
+    close(broker->stop_fd);
+    free(broker);
+}
+
+void ferry__broker_forget(ferry__broker *broker)
+{
+    if (!broker)
+        return;
+    close_pending(broker);
+    int listen_fd = __atomic_load_n(&broker->listen_fd, __ATOMIC_ACQUIRE);
+    if (listen_fd >= 0)
+        close(listen_fd);
     close(broker->stop_fd);
     free(broker);
 }
@@ -713,14 +854,60 @@ ferry_status ferry__broker_error(const ferry__broker *broker, char *buf, size_t 
  * Client
  * ---------------------------------------------------------------------------------- */
 
-/* Connects without blocking; a full backlog is retried until the deadline. */
+/* The time left until deadline, for ppoll: NULL for "forever", zero once it has passed. */
+static const struct timespec *time_left(uint64_t deadline, struct timespec *ts)
+{
+    if (deadline == UINT64_MAX)
+        return NULL;
+    uint64_t now = ferry__now_ns();
+    uint64_t left = now >= deadline ? 0 : deadline - now;
+    ts->tv_sec = (time_t)(left / 1000000000u);
+    ts->tv_nsec = (long)(left % 1000000000u);
+    return ts;
+}
+
+/* Waits for events on sock, never past deadline. Returns 1 when sock is ready (or has an
+ * error or a hang-up to report), 0 at the deadline, -1 with errno set on failure. */
+static int wait_until(int sock, short events, uint64_t deadline)
+{
+    for (;;) {
+        struct timespec ts;
+        struct pollfd p = {sock, events, 0};
+        int n = ppoll(&p, 1, time_left(deadline, &ts), NULL);
+        if (n > 0)
+            return 1;
+        if (n < 0 && errno != EINTR)
+            return -1;
+        if (n == 0 && ferry__now_ns() >= deadline)
+            return 0;
+    }
+}
+
+/* Sleeps BROKER_RETRY_MS, or less where the deadline comes first. */
+static void pause_until(uint64_t deadline)
+{
+    struct timespec ts = {0, BROKER_RETRY_MS * 1000000L}, left;
+    const struct timespec *limit = time_left(deadline, &left);
+    if (limit && limit->tv_sec == 0 && limit->tv_nsec < ts.tv_nsec)
+        ts = *limit;
+    nanosleep(&ts, NULL);
+}
+
+static ferry_status call_timeout(const broker_call *c, const char *what)
+{
+    return ferry__fail(FERRY_TIMEOUT, "%s did not %s within %llu ms", c->label, what,
+                       (unsigned long long)ns_to_ms_ceil(c->timeout_ns));
+}
+
+/* Connects without blocking; a full backlog is retried until the deadline (one attempt
+ * when the deadline has already passed). */
 static ferry_status call_connect(const broker_call *c, const uint8_t name[16])
 {
     struct sockaddr_un addr;
     unsigned len = ferry__broker_address(name, &addr);
 
     for (;;) {
-        if (connect(c->sock, (const struct sockaddr *)&addr, len) == 0)
+        if (connect(c->sock, (const struct sockaddr *)&addr, len) == 0 || errno == EISCONN)
             return FERRY_OK;
         int err = errno;
         if (err == ECONNREFUSED || err == ENOENT)
@@ -730,11 +917,9 @@ static ferry_status call_connect(const broker_call *c, const uint8_t name[16])
         if (err != EAGAIN && err != EINTR)
             return ferry__fail_errno(FERRY_SYSTEM, err, "%s: connect to @" BROKER_NAME_PREFIX "%s",
                                      c->label, c->hex);
-        int ms = remaining_ms(c->deadline);
-        if (ms == 0)
-            return ferry__fail(FERRY_TIMEOUT, "%s did not accept the connection within %llu ms",
-                               c->label, (unsigned long long)ns_to_ms_ceil(c->timeout_ns));
-        poll(NULL, 0, ms < 0 || ms > 1 ? 1 : ms); /* backlog full: try again shortly */
+        if (ferry__now_ns() >= c->deadline)
+            return call_timeout(c, "accept the connection");
+        pause_until(c->deadline); /* backlog full: try again shortly */
     }
 }
 
@@ -757,39 +942,41 @@ static ferry_status call_check_owner(const broker_call *c, const struct ucred *c
                        c->label, (unsigned)cred->uid, (unsigned)geteuid());
 }
 
-static ferry_status call_send(const broker_call *c, const uint8_t pool_id[16], uint32_t rank)
+/* Sends the request, waiting (until the deadline) for room if the socket has none. */
+static ferry_status call_send(const broker_call *c, const uint8_t pool_id[16])
 {
-    broker_request req = {BROKER_REQUEST_MAGIC, BROKER_VERSION, BROKER_TYPE_OPEN, {0}, rank, 0};
+    broker_request req = {BROKER_REQUEST_MAGIC, BROKER_VERSION, BROKER_TYPE_OPEN, {0}, c->rank, 0};
     uint8_t buf[BROKER_REQUEST_SIZE];
-    ssize_t n;
 
     memcpy(req.pool_id, pool_id, BROKER_ID_SIZE);
     encode_request(&req, buf);
-    do
-        n = send(c->sock, buf, sizeof(buf), MSG_NOSIGNAL);
-    while (n < 0 && errno == EINTR);
-    if (n == (ssize_t)sizeof(buf))
-        return FERRY_OK;
-    /* A broker that refuses us before reading (other uid) may already have replied and
-     * closed: its reply is still queued here. */
-    if (n < 0 && (errno == EPIPE || errno == ECONNRESET))
-        return FERRY_OK;
-    return ferry__fail_errno(FERRY_SYSTEM, n < 0 ? errno : EMSGSIZE, "%s: send", c->label);
+    for (;;) {
+        ssize_t n = send(c->sock, buf, sizeof(buf), MSG_NOSIGNAL);
+        if (n == (ssize_t)sizeof(buf))
+            return FERRY_OK;
+        int err = n < 0 ? errno : EMSGSIZE;
+        /* A broker that refuses us before reading (other uid) may already have replied and
+         * closed: its reply is still queued here. */
+        if (err == EPIPE || err == ECONNRESET)
+            return FERRY_OK;
+        if (err != EINTR && err != EAGAIN)
+            return ferry__fail_errno(FERRY_SYSTEM, err, "%s: send", c->label);
+        int ready = err == EAGAIN ? wait_until(c->sock, POLLOUT, c->deadline) : 1;
+        if (ready == 0)
+            return call_timeout(c, "take the request");
+        if (ready < 0)
+            return ferry__fail_errno(FERRY_SYSTEM, errno, "%s: poll", c->label);
+    }
 }
 
 static ferry_status call_wait(const broker_call *c)
 {
-    for (;;) {
-        struct pollfd p = {c->sock, POLLIN, 0};
-        int n = poll(&p, 1, remaining_ms(c->deadline));
-        if (n > 0)
-            return FERRY_OK; /* data, hang-up or error: recvmsg tells which */
-        if (n < 0 && errno != EINTR)
-            return ferry__fail_errno(FERRY_SYSTEM, errno, "%s: poll", c->label);
-        if (n == 0 && ferry__now_ns() >= c->deadline)
-            return ferry__fail(FERRY_TIMEOUT, "%s did not reply within %llu ms", c->label,
-                               (unsigned long long)ns_to_ms_ceil(c->timeout_ns));
-    }
+    int ready = wait_until(c->sock, POLLIN, c->deadline);
+    if (ready > 0)
+        return FERRY_OK; /* data, hang-up or error: recvmsg tells which */
+    if (ready < 0)
+        return ferry__fail_errno(FERRY_SYSTEM, errno, "%s: poll", c->label);
+    return call_timeout(c, "reply");
 }
 
 static ferry_status malformed_reply(const broker_call *c, const char *why)
@@ -797,29 +984,47 @@ static ferry_status malformed_reply(const broker_call *c, const char *why)
     return ferry__fail(FERRY_SYSTEM, "%s sent a malformed reply: %s", c->label, why);
 }
 
-/* Validates a received reply that carried nfds descriptors. */
-static ferry_status check_reply(const broker_call *c, const struct msghdr *msg, ssize_t n,
-                                const uint8_t *buf, size_t nfds, uint64_t *size)
+/* Whether size and detail hold what the status allows: detail is the holder's pid for
+ * RANK_IN_USE (which only a request claiming a rank can get) and 0 otherwise; a refusal
+ * has size 0. */
+static bool fields_valid(const broker_call *c, const broker_reply *rep)
+{
+    if (rep->status != FERRY_OK && rep->size != 0)
+        return false;
+    if (rep->status != FERRY_RANK_IN_USE)
+        return rep->detail == 0;
+    return c->rank != FERRY__RANK_NONE && rep->detail >= 1 && rep->detail <= INT32_MAX;
+}
+
+/* The error for a well-formed refusal. */
+static ferry_status refusal(const broker_call *c, const broker_reply *rep)
+{
+    if (rep->status == FERRY_RANK_IN_USE)
+        return ferry__fail(FERRY_RANK_IN_USE,
+                           "rank %u is held by live process %lld (a rank belongs to one live "
+                           "process at a time)",
+                           (unsigned)c->rank, (long long)rep->detail);
+    return ferry__fail((ferry_status)rep->status, "%s refused the request: %s", c->label,
+                       ferry_status_str((ferry_status)rep->status));
+}
+
+/* Validates the fields of a reply of the right length that carried nfds descriptors. */
+static ferry_status check_fields(const broker_call *c, const uint8_t *buf, size_t nfds,
+                                 uint64_t *size)
 {
     broker_reply rep;
 
-    if (msg->msg_flags & MSG_CTRUNC)
-        return malformed_reply(c, "more control data than expected");
-    if (n == 0 && nfds == 0)
-        return ferry__fail(FERRY_PRODUCER_GONE, "%s closed the connection without replying",
-                           c->label);
-    if ((msg->msg_flags & MSG_TRUNC) || n != BROKER_REPLY_SIZE)
-        return malformed_reply(c, "wrong length");
     decode_reply(buf, &rep);
-    if (rep.magic != BROKER_REPLY_MAGIC || rep.version != BROKER_VERSION || rep.reserved != 0)
-        return malformed_reply(c, "bad magic, version or reserved field");
+    if (rep.magic != BROKER_REPLY_MAGIC || rep.version != BROKER_VERSION)
+        return malformed_reply(c, "bad magic or version");
     if (!known_status(rep.status))
         return malformed_reply(c, "unknown status");
+    if (!fields_valid(c, &rep))
+        return malformed_reply(c, "a size or detail field its status does not allow");
     if (rep.status != FERRY_OK && nfds > 0)
         return malformed_reply(c, "a refusal carrying file descriptors");
     if (rep.status != FERRY_OK)
-        return ferry__fail((ferry_status)rep.status, "%s refused the request: %s", c->label,
-                           ferry_status_str((ferry_status)rep.status));
+        return refusal(c, &rep);
     if (nfds == 0)
         return ferry__fail(FERRY_SYSTEM, "%s returned no file descriptor", c->label);
     if (nfds > 1)
@@ -827,6 +1032,20 @@ static ferry_status check_reply(const broker_call *c, const struct msghdr *msg, 
                            c->label, nfds);
     *size = rep.size;
     return FERRY_OK;
+}
+
+/* Validates a received reply (n bytes) that carried nfds descriptors. */
+static ferry_status check_reply(const broker_call *c, const struct msghdr *msg, ssize_t n,
+                                const uint8_t *buf, size_t nfds, uint64_t *size)
+{
+    if (msg->msg_flags & MSG_CTRUNC)
+        return malformed_reply(c, "more control data than expected");
+    if (n == 0 && nfds == 0)
+        return ferry__fail(FERRY_PRODUCER_GONE, "%s closed the connection without replying",
+                           c->label);
+    if ((msg->msg_flags & MSG_TRUNC) || n != BROKER_REPLY_SIZE)
+        return malformed_reply(c, "wrong length");
+    return check_fields(c, buf, nfds, size);
 }
 
 static ferry_status call_receive(const broker_call *c, int *fd, uint64_t *size)
@@ -859,15 +1078,14 @@ static ferry_status call_receive(const broker_call *c, int *fd, uint64_t *size)
 }
 
 static ferry_status call_exchange(const broker_call *c, const uint8_t name[16],
-                                  const uint8_t pool_id[16], uint32_t rank, int *fd, uint64_t *size,
-                                  pid_t *pid)
+                                  const uint8_t pool_id[16], int *fd, uint64_t *size, pid_t *pid)
 {
     struct ucred cred;
     ferry_status status = call_connect(c, name);
     if (status == FERRY_OK)
         status = call_peer(c, &cred);
     if (status == FERRY_OK)
-        status = call_send(c, pool_id, rank);
+        status = call_send(c, pool_id);
     if (status == FERRY_OK)
         status = call_wait(c);
     if (status == FERRY_OK)
@@ -883,7 +1101,7 @@ ferry_status ferry__broker_request(const uint8_t name[16], const uint8_t pool_id
                                    const char *label, uint64_t timeout_ns, int *fd, uint64_t *size,
                                    pid_t *producer_pid)
 {
-    broker_call call = {-1, label, ferry__deadline(timeout_ns), timeout_ns, {0}};
+    broker_call call = {-1, label, rank, ferry__deadline(timeout_ns), timeout_ns, {0}};
     int got_fd = -1;
     uint64_t got_size = 0;
     pid_t got_pid = 0;
@@ -894,7 +1112,7 @@ ferry_status ferry__broker_request(const uint8_t name[16], const uint8_t pool_id
     call.sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (call.sock < 0)
         return ferry__fail_errno(FERRY_SYSTEM, errno, "%s: socket", label);
-    ferry_status status = call_exchange(&call, name, pool_id, rank, &got_fd, &got_size, &got_pid);
+    ferry_status status = call_exchange(&call, name, pool_id, &got_fd, &got_size, &got_pid);
     close(call.sock);
     if (status != FERRY_OK)
         return status;

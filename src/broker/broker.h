@@ -4,7 +4,9 @@
  * socket whose name is "ferry." followed by 32 hex digits of a random 128-bit value. Only
  * peers of the producer's uid are served (SO_PEERCRED); others, and any malformed request,
  * are refused and counted. One request per connection, one reply, then the broker closes
- * the connection. The wire messages are defined in broker.c and docs/wire-format.md. */
+ * the connection. Connections are served concurrently: up to 64 wait for their request at
+ * once, each for 1 s at most, and none waits behind a silent one. The wire messages are
+ * defined in broker.c and docs/wire-format.md. */
 #ifndef FERRY_BROKER_BROKER_H
 #define FERRY_BROKER_BROKER_H
 
@@ -41,15 +43,24 @@ typedef struct ferry__broker_config {
 ferry_status ferry__broker_start(const ferry__broker_config *config, ferry__broker **broker,
                                  uint8_t name_out[16]);
 
-/* Stops the thread, closes the socket and frees the broker. NULL is a no-op. Idempotent
- * through the pointer being NULLed by the caller. */
+/* Stops the thread, closes the socket and every connection still waiting for its request
+ * (their peers see a hang-up), and frees the broker. NULL is a no-op. Idempotent through
+ * the pointer being NULLed by the caller. Called in a forked child (any process other than
+ * the one that started the broker), it does what ferry__broker_forget does. */
 void ferry__broker_stop(ferry__broker *broker);
+
+/* For a forked child: frees the child's copy of the broker, closing the child's copies of
+ * the broker's own descriptors (listening socket, stop eventfd, pending connections; not
+ * shared_fd, which the broker never owned). It neither signals nor joins the thread, which
+ * exists only in the parent and goes on serving there. NULL is a no-op. */
+void ferry__broker_forget(ferry__broker *broker);
 
 /* Shuts the listening socket down under the broker's thread, which then latches a failure
  * (tests of the latched-failure paths only). */
 int ferry__broker_shutdown_for_tests(ferry__broker *broker);
 
-/* Connections refused so far (other uid, malformed request, unknown pool or rank). */
+/* Connections refused so far (other uid, malformed request, unknown pool or rank, rank in
+ * use, silent past its deadline, or arriving while 64 connections were pending). */
 uint64_t ferry__broker_refused(const ferry__broker *broker);
 
 /* Latched failure of the broker thread (e.g. accept failing for good): FERRY_OK while it is
@@ -57,11 +68,14 @@ uint64_t ferry__broker_refused(const ferry__broker *broker);
 ferry_status ferry__broker_error(const ferry__broker *broker, char *buf, size_t buf_size);
 
 /* Client side. Connects to the broker called name, asks for the fd of pool_id and attaches
- * as rank. On success *fd is the received fd (O_CLOEXEC, owned by the caller), *size its
- * size as the producer sent it, and *producer_pid the producer's pid as seen from this
- * process (SO_PEERCRED). PRODUCER_GONE if nobody listens on name; PERMISSION if refused;
- * SYSTEM with "<label> returned no file descriptor" if the reply carries none. Every fd
- * received is closed on every error path. Never blocks longer than timeout_ns. */
+ * as rank (FERRY__RANK_NONE: opens without claiming a rank). On success *fd is the received
+ * fd (O_CLOEXEC, owned by the caller), *size its size as the producer sent it, and
+ * *producer_pid the producer's pid as seen from this process (SO_PEERCRED). PRODUCER_GONE
+ * if nobody listens on name; PERMISSION if refused; RANK_IN_USE with "rank R is held by
+ * live process P (a rank belongs to one live process at a time)", P as the producer sees
+ * it, if another live process holds rank; SYSTEM with "<label> returned no file
+ * descriptor" if the reply carries none. Every fd received is closed on every error path.
+ * Never blocks longer than timeout_ns; with 0 it makes one attempt without waiting. */
 ferry_status ferry__broker_request(const uint8_t name[16], const uint8_t pool_id[16], uint32_t rank,
                                    const char *label, uint64_t timeout_ns, int *fd, uint64_t *size,
                                    pid_t *producer_pid);
