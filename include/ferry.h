@@ -250,7 +250,9 @@ FERRY_API ferry_status ferry_pool_create(const ferry_pool_config *config, ferry_
  * any thread fails with CLOSING (ferry_pool_copied answers done = 1 once it has finished;
  * ferry_pool_error still reports a latched failure); calls already inside the pool finish
  * first, and a publisher waiting for space is woken. A second close, concurrent or later,
- * returns once the first has finished. NULL is a no-op. */
+ * returns once the first has finished. While a reservation is outstanding (neither committed
+ * nor cancelled) the memory stays mapped until ferry_pool_destroy, so that a writer still
+ * filling it does not fault; its commit then fails CLOSING. NULL is a no-op. */
 FERRY_API void ferry_pool_close(ferry_pool *pool);
 
 /* Closes the pool if it is not closed yet, then frees it. NULL is a no-op. */

@@ -221,9 +221,21 @@ static ferry_status forked_error(const ferry_pool *pool)
                        pool->ops->name, (int)pool->pid, (int)ferry__proc_self());
 }
 
+/* 1 if a reservation is neither committed nor cancelled: a zero-copy writer may still be
+ * filling it, so the memory stays mapped until ferry_pool_destroy. */
+static int reservations_out_locked(const ferry_pool *pool)
+{
+    for (uint32_t i = 0; i < pool->inflight_count; i++) {
+        const ferry__slot *s = &pool->slots[pool->inflight[i]];
+        if (!s->committed && !s->cancelled)
+            return 1;
+    }
+    return 0;
+}
+
 /* The pool's life: open -> closing (set under the lock: every entry point refuses from
- * here, the counted ones in flight finish) -> closed (memory released). A second close waits
- * for the first to finish. */
+ * here, the counted ones in flight finish) -> closed (memory released, or kept until destroy
+ * while a reservation is outstanding). A second close waits for the first to finish. */
 void ferry_pool_close(ferry_pool *pool)
 {
     if (!pool || forked(pool))
@@ -241,13 +253,15 @@ void ferry_pool_close(ferry_pool *pool)
     pthread_mutex_lock(&pool->lock);
     while (pool->active)
         pthread_cond_wait(&pool->idle_cv, &pool->lock);
+    pool->release_at_destroy = reservations_out_locked(pool);
     pthread_mutex_unlock(&pool->lock);
     ferry__store_seqcst32(&pool->mem.header->closing, 1);
     wake_all_ready(pool);
     ferry__reclaimer_stop(pool);
     ferry__broker_stop(pool->broker);
     pool->broker = NULL;
-    pool->ops->destroy(&pool->mem);
+    if (!pool->release_at_destroy)
+        pool->ops->destroy(&pool->mem);
     pthread_mutex_lock(&pool->lock);
     pool->closed = 1;
     pthread_cond_broadcast(&pool->idle_cv);
@@ -274,6 +288,8 @@ void ferry_pool_destroy(ferry_pool *pool)
         return;
     }
     ferry_pool_close(pool);
+    if (pool->release_at_destroy)
+        pool->ops->destroy(&pool->mem);
     free_tables(pool);
     fini_sync(pool);
     free(pool);

@@ -61,7 +61,8 @@ struct ferry_pool {
     ferry_pool_stats stats;
     int warned_full;
     int closing;
-    int closed;          /* memory released (ferry_pool_close) */
+    int closed;             /* ferry_pool_close finished */
+    int release_at_destroy; /* close kept the memory: a reservation was outstanding */
     ferry_status failed; /* latched background failure, FERRY_OK while healthy */
     char failure[256];   /* its first cause */
     uint32_t active;     /* publishers inside a publish */
