@@ -12,9 +12,9 @@ are enqueued on CUDA streams without host synchronisation). The CUDA driver is l
 time: the package works without a GPU.
 
 Errors: invalid arguments raise ``ValueError``; everything else derives from :class:`Error`
-(:class:`PoolFull`, :class:`Stale`, :class:`ProducerGone`, :class:`Timeout`,
-:class:`PoolFailed`, :class:`Closing`). Messages are the library's; ``.status`` is the ferry
-status name.
+(:class:`PoolFull` and its :class:`TooLarge`, :class:`Stale`, :class:`ProducerGone`,
+:class:`Timeout`, :class:`PoolFailed`, :class:`Closing`, :class:`RankInUse`,
+:class:`Forked`). Messages are the library's; ``.status`` is the ferry status name.
 """
 
 import contextlib
@@ -25,13 +25,16 @@ from ._ferry import (
     Closing,
     Descriptor,
     Error,
+    Forked,
     PoolFailed,
     PoolFull,
     ProducerGone,
+    RankInUse,
     Received,
     Reservation,
     Stale,
     Timeout,
+    TooLarge,
     ack,
     receive,
     receive_many,
@@ -46,14 +49,17 @@ __all__ = [
     "Closing",
     "Descriptor",
     "Error",
+    "Forked",
     "Pool",
     "PoolFailed",
     "PoolFull",
     "ProducerGone",
+    "RankInUse",
     "Received",
     "Reservation",
     "Stale",
     "Timeout",
+    "TooLarge",
     "ack",
     "receive",
     "receive_many",
@@ -116,11 +122,16 @@ class Pool(_ferry.Pool):
     - ``on_full``: what publish and reserve do when the pool has no room: ``"raise"``
       (:class:`PoolFull`), ``"none"`` (return None) or ``"wait"`` (wait up to ``timeout``
       seconds, default 10, then raise :class:`PoolFull`). A ``timeout`` given to a call
-      overrides the pool's wait under every policy.
+      overrides the pool's wait under every policy. A tensor larger than the pool can ever
+      hold is never waited for: None under ``"none"``, else :class:`TooLarge` (a
+      :class:`PoolFull`). Waits end with ``KeyboardInterrupt`` on Ctrl-C.
 
     Invalid arguments raise ``ValueError`` with the library's message. A context manager:
     the pool closes on exit; ``close()`` is idempotent and the memory is freed when the
-    object goes.
+    object goes. While a buffer or DLPack tensor of one of its reservations is alive, a
+    closed pool refuses every call (:class:`Closing`) and finishes its shutdown when the
+    last of them is freed. In a forked child the pool refuses every call (:class:`Forked`);
+    closing or collecting it there leaves the parent's pool alone.
     """
 
     def __repr__(self):
@@ -144,8 +155,10 @@ class Pool(_ferry.Pool):
 
         Leases a writable slice for one C-contiguous tensor without publishing it: write it
         through the Reservation's ``__dlpack__`` (or ``memoryview`` on host pools), then call
-        its ``commit()``. ``dtype`` is a name ("float32", "bfloat16", ...), a numpy dtype or
-        a torch dtype. The descriptor (``.descriptor``) may be sent before the commit:
-        consumers wait for it.
+        its ``commit()``; or ``with pool.reserve(...) as r:``, which commits when the block
+        ends normally and cancels when it raises. ``dtype`` is a name ("float32",
+        "bfloat16", ...), a numpy dtype or a torch dtype. The descriptor (``.descriptor``)
+        may be sent before the commit: consumers wait for it. A reservation collected
+        without a commit is cancelled.
         """
         return super().reserve(shape, _dtype_name(dtype), timeout)

@@ -122,3 +122,13 @@ int fy_rank_arg(PyObject *obj, uint32_t *rank)
     *rank = (uint32_t)value;
     return 0;
 }
+
+PyObject *fy_tuple_arg(PyObject *obj, const char *message)
+{
+    PyObject *fast = PySequence_Fast(obj, message);
+    if (!fast || !PyList_Check(fast))
+        return fast;
+    PyObject *tuple = PyList_AsTuple(fast);
+    Py_DECREF(fast);
+    return tuple;
+}

@@ -1,13 +1,32 @@
 /* The per-process consumer cache: one ferry_consumer per (rank, device), created on first
  * use. Views hold references of their own, so that they can acknowledge after the cache let
  * go of the consumer (ferry.release_consumers) or the module was torn down. The cache itself
- * is guarded by the GIL; reference counts are atomic. */
+ * is guarded by the GIL; reference counts are atomic.
+ *
+ * A forked child starts with an empty cache: its parent's consumers hold the parent's rank
+ * claims, and the library refuses them in the child (FORKED), so a receive there creates a
+ * consumer of its own. The inherited ones are left to views the child inherited (whose
+ * acknowledgements the library refuses, as it should) and never destroyed there. */
+#include <pthread.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "ferry_py.h"
 
 static fy_consumer **cache;
 static size_t cache_len, cache_cap;
+
+/* pthread_atfork child handler: no locks, no Python, nothing freed. */
+static void forget_after_fork(void)
+{
+    cache = NULL;
+    cache_len = cache_cap = 0;
+}
+
+int fy_consumers_init(void)
+{
+    return pthread_atfork(NULL, NULL, forget_after_fork) == 0 ? 0 : -1;
+}
 
 void fy_consumer_ref(fy_consumer *c)
 {
@@ -18,6 +37,10 @@ void fy_consumer_unref(fy_consumer *c)
 {
     if (!c || __atomic_sub_fetch(&c->refs, 1, __ATOMIC_ACQ_REL) != 0)
         return;
+    if (c->pid != getpid()) { /* inherited through fork: the parent's to destroy */
+        free(c);
+        return;
+    }
     fy_cuda_scope scope;
     fy_cuda_enter(&scope, FY_CUDA_FOR(c->device >= 0)); /* may close GPU mappings */
     ferry_consumer_destroy(c->handle);
@@ -60,6 +83,7 @@ static fy_consumer *consumer_create(uint32_t rank, int32_t device)
         return (fy_consumer *)fy_raise(st);
     }
     c->refs = 1; /* the cache's */
+    c->pid = getpid();
     c->rank = rank;
     c->device = device;
     if (cache_add(c) < 0) {

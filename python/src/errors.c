@@ -1,10 +1,11 @@
 /* ferry statuses as Python exceptions. Invalid arguments (INVALID_ARGUMENT, MALFORMED,
  * MISMATCH) are ValueError; everything else derives from ferry.Error (a RuntimeError). Every
- * exception carries the library's detailed message and the status name in .status. */
+ * exception carries the library's detailed message and the status name in .status. One class
+ * has no status of its own: TooLarge, the POOL_FULL of a tensor that can never fit. */
 #include "ferry_py.h"
 
-PyObject *fy_Error, *fy_PoolFull, *fy_Stale, *fy_ProducerGone, *fy_Timeout, *fy_PoolFailed,
-    *fy_Closing;
+PyObject *fy_Error, *fy_PoolFull, *fy_TooLarge, *fy_Stale, *fy_ProducerGone, *fy_Timeout,
+    *fy_PoolFailed, *fy_Closing, *fy_RankInUse, *fy_Forked;
 
 static PyObject *new_class(const char *name, const char *doc, PyObject *bases)
 {
@@ -58,11 +59,26 @@ int fy_errors_add(PyObject *module)
                                  "A background part of the pool failed (status POOL_FAILED); "
                                  "__cause__ carries the first cause.");
     fy_Closing = new_subclass("ferry.Closing", "The pool is closing or closed (status CLOSING).");
+    fy_RankInUse = new_subclass("ferry.RankInUse",
+                                "The rank is held by another live process (status RANK_IN_USE): "
+                                "each rank of a pool belongs to one consumer process.");
+    fy_Forked = new_subclass("ferry.Forked",
+                             "A pool or consumer was used in a forked child of the process that "
+                             "made it (status FORKED): create a new one in the child.");
     if (add_class(module, "PoolFull", fy_PoolFull) < 0 ||
         add_class(module, "Stale", fy_Stale) < 0 ||
         add_class(module, "ProducerGone", fy_ProducerGone) < 0 ||
         add_class(module, "PoolFailed", fy_PoolFailed) < 0 ||
-        add_class(module, "Closing", fy_Closing) < 0)
+        add_class(module, "Closing", fy_Closing) < 0 ||
+        add_class(module, "RankInUse", fy_RankInUse) < 0 ||
+        add_class(module, "Forked", fy_Forked) < 0)
+        return -1;
+    fy_TooLarge = new_class("ferry.TooLarge",
+                            "The tensor can never fit in the pool, however empty (status "
+                            "POOL_FULL): take the fallback path. A PoolFull; publish and "
+                            "reserve never wait for it.",
+                            fy_PoolFull);
+    if (add_class(module, "TooLarge", fy_TooLarge) < 0)
         return -1;
     fy_Timeout = new_timeout_class();
     return add_class(module, "Timeout", fy_Timeout);
@@ -87,15 +103,20 @@ static PyObject *class_of(ferry_status st)
         return fy_PoolFailed;
     case FERRY_CLOSING:
         return fy_Closing;
+    case FERRY_RANK_IN_USE:
+        return fy_RankInUse;
+    case FERRY_FORKED:
+        return fy_Forked;
     default:
         return fy_Error;
     }
 }
 
-/* An instance of the status's class with message, and .status set. */
-static PyObject *make_error(ferry_status st, const char *message)
+/* An instance of cls (NULL: the status's class) with message, and .status set. */
+static PyObject *make_error(PyObject *cls, ferry_status st, const char *message)
 {
-    PyObject *cls = class_of(st);
+    if (!cls)
+        cls = class_of(st);
     PyObject *exc = PyObject_CallFunction(cls, "s", message);
     if (!exc)
         return NULL;
@@ -109,9 +130,9 @@ static PyObject *make_error(ferry_status st, const char *message)
     return exc;
 }
 
-static PyObject *raise_with(ferry_status st, const char *message, const char *cause)
+static PyObject *raise_with(PyObject *cls, ferry_status st, const char *message, const char *cause)
 {
-    PyObject *exc = make_error(st, *message ? message : ferry_status_str(st));
+    PyObject *exc = make_error(cls, st, *message ? message : ferry_status_str(st));
     if (!exc)
         return NULL;
     if (cause && *cause) {
@@ -126,7 +147,12 @@ static PyObject *raise_with(ferry_status st, const char *message, const char *ca
 
 PyObject *fy_raise(ferry_status st)
 {
-    return raise_with(st, ferry_last_error(), NULL);
+    return raise_with(NULL, st, ferry_last_error(), NULL);
+}
+
+PyObject *fy_raise_as(PyObject *cls, ferry_status st, const char *message)
+{
+    return raise_with(cls, st, message, NULL);
 }
 
 PyObject *fy_raise_pool(ferry_status st, ferry_pool *pool)
@@ -136,5 +162,5 @@ PyObject *fy_raise_pool(ferry_status st, ferry_pool *pool)
     char message[1024], cause[1024] = "";
     snprintf(message, sizeof(message), "%s", ferry_last_error());
     ferry_pool_error(pool, cause, sizeof(cause)); /* overwrites the thread's last error */
-    return raise_with(st, message, cause);
+    return raise_with(NULL, st, message, cause);
 }

@@ -3,6 +3,7 @@
  *   module.c      the module: types, exceptions, functions
  *   errors.c      ferry statuses as Python exceptions
  *   args.c        argument conversions: timeouts, streams, devices, ranks
+ *   wait.c        blocking calls in bounded slices, with signals handled between them
  *   dtype.c       dtype names and shapes
  *   cuda.c        the few CUDA driver calls the package makes itself (ferry's driver table)
  *   descriptor.c  ferry.Descriptor
@@ -32,8 +33,8 @@
 
 /* ---- errors.c ------------------------------------------------------------------------- */
 
-extern PyObject *fy_Error, *fy_PoolFull, *fy_Stale, *fy_ProducerGone, *fy_Timeout, *fy_PoolFailed,
-    *fy_Closing;
+extern PyObject *fy_Error, *fy_PoolFull, *fy_TooLarge, *fy_Stale, *fy_ProducerGone, *fy_Timeout,
+    *fy_PoolFailed, *fy_Closing, *fy_RankInUse, *fy_Forked;
 
 /* Creates the exception classes and adds them to the module; -1 on failure. */
 int fy_errors_add(PyObject *module);
@@ -44,6 +45,9 @@ PyObject *fy_raise(ferry_status st);
 
 /* fy_raise for a call on pool: POOL_FAILED also carries the pool's first cause (__cause__). */
 PyObject *fy_raise_pool(ferry_status st, ferry_pool *pool);
+
+/* Raises cls (NULL: the status's class) with message and st's name as .status. Returns NULL. */
+PyObject *fy_raise_as(PyObject *cls, ferry_status st, const char *message);
 
 /* ---- args.c --------------------------------------------------------------------------- */
 
@@ -65,6 +69,30 @@ int fy_device_arg(PyObject *obj, int dflt, int *device);
 
 /* A non-negative rank below 2^32. 0, or -1 with an exception. */
 int fy_rank_arg(PyObject *obj, uint32_t *rank);
+
+/* The items of an iterable as a tuple of their own (new reference; TypeError with message for
+ * an object that is not iterable): the caller's list may change while Python code runs. */
+PyObject *fy_tuple_arg(PyObject *obj, const char *message);
+
+/* ---- wait.c: with the GIL --------------------------------------------------------- */
+
+/* The longest a blocking call waits inside the library before Python handles its signals
+ * (Ctrl-C raises KeyboardInterrupt within about this long). */
+#define FY_WAIT_SLICE_NS 50000000ull
+
+/* A wait of total_ns (FERRY_WAIT_FOREVER: no end) taken in slices. */
+typedef struct fy_wait {
+    uint64_t total_ns;
+    uint64_t deadline; /* monotonic ns; UINT64_MAX: none */
+    int sliced;        /* more than one slice was taken */
+} fy_wait;
+
+void fy_wait_start(fy_wait *w, uint64_t total_ns);
+/* The wait of the next slice: what is left, at most FY_WAIT_SLICE_NS. */
+uint64_t fy_wait_slice(const fy_wait *w);
+/* After a slice ran out: 1 to wait on, 0 once the whole wait is over, -1 with the exception
+ * of a signal handler (KeyboardInterrupt). */
+int fy_wait_next(fy_wait *w);
 
 /* ---- dtype.c -------------------------------------------------------------------------- */
 
@@ -144,7 +172,11 @@ typedef struct fy_consumer {
     ferry_consumer *handle;
     uint32_t rank;
     int32_t device; /* -1: host pools only */
+    long pid;       /* the process that created it */
 } fy_consumer;
+
+/* Drops the cache in forked children (pthread_atfork); 0, or -1. */
+int fy_consumers_init(void);
 
 /* The cached consumer of (rank, device), created on first use; a new reference, or NULL with
  * an exception. Needs the GIL. */
@@ -177,14 +209,18 @@ typedef struct fy_lease fy_lease;
 
 fy_lease *fy_lease_new(fy_consumer *consumer, const ferry_descriptor *d, int ack_on_drop);
 void fy_lease_ref(fy_lease *lease);
+/* Drops a reference that must not acknowledge (a receive that failed). */
+void fy_lease_forget(fy_lease *lease);
 /* Drops a reference; the last one acknowledges, stream-ordered on *stream if stream is not
  * NULL (GPU views), else on the CPU. Any thread, no GIL. */
 void fy_lease_drop(fy_lease *lease, void *const *stream);
 
 typedef enum { FY_HOST_COPY, FY_HOST_VIEW, FY_GPU_COPY, FY_GPU_VIEW } fy_kind;
 
-/* Memory that receive produced, and what must happen when its last user lets go. */
+/* Memory that receive produced, and what must happen when its last user lets go: the
+ * Received (or the DLPack tensor it was exported to), and a wait on its ready event. */
 typedef struct fy_payload {
+    long refs; /* atomic */
     fy_kind kind;
     void *data;
     DLDevice device;
@@ -198,7 +234,9 @@ typedef struct fy_payload {
     int has_ack_stream;
 } fy_payload;
 
-/* Frees a payload: acknowledges views, frees copies. Any thread, no GIL. */
+void fy_payload_ref(fy_payload *payload);
+/* Drops a reference; the last one frees the payload: acknowledges views, frees copies. Any
+ * thread, no GIL. */
 void fy_payload_release(void *payload);
 
 /* ---- dlpack_out.c --------------------------------------------------------------------- */
@@ -261,15 +299,34 @@ void fy_torch_learn(PyObject *obj, const ferry_tensor *t);
 
 enum { FY_FULL_RAISE = 0, FY_FULL_NONE = 1, FY_FULL_WAIT = 2 };
 
+/* The library's pool, shared by the Pool object and by the reservations and exports of its
+ * memory (a reservation's buffer or DLPack tensor), so that the memory stays mapped while any
+ * export lives: Pool.close() with exports alive refuses every later call at once (Closing)
+ * and leaves the library's close (ferry_pool_close: waiting consumers see ProducerGone, the
+ * memory is released) to the last export. The last reference destroys the pool. Any thread,
+ * no GIL, also after the interpreter finalised (DLPack deleters). */
+typedef struct fy_pool_core fy_pool_core;
+
+void fy_core_ref(fy_pool_core *core);
+void fy_core_unref(fy_pool_core *core);
+/* An export of the pool's memory begins (with the GIL, the Pool open) or ends (any thread). */
+void fy_core_export_begin(fy_pool_core *core);
+void fy_core_export_end(fy_pool_core *core);
+/* ferry_pool_cancel of a reservation nobody can commit any more; errors are dropped (a pool
+ * closed or a lease cancelled meanwhile has nothing left to cancel). Any thread, no GIL. */
+void fy_core_cancel(fy_pool_core *core, const ferry_descriptor *d);
+
 typedef struct fy_pending fy_pending;
 
 typedef struct {
     PyObject_HEAD
-    ferry_pool *pool;
-    int backend; /* the resolved ferry_backend */
-    int device;  /* -1 for host pools */
+    fy_pool_core *core; /* NULL until __init__ succeeded */
+    ferry_pool *pool;   /* the core's */
+    int backend;        /* the resolved ferry_backend */
+    int device;         /* -1 for host pools */
     int on_full;
     uint64_t wait_ns; /* how long on_full="wait" waits by default */
+    uint64_t usable;  /* bytes for data: a larger lease can never fit */
     int closed;
     int host_control;    /* GPU pools: control words in host memory (ready words the CPU reads) */
     fy_pending *pending; /* GPU pools: sources whose copy may still be running */
@@ -277,17 +334,35 @@ typedef struct {
 
 extern PyTypeObject fy_PoolType;
 
+#define FY_POOL_GPU(self) ((self)->backend != FERRY_BACKEND_HOST)
+
+/* 0 if the pool takes calls, else -1 with RuntimeError (not initialised) or Closing (closed
+ * while exports of its memory live: the library's close waits for them). */
+int fy_pool_check(fy_pool *self);
+
 /* How long a publish or reserve may wait for space: timeout if given, else the policy's. */
 int fy_pool_wait_ns(fy_pool *self, PyObject *timeout, uint64_t *ns);
 
-/* The answer to a failed publish or reserve: None for a full pool under on_full="none",
- * else the exception (NULL). */
-PyObject *fy_pool_failure(fy_pool *self, ferry_status st);
+/* fy_wait_next for a wait for space: also -1 (Closing) once close() ran meanwhile. */
+int fy_pool_wait_next(fy_pool *self, fy_wait *w);
+
+/* Whether a publish or reserve of needed bytes failed with st because they can never fit. */
+int fy_pool_too_large(const fy_pool *self, ferry_status st, uint64_t needed);
+
+/* The answer to a failed publish or reserve of needed bytes: None for a full pool (or a
+ * tensor that can never fit) under on_full="none", else the exception (NULL): TooLarge for a
+ * tensor that can never fit, PoolFull, ... */
+PyObject *fy_pool_failure(fy_pool *self, ferry_status st, uint64_t needed);
+
+/* ferry_pool_cancel without the GIL; 0, or -1 with the exception. */
+int fy_pool_cancel_lease(fy_pool *self, const ferry_descriptor *d);
 
 PyObject *fy_pool_publish(fy_pool *self, PyObject *args, PyObject *kwargs);
 PyObject *fy_pool_publish_many(fy_pool *self, PyObject *args, PyObject *kwargs);
 /* Lets go of sources whose copies have run (all of them, waiting, with wait). */
 void fy_pool_settle(fy_pool *self, int wait);
+/* Owners of the sources still held, for the garbage collector. */
+int fy_pool_traverse_pending(fy_pool *self, visitproc visit, void *arg);
 
 extern PyTypeObject fy_ReservationType;
 PyObject *fy_pool_reserve(fy_pool *self, PyObject *args, PyObject *kwargs);

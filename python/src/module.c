@@ -27,7 +27,8 @@ static PyMethodDef module_methods[] = {
     {"receive", METH_KW(fy_receive),
      "receive(descriptor, *, rank, device=None, copy=True, stream=None, timeout=None, "
      "out=None) -> Received | out\n\n"
-     "Waits up to timeout seconds (default 10, inf: forever) for the lease, then copies the "
+     "Waits up to timeout seconds (default 10, inf: forever; Ctrl-C interrupts it) for the "
+     "lease, then copies the "
      "tensor into memory the result owns and acknowledges it as rank (copy=True), or views it "
      "in the pool (copy=False: read-only; acknowledged when the view is freed). GPU pools: "
      "the copy lands in device memory on device (default: the descriptor's), enqueued on "
@@ -40,7 +41,9 @@ static PyMethodDef module_methods[] = {
     {"receive_many", METH_KW(fy_receive_many),
      "receive_many(descriptors, *, rank, device=None, copy=True, stream=None, timeout=None) "
      "-> list[Received]\n\n"
-     "receive for the descriptors of one publish_many: the lease is acknowledged once."},
+     "receive for the descriptors of one publish_many (one lease): every descriptor is "
+     "acknowledged (views: when freed), and the library acknowledges the lease for rank once "
+     "all of its parts were."},
     {"ack", METH_KW(fy_ack),
      "ack(descriptor, *, rank=None, ranks=None, device=None)\n\n"
      "Acknowledges a lease without reading it: for rank, for ranks (a range, e.g. "
@@ -93,6 +96,10 @@ PyMODINIT_FUNC PyInit__ferry(void)
     PyObject *module = PyModule_Create(&module_def);
     if (!module)
         return NULL;
+    if (fy_consumers_init() < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "pthread_atfork failed");
+        return NULL;
+    }
     if (fy_errors_add(module) < 0 || add_type(module, "Descriptor", &fy_DescriptorType) < 0 ||
         add_type(module, "Pool", &fy_PoolType) < 0 ||
         add_type(module, "Reservation", &fy_ReservationType) < 0 ||

@@ -30,6 +30,13 @@ void fy_lease_ref(fy_lease *lease)
     __atomic_add_fetch(&lease->refs, 1, __ATOMIC_RELAXED);
 }
 
+void fy_lease_forget(fy_lease *lease)
+{
+    if (lease)
+        lease->ack_on_drop = 0;
+    fy_lease_drop(lease, NULL);
+}
+
 /* GPU views: the acknowledgement is enqueued after the work on the consumer's stream (that
  * read the view); the CPU acknowledges when that cannot be done. */
 static void ack_gpu(fy_lease *lease, void *const *stream)
@@ -71,10 +78,15 @@ static void release_gpu_copy(fy_payload *p)
     }
 }
 
+void fy_payload_ref(fy_payload *p)
+{
+    __atomic_add_fetch(&p->refs, 1, __ATOMIC_RELAXED);
+}
+
 void fy_payload_release(void *ctx)
 {
     fy_payload *p = ctx;
-    if (!p)
+    if (!p || __atomic_sub_fetch(&p->refs, 1, __ATOMIC_ACQ_REL) != 0)
         return;
     switch (p->kind) {
     case FY_HOST_COPY:

@@ -1,9 +1,96 @@
 /* ferry.Pool: create and close a pool, its statistics, cancel and describe. Publishing is in
  * publish.c, reserving in reservation.c. */
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ferry_py.h"
+
+/* ---- the library's pool, shared with the exports of its memory ------------------------ */
+
+struct fy_pool_core {
+    long refs;        /* atomic: the Pool's, and one per reservation */
+    long exports;     /* atomic: live exports of the pool's memory */
+    int close_wanted; /* atomic: Pool.close() ran */
+    int shut;         /* atomic: ferry_pool_close was called */
+    int gpu;
+    ferry_pool *pool;
+};
+
+static fy_pool_core *core_new(ferry_pool *pool, int gpu)
+{
+    fy_pool_core *core = calloc(1, sizeof(*core));
+    if (!core)
+        return NULL;
+    core->refs = 1;
+    core->gpu = gpu;
+    core->pool = pool;
+    return core;
+}
+
+/* ferry_pool_close, once. The thread's CUDA context is kept (GPU pools set their own). */
+static void core_shut(fy_pool_core *core)
+{
+    int open = 0;
+    if (!__atomic_compare_exchange_n(&core->shut, &open, 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+        return;
+    fy_cuda_scope scope;
+    fy_cuda_enter(&scope, FY_CUDA_FOR(core->gpu));
+    ferry_pool_close(core->pool);
+    fy_cuda_leave(&scope);
+}
+
+/* Pool.close(): the library's close now, or by the last export. Both sides store, then load
+ * (sequentially consistent): at least one of them sees the other's store. */
+static void core_close(fy_pool_core *core)
+{
+    __atomic_store_n(&core->close_wanted, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&core->exports, __ATOMIC_SEQ_CST) == 0)
+        core_shut(core);
+}
+
+static int core_is_shut(fy_pool_core *core)
+{
+    return __atomic_load_n(&core->shut, __ATOMIC_SEQ_CST);
+}
+
+void fy_core_ref(fy_pool_core *core)
+{
+    __atomic_add_fetch(&core->refs, 1, __ATOMIC_RELAXED);
+}
+
+void fy_core_unref(fy_pool_core *core)
+{
+    if (!core || __atomic_sub_fetch(&core->refs, 1, __ATOMIC_ACQ_REL) != 0)
+        return;
+    fy_cuda_scope scope;
+    fy_cuda_enter(&scope, FY_CUDA_FOR(core->gpu));
+    ferry_pool_destroy(core->pool); /* closes it first if nobody did */
+    fy_cuda_leave(&scope);
+    free(core);
+}
+
+void fy_core_export_begin(fy_pool_core *core)
+{
+    __atomic_add_fetch(&core->exports, 1, __ATOMIC_SEQ_CST);
+}
+
+void fy_core_export_end(fy_pool_core *core)
+{
+    if (__atomic_sub_fetch(&core->exports, 1, __ATOMIC_SEQ_CST) == 0 &&
+        __atomic_load_n(&core->close_wanted, __ATOMIC_SEQ_CST))
+        core_shut(core);
+}
+
+void fy_core_cancel(fy_pool_core *core, const ferry_descriptor *d)
+{
+    if (core_is_shut(core))
+        return;
+    fy_cuda_scope scope;
+    fy_cuda_enter(&scope, FY_CUDA_FOR(core->gpu));
+    ferry_pool_cancel(core->pool, d);
+    fy_cuda_leave(&scope);
+}
 
 static int parse_choice(const char *what, const char *value, const char *const *names, int *out)
 {
@@ -68,11 +155,22 @@ static int parse_pool_args(PyObject *args, PyObject *kwargs, pool_args *a)
     return 0;
 }
 
-/* Learns the backend and device that the pool resolved to. */
-static int resolve(fy_pool *self)
+static ferry_status stats_of(ferry_pool *pool, ferry_pool_stats *s)
+{
+    memset(s, 0, sizeof(*s));
+    s->struct_size = sizeof(*s);
+    s->version = FERRY_POOL_STATS_VERSION;
+    return ferry_pool_stats_get(pool, s);
+}
+
+/* Learns the backend and device that the pool resolved to, and its bytes for data. */
+static int resolve(fy_pool *self, ferry_pool *pool)
 {
     ferry_descriptor d;
-    ferry_status st = ferry_pool_describe(self->pool, &d);
+    ferry_pool_stats s;
+    ferry_status st = ferry_pool_describe(pool, &d);
+    if (st == FERRY_OK)
+        st = stats_of(pool, &s);
     if (st != FERRY_OK) {
         fy_raise(st);
         return -1;
@@ -80,7 +178,17 @@ static int resolve(fy_pool *self)
     self->backend = d.backend;
     self->device = d.backend == FERRY_BACKEND_HOST ? -1 : d.device;
     self->host_control = !(d.flags & FERRY_DESC_FLAG_DEVICE_CONTROL);
+    self->usable = s.usable_bytes;
     return 0;
+}
+
+static void destroy_unshared(ferry_pool *pool, int gpu)
+{
+    fy_cuda_scope scope;
+    Py_BEGIN_ALLOW_THREADS fy_cuda_enter(&scope, FY_CUDA_FOR(gpu));
+    ferry_pool_destroy(pool);
+    fy_cuda_leave(&scope);
+    Py_END_ALLOW_THREADS
 }
 
 static int pool_init(PyObject *obj, PyObject *args, PyObject *kwargs)
@@ -88,6 +196,7 @@ static int pool_init(PyObject *obj, PyObject *args, PyObject *kwargs)
     static const char *const policies[] = {"raise", "none", "wait", NULL};
     fy_pool *self = (fy_pool *)obj;
     pool_args a;
+    ferry_pool *pool = NULL;
     if (self->pool) {
         PyErr_SetString(PyExc_RuntimeError, "Pool.__init__ called twice");
         return -1;
@@ -101,47 +210,99 @@ static int pool_init(PyObject *obj, PyObject *args, PyObject *kwargs)
     int gpu =
         a.config.backend == FERRY_BACKEND_CUDA_IPC || a.config.backend == FERRY_BACKEND_CUDA_VMM;
     Py_BEGIN_ALLOW_THREADS fy_cuda_enter(&scope, FY_CUDA_FOR(gpu));
-    st = ferry_pool_create(&a.config, &self->pool);
+    st = ferry_pool_create(&a.config, &pool);
     fy_cuda_leave(&scope);
     Py_END_ALLOW_THREADS if (st != FERRY_OK)
     {
-        self->pool = NULL;
         fy_raise(st);
         return -1;
     }
-    return resolve(self);
+    fy_pool_core *core = resolve(self, pool) < 0 ? NULL : core_new(pool, gpu);
+    if (!core) {
+        if (!PyErr_Occurred())
+            PyErr_NoMemory();
+        destroy_unshared(pool, gpu);
+        return -1;
+    }
+    self->core = core;
+    self->pool = pool;
+    return 0;
 }
 
+/* Closes the pool for this object's callers at once; the library's close runs now, or when
+ * the last export of the pool's memory goes. */
 static void close_pool(fy_pool *self)
 {
     fy_pool_settle(self, 1);
-    if (self->closed || !self->pool)
+    if (self->closed || !self->core)
         return;
     self->closed = 1;
-    fy_cuda_scope scope;
-    Py_BEGIN_ALLOW_THREADS fy_cuda_enter(&scope, FY_CUDA_FOR(self->backend != FERRY_BACKEND_HOST));
-    ferry_pool_close(self->pool);
-    fy_cuda_leave(&scope);
+    Py_BEGIN_ALLOW_THREADS core_close(self->core);
     Py_END_ALLOW_THREADS
+}
+
+/* Runs when the Pool is collected, before the garbage collector clears anything: the
+ * library's close waits for publishers and GPU copies, which needs the sources still held. */
+static void pool_finalize(PyObject *obj)
+{
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    close_pool((fy_pool *)obj);
+    PyErr_Restore(type, value, traceback);
+}
+
+static int pool_traverse(PyObject *obj, visitproc visit, void *arg)
+{
+    return fy_pool_traverse_pending((fy_pool *)obj, visit, arg);
+}
+
+static int pool_clear(PyObject *obj)
+{
+    fy_pool_settle((fy_pool *)obj, 1); /* empty already once finalized */
+    return 0;
 }
 
 static void pool_dealloc(PyObject *obj)
 {
     fy_pool *self = (fy_pool *)obj;
-    if (self->pool) {
-        close_pool(self);
-        ferry_pool_destroy(self->pool);
+    if (PyObject_CallFinalizerFromDealloc(obj) < 0)
+        return; /* resurrected */
+    PyObject_GC_UnTrack(obj);
+    pool_clear(obj);
+    if (self->core) {
+        fy_pool_core *core = self->core;
+        self->core = NULL;
         self->pool = NULL;
+        Py_BEGIN_ALLOW_THREADS fy_core_unref(core);
+        Py_END_ALLOW_THREADS
     }
     Py_TYPE(obj)->tp_free(obj);
 }
 
-/* Methods other than close need a created pool (a subclass may skip __init__). */
-static int need_pool(fy_pool *self)
+/* The library's name of the pool in its messages ("host pool is closing"). */
+static const char *pool_name(const fy_pool *self)
 {
-    if (self->pool)
-        return 0;
-    PyErr_SetString(PyExc_RuntimeError, "the Pool was not initialised");
+    switch (self->backend) {
+    case FERRY_BACKEND_CUDA_IPC:
+        return "CUDA IPC";
+    case FERRY_BACKEND_CUDA_VMM:
+        return "CUDA VMM multimodal";
+    default:
+        return "host";
+    }
+}
+
+int fy_pool_check(fy_pool *self)
+{
+    if (!self->pool) { /* a subclass may skip __init__ */
+        PyErr_SetString(PyExc_RuntimeError, "the Pool was not initialised");
+        return -1;
+    }
+    if (!self->closed || core_is_shut(self->core))
+        return 0; /* the library answers CLOSING itself once closed */
+    char message[128];
+    snprintf(message, sizeof(message), "%s pool is closing", pool_name(self));
+    fy_raise_as(NULL, FERRY_CLOSING, message);
     return -1;
 }
 
@@ -155,8 +316,8 @@ static PyObject *pool_close(PyObject *obj, PyObject *unused)
 static PyObject *pool_enter(PyObject *obj, PyObject *unused)
 {
     (void)unused;
-    if (need_pool((fy_pool *)obj) < 0)
-        return NULL;
+    if (!((fy_pool *)obj)->pool)
+        return PyErr_Format(PyExc_RuntimeError, "the Pool was not initialised");
     return Py_NewRef(obj);
 }
 
@@ -167,16 +328,29 @@ static PyObject *pool_exit(PyObject *obj, PyObject *args)
     Py_RETURN_FALSE;
 }
 
+int fy_pool_wait_next(fy_pool *self, fy_wait *w)
+{
+    int more = fy_wait_next(w);
+    return more > 0 && fy_pool_check(self) < 0 ? -1 : more;
+}
+
 int fy_pool_wait_ns(fy_pool *self, PyObject *timeout, uint64_t *ns)
 {
     return fy_timeout_arg(timeout, self->on_full == FY_FULL_WAIT ? self->wait_ns : FERRY_NO_WAIT,
                           ns);
 }
 
-PyObject *fy_pool_failure(fy_pool *self, ferry_status st)
+int fy_pool_too_large(const fy_pool *self, ferry_status st, uint64_t needed)
+{
+    return st == FERRY_POOL_FULL && needed > self->usable;
+}
+
+PyObject *fy_pool_failure(fy_pool *self, ferry_status st, uint64_t needed)
 {
     if (st == FERRY_POOL_FULL && self->on_full == FY_FULL_NONE)
         Py_RETURN_NONE;
+    if (fy_pool_too_large(self, st, needed))
+        return fy_raise_as(fy_TooLarge, st, ferry_last_error());
     return fy_raise_pool(st, self->pool);
 }
 
@@ -196,6 +370,7 @@ static const struct stat_field {
     FY_STAT_(high_water_leases), FY_STAT_(publishes),          FY_STAT_(pool_full_events),
     FY_STAT_(reclaimed),         FY_STAT_(cancelled),          FY_STAT_(acked_for_dead),
     FY_STAT_(broker_refused),    FY_STAT_(consumers_attached), FY_STAT_(consumers_alive),
+    FY_STAT_(too_large),
 };
 #undef FY_STAT_
 
@@ -217,15 +392,12 @@ static PyObject *pool_stats(PyObject *obj, PyObject *unused)
 {
     fy_pool *self = (fy_pool *)obj;
     (void)unused;
-    if (need_pool(self) < 0)
+    if (fy_pool_check(self) < 0)
         return NULL;
     ferry_pool_stats s;
-    memset(&s, 0, sizeof(s));
-    s.struct_size = sizeof(s);
-    s.version = FERRY_POOL_STATS_VERSION;
-    ferry_status st = ferry_pool_stats_get(self->pool, &s);
-    if (st != FERRY_OK)
-        return fy_raise_pool(st, self->pool);
+    ferry_status st;
+    Py_BEGIN_ALLOW_THREADS st = stats_of(self->pool, &s); /* reads device control words */
+    Py_END_ALLOW_THREADS if (st != FERRY_OK) return fy_raise_pool(st, self->pool);
     return stats_dict(&s);
 }
 
@@ -233,12 +405,12 @@ static PyObject *pool_consumer_info(PyObject *obj, PyObject *rank_obj)
 {
     fy_pool *self = (fy_pool *)obj;
     uint32_t rank;
-    if (need_pool(self) < 0 || fy_rank_arg(rank_obj, &rank) < 0)
+    if (fy_pool_check(self) < 0 || fy_rank_arg(rank_obj, &rank) < 0)
         return NULL;
     ferry_consumer_info info;
-    ferry_status st = ferry_pool_consumer_info(self->pool, rank, &info);
-    if (st != FERRY_OK)
-        return fy_raise_pool(st, self->pool);
+    ferry_status st;
+    Py_BEGIN_ALLOW_THREADS st = ferry_pool_consumer_info(self->pool, rank, &info);
+    Py_END_ALLOW_THREADS if (st != FERRY_OK) return fy_raise_pool(st, self->pool);
     return Py_BuildValue("{s:O,s:O,s:L,s:K,s:K}", "attached", info.attached ? Py_True : Py_False,
                          "alive", info.alive ? Py_True : Py_False, "pid", (long long)info.pid,
                          "outstanding", (unsigned long long)info.outstanding, "oldest_age_ns",
@@ -247,19 +419,28 @@ static PyObject *pool_consumer_info(PyObject *obj, PyObject *rank_obj)
 
 /* ---- leases -------------------------------------------------------------------------- */
 
-static PyObject *pool_cancel(PyObject *obj, PyObject *desc_obj)
+int fy_pool_cancel_lease(fy_pool *self, const ferry_descriptor *d)
 {
-    fy_pool *self = (fy_pool *)obj;
-    ferry_descriptor d;
-    if (need_pool(self) < 0 || fy_descriptor_get(desc_obj, &d) < 0)
-        return NULL;
+    if (fy_pool_check(self) < 0)
+        return -1;
     ferry_status st;
     fy_cuda_scope scope;
-    fy_cuda_enter(&scope, FY_CUDA_FOR(self->backend != FERRY_BACKEND_HOST));
-    st = ferry_pool_cancel(self->pool, &d);
+    Py_BEGIN_ALLOW_THREADS fy_cuda_enter(&scope, FY_CUDA_FOR(FY_POOL_GPU(self)));
+    st = ferry_pool_cancel(self->pool, d);
     fy_cuda_leave(&scope);
-    if (st != FERRY_OK)
-        return fy_raise_pool(st, self->pool);
+    Py_END_ALLOW_THREADS if (st != FERRY_OK)
+    {
+        fy_raise_pool(st, self->pool);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *pool_cancel(PyObject *obj, PyObject *desc_obj)
+{
+    ferry_descriptor d;
+    if (fy_descriptor_get(desc_obj, &d) < 0 || fy_pool_cancel_lease((fy_pool *)obj, &d) < 0)
+        return NULL;
     Py_RETURN_NONE;
 }
 
@@ -267,7 +448,7 @@ static PyObject *pool_describe(PyObject *obj, PyObject *unused)
 {
     fy_pool *self = (fy_pool *)obj;
     (void)unused;
-    if (need_pool(self) < 0)
+    if (fy_pool_check(self) < 0)
         return NULL;
     ferry_descriptor d;
     ferry_status st = ferry_pool_describe(self->pool, &d);
@@ -280,8 +461,8 @@ static PyObject *pool_error(PyObject *obj, PyObject *unused)
 {
     fy_pool *self = (fy_pool *)obj;
     (void)unused;
-    if (need_pool(self) < 0)
-        return NULL;
+    if (!self->pool)
+        return PyErr_Format(PyExc_RuntimeError, "the Pool was not initialised");
     char cause[1024] = "";
     if (ferry_pool_error(self->pool, cause, sizeof(cause)) == FERRY_OK)
         Py_RETURN_NONE;
@@ -292,12 +473,12 @@ static PyObject *pool_reclaim(PyObject *obj, PyObject *unused)
 {
     fy_pool *self = (fy_pool *)obj;
     (void)unused;
-    if (need_pool(self) < 0)
+    if (fy_pool_check(self) < 0)
         return NULL;
     uint64_t n = 0;
     ferry_status st;
     fy_cuda_scope scope;
-    Py_BEGIN_ALLOW_THREADS fy_cuda_enter(&scope, FY_CUDA_FOR(self->backend != FERRY_BACKEND_HOST));
+    Py_BEGIN_ALLOW_THREADS fy_cuda_enter(&scope, FY_CUDA_FOR(FY_POOL_GPU(self)));
     st = ferry_pool_reclaim(self->pool, &n);
     fy_cuda_leave(&scope);
     Py_END_ALLOW_THREADS if (st != FERRY_OK) return fy_raise_pool(st, self->pool);
@@ -366,7 +547,8 @@ static PyMethodDef pool_methods[] = {
      "stats() -> dict\n\nEvery field of ferry_pool_stats: capacity, usable_bytes, bytes_in_use, "
      "largest_free, leases_in_flight, high_water_bytes, high_water_leases, publishes, "
      "pool_full_events, reclaimed, cancelled, acked_for_dead, broker_refused, "
-     "consumers_attached, consumers_alive."},
+     "consumers_attached, consumers_alive, too_large (publishes and reserves refused because "
+     "they can never fit)."},
     {"consumer_info", pool_consumer_info, METH_O,
      "consumer_info(rank) -> dict\n\nattached, alive, pid, outstanding (leases not "
      "acknowledged) and oldest_age_ns of one rank."},
@@ -381,7 +563,9 @@ static PyMethodDef pool_methods[] = {
      "too) and returns how many."},
     {"close", pool_close, METH_NOARGS,
      "close()\n\nShuts the pool down: refuses new publishers, waits for active ones, releases "
-     "the memory. Waiting consumers see ProducerGone. Closing twice is harmless."},
+     "the memory. Waiting consumers see ProducerGone. Closing twice is harmless. While a "
+     "reservation's buffer or DLPack tensor is alive, the pool refuses every call from here "
+     "(Closing) and the rest of the shutdown happens when the last of them is freed."},
     {"__enter__", pool_enter, METH_NOARGS, NULL},
     {"__exit__", pool_exit, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},
@@ -390,7 +574,7 @@ static PyMethodDef pool_methods[] = {
 PyTypeObject fy_PoolType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ferry._ferry.Pool",
     .tp_basicsize = sizeof(fy_pool),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "Pool(size, consumers, *, backend='auto', device=0, max_inflight=4096, "
               "reclaim_interval_us=1000, control='host', on_full='raise', timeout=None, "
               "vmm_handle='auto')\n--\n\n"
@@ -398,6 +582,9 @@ PyTypeObject fy_PoolType = {
     .tp_new = PyType_GenericNew,
     .tp_init = pool_init,
     .tp_dealloc = pool_dealloc,
+    .tp_finalize = pool_finalize,
+    .tp_traverse = pool_traverse,
+    .tp_clear = pool_clear,
     .tp_methods = pool_methods,
     .tp_getset = pool_getset,
 };

@@ -84,6 +84,14 @@ void fy_pool_settle(fy_pool *self, int wait)
     }
 }
 
+int fy_pool_traverse_pending(fy_pool *self, visitproc visit, void *arg)
+{
+    for (fy_pending *p = self->pending; p; p = p->next)
+        for (size_t i = 0; i < p->count; i++)
+            Py_VISIT(p->imports[i].owner);
+    return 0;
+}
+
 /* Waits here for a stream whose copies cannot be watched otherwise. */
 static void sync_stream(fy_pool *self, void *stream)
 {
@@ -133,6 +141,7 @@ typedef struct publish_call {
     ferry_tensor *tensors;
     const void **srcs;
     ferry_descriptor *descs;
+    uint64_t needed; /* bytes of the lease */
 } publish_call;
 
 static int take_sources(publish_call *c, PyObject *const *items)
@@ -150,20 +159,55 @@ static int take_sources(publish_call *c, PyObject *const *items)
     return 0;
 }
 
-static ferry_status run_publish(publish_call *c)
+/* One attempt, waiting up to wait_ns for space. */
+static ferry_status publish_once(publish_call *c, uint64_t wait_ns)
 {
     ferry_status st;
     fy_cuda_scope scope;
     ferry_pool *pool = c->self->pool;
-    int gpu = c->self->backend != FERRY_BACKEND_HOST;
+    int gpu = FY_POOL_GPU(c->self);
     Py_BEGIN_ALLOW_THREADS fy_cuda_enter(&scope, FY_CUDA_FOR(gpu));
     if (gpu)
-        st = ferry_pool_publish_many_async(pool, c->tensors, c->srcs, c->count, c->stream,
-                                           c->wait_ns, c->descs);
+        st = ferry_pool_publish_many_async(pool, c->tensors, c->srcs, c->count, c->stream, wait_ns,
+                                           c->descs);
     else
-        st = ferry_pool_publish_many(pool, c->tensors, c->srcs, c->count, c->wait_ns, c->descs);
+        st = ferry_pool_publish_many(pool, c->tensors, c->srcs, c->count, wait_ns, c->descs);
     fy_cuda_leave(&scope);
     Py_END_ALLOW_THREADS return st;
+}
+
+/* Bytes of the lease the tensors need, packed as ferry_pool_publish_many packs them: each
+ * offset aligned to its element size. */
+static uint64_t packed_bytes(const ferry_tensor *tensors, size_t count)
+{
+    uint64_t cursor = 0;
+    for (size_t i = 0; i < count; i++) {
+        uint64_t n = 0, elem = (uint64_t)tensors[i].dtype_bits * tensors[i].dtype_lanes / 8;
+        uint64_t align = elem > 1 ? elem : 1;
+        ferry_tensor_nbytes(&tensors[i], &n); /* checked when the sources were taken */
+        cursor = (cursor + align - 1) / align * align + n;
+    }
+    return cursor;
+}
+
+/* The publish, waiting for space in slices (Ctrl-C or a close() meanwhile ends it:
+ * *interrupted, an exception set, nothing leased). A tensor that can never fit is not waited
+ * for. */
+static ferry_status run_publish(publish_call *c, int *interrupted)
+{
+    fy_wait w;
+    ferry_status st;
+    fy_wait_start(&w, c->wait_ns);
+    for (;;) {
+        st = publish_once(c, fy_wait_slice(&w));
+        if (st != FERRY_POOL_FULL || fy_pool_too_large(c->self, st, c->needed))
+            return st;
+        int more = fy_pool_wait_next(c->self, &w);
+        if (more <= 0) {
+            *interrupted = more < 0;
+            return st;
+        }
+    }
 }
 
 static PyObject *descriptors(const publish_call *c, int single)
@@ -205,18 +249,21 @@ static void free_call(publish_call *c)
 static PyObject *publish_items(publish_call *c, PyObject *const *items, int single)
 {
     PyObject *result = NULL;
+    int interrupted = 0;
     if (alloc_call(c) < 0 || take_sources(c, items) < 0) {
         free_call(c);
         return NULL;
     }
-    ferry_status st = run_publish(c);
-    if (c->self->backend != FERRY_BACKEND_HOST)
+    c->needed = packed_bytes(c->tensors, c->count);
+    ferry_status st = run_publish(c, &interrupted);
+    if (FY_POOL_GPU(c->self))
         defer_release(c->self, c->stream, c->imports, c->count,
                       st == FERRY_OK ? &c->descs[0] : NULL);
     else
         release_imports(c->imports, c->count);
     c->imports = NULL;
-    result = st == FERRY_OK ? descriptors(c, single) : fy_pool_failure(c->self, st);
+    if (!interrupted)
+        result = st == FERRY_OK ? descriptors(c, single) : fy_pool_failure(c->self, st, c->needed);
     free_call(c);
     return result;
 }
@@ -225,11 +272,7 @@ static int prepare(publish_call *c, fy_pool *self, PyObject *stream, PyObject *t
 {
     memset(c, 0, sizeof(*c));
     c->self = self;
-    if (!self->pool) {
-        PyErr_SetString(PyExc_RuntimeError, "the Pool was not initialised");
-        return -1;
-    }
-    if (fy_pool_wait_ns(self, timeout, &c->wait_ns) < 0)
+    if (fy_pool_check(self) < 0 || fy_pool_wait_ns(self, timeout, &c->wait_ns) < 0)
         return -1;
     if (self->backend == FERRY_BACKEND_HOST)
         return 0; /* host pools copy on the CPU: a stream has no meaning there */
@@ -259,15 +302,16 @@ PyObject *fy_pool_publish_many(fy_pool *self, PyObject *args, PyObject *kwargs)
                                      &timeout) ||
         prepare(&c, self, stream, timeout) < 0)
         return NULL;
-    PyObject *seq = PySequence_Fast(xs, "publish_many takes a sequence of tensors");
+    /* A tuple of its own: __dlpack__ runs Python code, which may change a list given here. */
+    PyObject *seq = fy_tuple_arg(xs, "publish_many takes a sequence of tensors");
     if (!seq)
         return NULL;
-    c.count = (size_t)PySequence_Fast_GET_SIZE(seq);
+    c.count = (size_t)PyTuple_GET_SIZE(seq);
     PyObject *result = NULL;
     if (c.count == 0)
         PyErr_SetString(PyExc_ValueError, "publish_many needs at least one tensor");
     else
-        result = publish_items(&c, PySequence_Fast_ITEMS(seq), 0);
+        result = publish_items(&c, &PyTuple_GET_ITEM(seq, 0), 0);
     Py_DECREF(seq);
     return result;
 }

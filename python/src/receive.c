@@ -1,7 +1,11 @@
 /* ferry.receive and ferry.receive_many: wait for a lease, then copy it into memory the result
  * owns (acknowledging at once) or view it in place (acknowledging when the view is freed).
- * Host pools read on the CPU; GPU pools wait on the CPU (bounded: a dead producer gives
- * ProducerGone, not a stream blocked forever), then enqueue the read on the caller's stream. */
+ * The wait comes first, on the CPU and in slices (Ctrl-C ends it; a dead producer gives
+ * ProducerGone, not a stream blocked forever): it also checks every descriptor against the
+ * pool, before anything is allocated for it. Then host pools read on the CPU, GPU pools
+ * enqueue the read on the caller's stream. Every descriptor consumed is acknowledged: the
+ * parts of a packed lease one by one (the library acknowledges the lease for the rank once
+ * this process acknowledged all of them). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,6 +21,7 @@ typedef struct recv_call {
     uint64_t timeout_ns;
     fy_payload **out; /* count entries */
     fy_import *into;  /* out=: the caller's memory, read into (no payload) */
+    int sliced;       /* the wait took several slices */
 } recv_call;
 
 static fy_payload *payload_new(const recv_call *c, size_t i)
@@ -24,6 +29,7 @@ static fy_payload *payload_new(const recv_call *c, size_t i)
     fy_payload *p = calloc(1, sizeof(*p));
     if (!p)
         return NULL;
+    p->refs = 1;
     p->kind =
         c->gpu ? (c->copy ? FY_GPU_COPY : FY_GPU_VIEW) : (c->copy ? FY_HOST_COPY : FY_HOST_VIEW);
     p->tensor = c->descs[i].tensor;
@@ -78,14 +84,17 @@ static ferry_status host_ack(ferry_consumer *h, const ferry_descriptor *d)
     return st == FERRY_STALE ? FERRY_OK : st;
 }
 
+/* Reads run once the lease is ready: they wait no more. */
 static ferry_status host_copy(recv_call *c)
 {
     ferry_consumer *h = c->consumer->handle;
     ferry_status st = FERRY_OK;
     for (size_t i = 0; i < c->count && st == FERRY_OK; i++)
         st = ferry_consumer_read(h, &c->descs[i], c->out[i]->buffer, (size_t)c->out[i]->nbytes,
-                                 c->timeout_ns);
-    return st == FERRY_OK ? host_ack(h, &c->descs[0]) : st;
+                                 FERRY_NO_WAIT);
+    for (size_t i = 0; i < c->count && st == FERRY_OK; i++)
+        st = host_ack(h, &c->descs[i]);
+    return st;
 }
 
 static ferry_status host_view(recv_call *c)
@@ -93,7 +102,7 @@ static ferry_status host_view(recv_call *c)
     ferry_status st = FERRY_OK;
     for (size_t i = 0; i < c->count && st == FERRY_OK; i++) {
         const void *data = NULL;
-        st = ferry_consumer_view(c->consumer->handle, &c->descs[i], &data, c->timeout_ns);
+        st = ferry_consumer_view(c->consumer->handle, &c->descs[i], &data, FERRY_NO_WAIT);
         c->out[i]->data = (void *)data;
     }
     return st;
@@ -107,7 +116,8 @@ static ferry_status gpu_copy(recv_call *c)
     if (c->count == 1)
         return ferry_consumer_read_async(h, &c->descs[0], c->out[0]->buffer,
                                          (size_t)c->out[0]->nbytes, c->stream);
-    /* One lease, several tensors: copy every one, then acknowledge once. */
+    /* One lease, several tensors: copy every one, then acknowledge every one (STALE: that
+     * part was acknowledged for this rank already). */
     ferry_status st = FERRY_OK;
     for (size_t i = 0; i < c->count && st == FERRY_OK; i++) {
         const void *src = NULL;
@@ -115,8 +125,10 @@ static ferry_status gpu_copy(recv_call *c)
         if (st == FERRY_OK)
             st = fy_cuda_copy_async(c->out[i]->buffer, src, c->out[i]->nbytes, c->stream);
     }
-    if (st == FERRY_OK)
-        st = ferry_consumer_ack_async(h, &c->descs[0], c->stream);
+    for (size_t i = 0; i < c->count && st == FERRY_OK; i++) {
+        st = ferry_consumer_ack_async(h, &c->descs[i], c->stream);
+        st = st == FERRY_STALE ? FERRY_OK : st;
+    }
     return st;
 }
 
@@ -156,59 +168,61 @@ static ferry_status receive_into(recv_call *c)
     size_t n = (size_t)d->length;
     if (c->gpu)
         return ferry_consumer_read_async(h, d, dst, n, c->stream);
-    ferry_status st = ferry_consumer_read(h, d, dst, n, c->timeout_ns);
+    ferry_status st = ferry_consumer_read(h, d, dst, n, FERRY_NO_WAIT);
     return st == FERRY_OK ? host_ack(h, d) : st;
 }
 
-/* Runs with the consumer's device current (run). */
-static ferry_status gpu_receive(recv_call *c)
+/* Waits up to wait_ns for the lease, then checks every other descriptor of it against the
+ * pool (the library refuses one whose range is not its lease's: MISMATCH). */
+static ferry_status wait_lease(recv_call *c, uint64_t wait_ns)
 {
-    ferry_status st = ferry_consumer_wait(c->consumer->handle, &c->descs[0], c->timeout_ns);
-    if (st == FERRY_OK && c->into)
-        return receive_into(c);
-    if (st == FERRY_OK)
-        st = alloc_payloads(c);
-    if (st == FERRY_OK)
-        st = c->copy ? gpu_copy(c) : gpu_view(c);
-    if (st == FERRY_OK)
-        record_ready(c);
-    else
-        discard(c);
+    ferry_consumer *h = c->consumer->handle;
+    ferry_status st = ferry_consumer_wait(h, &c->descs[0], wait_ns);
+    for (size_t i = 1; i < c->count && st == FERRY_OK; i++)
+        st = ferry_consumer_wait(h, &c->descs[i], FERRY_NO_WAIT);
     return st;
 }
 
-static ferry_status host_receive(recv_call *c)
+/* Once the lease is ready and its descriptors checked. */
+static ferry_status receive_ready(recv_call *c)
 {
     if (c->into)
         return receive_into(c);
     ferry_status st = alloc_payloads(c);
-    if (st == FERRY_OK)
+    if (st == FERRY_OK && c->gpu)
+        st = c->copy ? gpu_copy(c) : gpu_view(c);
+    else if (st == FERRY_OK)
         st = c->copy ? host_copy(c) : host_view(c);
+    if (st == FERRY_OK && c->gpu)
+        record_ready(c);
     if (st != FERRY_OK)
         discard(c);
     return st;
 }
 
-/* Gives every payload but host copies a reference on one lease: views acknowledge through it
- * when the last of them goes, GPU copies keep the consumer (and its mapping) alive. */
-static ferry_status attach_lease(recv_call *c)
+/* Gives every payload but host copies a lease of its own part: views acknowledge their part
+ * when freed, GPU copies keep the consumer (and its mapping) alive. */
+static ferry_status attach_leases(recv_call *c)
 {
     if ((!c->gpu && c->copy) || c->into)
         return FERRY_OK;
-    fy_lease *lease = fy_lease_new(c->consumer, &c->descs[0], !c->copy);
-    if (!lease) {
-        discard(c);
-        return FERRY_NO_MEMORY;
-    }
     for (size_t i = 0; i < c->count; i++) {
-        if (i)
-            fy_lease_ref(lease);
+        fy_lease *lease = fy_lease_new(c->consumer, &c->descs[i], !c->copy);
+        if (!lease) {
+            for (size_t j = 0; j < i; j++) { /* nothing acknowledged: the caller may retry */
+                fy_lease_forget(c->out[j]->lease);
+                c->out[j]->lease = NULL;
+            }
+            discard(c);
+            return FERRY_NO_MEMORY;
+        }
         c->out[i]->lease = lease;
     }
     return FERRY_OK;
 }
 
-static ferry_status run(recv_call *c)
+/* One attempt, without the GIL: TIMEOUT when the lease was not ready within wait_ns. */
+static ferry_status run(recv_call *c, uint64_t wait_ns)
 {
     fy_cuda_scope scope;
     /* GPU pools: the consumer's device is current from the start, for opening the pool
@@ -216,11 +230,35 @@ static ferry_status run(recv_call *c)
     ferry_status st = fy_cuda_enter(&scope, c->gpu ? c->device : FY_CUDA_NONE);
     if (st != FERRY_OK)
         return st;
-    st = c->gpu ? gpu_receive(c) : host_receive(c);
+    st = wait_lease(c, wait_ns);
     if (st == FERRY_OK)
-        st = attach_lease(c);
+        st = receive_ready(c);
+    if (st == FERRY_OK)
+        st = attach_leases(c);
     fy_cuda_leave(&scope);
     return st;
+}
+
+/* run, waiting in slices: returns -1 with the exception of a signal handler (nothing was
+ * read or acknowledged), else 0 with *status. */
+static int run_sliced(recv_call *c, ferry_status *status)
+{
+    fy_wait w;
+    ferry_status st;
+    fy_wait_start(&w, c->timeout_ns);
+    for (;;) {
+        uint64_t slice = fy_wait_slice(&w);
+        Py_BEGIN_ALLOW_THREADS st = run(c, slice);
+        Py_END_ALLOW_THREADS if (st != FERRY_TIMEOUT) break;
+        int more = fy_wait_next(&w);
+        if (more < 0)
+            return -1;
+        if (more == 0)
+            break;
+    }
+    c->sliced = w.sliced;
+    *status = st;
+    return 0;
 }
 
 /* ---- arguments and results ------------------------------------------------------------ */
@@ -329,6 +367,13 @@ static PyObject *results(recv_call *c, PyObject *const *items, int single)
 static PyObject *finish(ferry_status st, recv_call *c, PyObject *const *items, const recv_args *a,
                         int single)
 {
+    if (st == FERRY_TIMEOUT && c->sliced) {
+        /* The library's message, for the whole wait rather than its last slice. */
+        char message[128];
+        snprintf(message, sizeof(message), "lease (slot=%u, generation=%u) not ready after %.3f ms",
+                 c->descs[0].slot, c->descs[0].generation, (double)c->timeout_ns / 1e6);
+        return fy_raise_as(NULL, st, message);
+    }
     if (st != FERRY_OK)
         return fy_raise(st);
     if (c->into)
@@ -356,8 +401,8 @@ static PyObject *receive_items(PyObject *const *items, size_t count, const recv_
         !(c.consumer = fy_consumer_get(rank, c.device)))
         goto free_arrays;
     ferry_status st;
-    Py_BEGIN_ALLOW_THREADS st = run(&c);
-    Py_END_ALLOW_THREADS result = finish(st, &c, items, a, single);
+    if (run_sliced(&c, &st) == 0)
+        result = finish(st, &c, items, a, single);
     for (size_t i = 0; i < count; i++) /* left over only if results failed early */
         fy_payload_release(c.out[i]);
 free_arrays:
@@ -399,15 +444,16 @@ PyObject *fy_receive_many(PyObject *module, PyObject *args, PyObject *kwargs)
         PyErr_SetString(PyExc_TypeError, "receive_many() needs rank= (this consumer's rank)");
         return NULL;
     }
-    PyObject *seq = PySequence_Fast(descs, "receive_many takes a sequence of descriptors");
+    /* A tuple of its own: the items are used after waits that release the GIL. */
+    PyObject *seq = fy_tuple_arg(descs, "receive_many takes a sequence of descriptors");
     if (!seq)
         return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    Py_ssize_t n = PyTuple_GET_SIZE(seq);
     PyObject *result = NULL;
     if (n == 0)
         PyErr_SetString(PyExc_ValueError, "receive_many needs at least one descriptor");
     else
-        result = receive_items(PySequence_Fast_ITEMS(seq), (size_t)n, &a, 0);
+        result = receive_items(&PyTuple_GET_ITEM(seq, 0), (size_t)n, &a, 0);
     Py_DECREF(seq);
     return result;
 }

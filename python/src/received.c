@@ -1,6 +1,8 @@
 /* ferry.Received: what receive returns. It owns the received memory until a DLPack consumer
  * takes it (once: a second __dlpack__ raises BufferError); host results also expose their
- * bytes through the buffer protocol (read-only for views). */
+ * bytes through the buffer protocol (read-only for views). The payload changes hands with
+ * the GIL held, before any wait that releases it: two threads cannot both export it, and a
+ * wait holds a reference of its own. */
 #include "ferry_py.h"
 
 typedef struct {
@@ -34,7 +36,7 @@ static void release_payload(fy_payload *p)
 
 PyObject *fy_received_new(fy_payload *payload, PyObject *descriptor)
 {
-    fy_received *r = PyObject_New(fy_received, &fy_ReceivedType);
+    fy_received *r = PyObject_GC_New(fy_received, &fy_ReceivedType);
     if (!r) {
         release_payload(payload);
         return NULL;
@@ -46,15 +48,31 @@ PyObject *fy_received_new(fy_payload *payload, PyObject *descriptor)
     r->tensor = payload->tensor;
     r->nbytes = payload->nbytes;
     r->readonly = is_view(payload);
+    PyObject_GC_Track(r);
     return (PyObject *)r;
+}
+
+static int received_traverse(PyObject *obj, visitproc visit, void *arg)
+{
+    Py_VISIT(((fy_received *)obj)->descriptor);
+    return 0;
+}
+
+static int received_clear(PyObject *obj)
+{
+    Py_CLEAR(((fy_received *)obj)->descriptor);
+    return 0;
 }
 
 static void received_dealloc(PyObject *obj)
 {
     fy_received *r = (fy_received *)obj;
-    release_payload(r->payload);
-    Py_XDECREF(r->descriptor);
-    PyObject_Free(obj);
+    PyObject_GC_UnTrack(obj);
+    fy_payload *p = r->payload;
+    r->payload = NULL;
+    release_payload(p);
+    received_clear(obj);
+    PyObject_GC_Del(obj);
 }
 
 /* The consumer's stream for CUDA results: its own, the legacy default stream for None, none
@@ -67,12 +85,15 @@ static uintptr_t consumer_stream(const fy_export_args *a)
 }
 
 /* Makes GPU data safe on the consumer's stream, and notes where views acknowledge. ferry's
- * driver table has no cuStreamWaitEvent: the host waits for the receive's event instead. */
+ * driver table has no cuStreamWaitEvent: the host waits for the receive's event instead. The
+ * caller owns p (taken from the Received); its fields are read with the GIL. */
 static int order_gpu(fy_payload *p, uintptr_t stream)
 {
-    if (stream && stream != fy_stream_key(p->recv_stream) && p->ready) {
+    void *ready = p->ready;
+    int device = p->device.device_id;
+    if (stream && stream != fy_stream_key(p->recv_stream) && ready) {
         ferry_status st;
-        Py_BEGIN_ALLOW_THREADS st = fy_cuda_event_wait(p->ready, p->device.device_id);
+        Py_BEGIN_ALLOW_THREADS st = fy_cuda_event_wait(ready, device);
         Py_END_ALLOW_THREADS if (st != FERRY_OK)
         {
             fy_raise(st);
@@ -100,13 +121,15 @@ static PyObject *received_dlpack(PyObject *obj, PyObject *args, PyObject *kwargs
         return PyErr_Format(PyExc_BufferError,
                             "the received memory is exported through the buffer protocol: "
                             "release those memoryviews first");
+    /* Taken before any wait releases the GIL: another thread sees it exported already. */
     fy_payload *p = r->payload;
-    if (p->device.device_type == FY_DL_CUDA && order_gpu(p, consumer_stream(&a)) < 0)
-        return NULL;
-    PyObject *capsule =
-        fy_export(p->data, p->device, &p->tensor, r->readonly, a.versioned, fy_payload_release, p);
-    if (capsule)
-        r->payload = NULL; /* the capsule (then its consumer) owns it now */
+    r->payload = NULL;
+    PyObject *capsule = NULL;
+    if (p->device.device_type != FY_DL_CUDA || order_gpu(p, consumer_stream(&a)) == 0)
+        capsule = fy_export(p->data, p->device, &p->tensor, r->readonly, a.versioned,
+                            fy_payload_release, p); /* the capsule (then its consumer) owns p */
+    if (!capsule)
+        r->payload = p; /* still the Received's */
     return capsule;
 }
 
@@ -114,10 +137,15 @@ static PyObject *received_synchronize(PyObject *obj, PyObject *unused)
 {
     fy_received *r = (fy_received *)obj;
     (void)unused;
-    if (!r->payload || !r->payload->ready)
+    fy_payload *p = r->payload;
+    if (!p || !p->ready)
         Py_RETURN_NONE;
+    void *ready = p->ready;
+    int device = r->device.device_id;
     ferry_status st;
-    Py_BEGIN_ALLOW_THREADS st = fy_cuda_event_wait(r->payload->ready, r->device.device_id);
+    fy_payload_ref(p); /* the event lives while this waits, even if p is exported and freed */
+    Py_BEGIN_ALLOW_THREADS st = fy_cuda_event_wait(ready, device);
+    fy_payload_release(p);
     Py_END_ALLOW_THREADS if (st != FERRY_OK) return fy_raise(st);
     Py_RETURN_NONE;
 }
@@ -156,8 +184,9 @@ static PyBufferProcs received_buffer = {received_getbuffer, received_releasebuff
 
 static PyObject *get_descriptor(PyObject *obj, void *closure)
 {
+    PyObject *d = ((fy_received *)obj)->descriptor; /* NULL only once the collector cleared it */
     (void)closure;
-    return Py_NewRef(((fy_received *)obj)->descriptor);
+    return Py_NewRef(d ? d : Py_None);
 }
 
 static PyObject *get_shape(PyObject *obj, void *closure)
@@ -224,12 +253,14 @@ static PyMethodDef received_methods[] = {
 PyTypeObject fy_ReceivedType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ferry.Received",
     .tp_basicsize = sizeof(fy_received),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "A received tensor: hand it to numpy.from_dlpack, torch.from_dlpack or "
               "cupy.from_dlpack (once). Copies own their memory; views (copy=False) are the "
               "producer's slice, read-only, and acknowledge the lease when freed. Host results "
               "also support the buffer protocol (bytes(r), memoryview(r)).",
     .tp_dealloc = received_dealloc,
+    .tp_traverse = received_traverse,
+    .tp_clear = received_clear,
     .tp_as_buffer = &received_buffer,
     .tp_methods = received_methods,
     .tp_getset = received_getset,

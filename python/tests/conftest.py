@@ -1,7 +1,12 @@
 """Shared fixtures: consumer worker processes (spawned once per session) and small helpers."""
 
 import builtins
+import json
 import multiprocessing
+import os
+import pathlib
+import subprocess
+import sys
 import time
 
 import pytest
@@ -10,6 +15,7 @@ import ferry
 import workers
 
 CTX = multiprocessing.get_context("spawn")
+TESTS = pathlib.Path(__file__).resolve().parent
 
 
 class Worker:
@@ -76,3 +82,17 @@ def wait_until(condition, timeout=5.0, interval=0.005):
 
 def in_flight(pool):
     return pool.stats()["leases_in_flight"]
+
+
+def isolated(op, *args, env=None, timeout=60):
+    """Runs workers.<op>(*args) in a fresh interpreter (for what may crash it, or needs an
+    environment of its own: PYTHONMALLOC=debug finds use-after-free). Returns its exit status,
+    what it returned (None unless it returned) and its stderr."""
+    code = ("import json, sys, workers; "
+            "print(json.dumps(getattr(workers, sys.argv[1])(*json.loads(sys.argv[2]))))")
+    done = subprocess.run([sys.executable, "-c", code, op, json.dumps(args)], cwd=TESTS,
+                          env={**os.environ, **(env or {})}, capture_output=True, text=True,
+                          timeout=timeout)  # fmt: skip
+    lines = done.stdout.strip().splitlines()
+    result = json.loads(lines[-1]) if done.returncode == 0 and lines else None
+    return done.returncode, result, done.stderr

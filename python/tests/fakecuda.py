@@ -9,6 +9,8 @@ way a framework would and returns what it saw.
 
 import ctypes
 import gc
+import threading
+import weakref
 
 import numpy as np
 
@@ -257,6 +259,59 @@ def fake_receive_error(d, rank, **kwargs):
     except Exception as e:  # noqa: BLE001 - reported to the test
         return type(e).__name__, str(e)
     return None, ""
+
+
+def fake_race_exports(ds, rank, exporters=2, synchronizers=2):
+    """For each descriptor: receives a GPU copy on the legacy stream, then threads export it at
+    once for another stream (each export waits for the copy's event, the GIL released) while
+    others synchronize it. How many exports got the tensor each time: one, or its memory would
+    be released twice."""
+    wins = []
+    for d in ds:
+        r = ferry.receive(d, rank=rank)
+        barrier = threading.Barrier(exporters + synchronizers)
+        got = []
+
+        def export():
+            barrier.wait()
+            try:
+                got.append(read_dlpack(r, stream=2, max_version=(1, 0))["data"])
+            except BufferError:
+                pass
+
+        def synchronize():
+            barrier.wait()
+            for _ in range(20):
+                r.synchronize()
+
+        threads = [threading.Thread(target=export) for _ in range(exporters)]
+        threads += [threading.Thread(target=synchronize) for _ in range(synchronizers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        del r
+        gc.collect()
+        wins.append(len(got))
+    return wins
+
+
+def fake_pool_cycle(backend):
+    """A GPU pool in a reference cycle through a source it still holds (a torch tensor of the
+    fast path, kept until its copy ran): whether the collector freed it."""
+    import faketorch
+
+    faketorch.install()
+    faketorch.CURRENT_STREAM[0] = 0
+    pool = ferry.Pool(8 << 20, 1, backend=backend)
+    pool.publish(faketorch.make(np.arange(4, dtype=np.int32)))  # teaches ferry the dtype
+    source = faketorch.make(np.arange(4, dtype=np.int32))
+    pool.publish(source)  # the fast path: the pool holds source itself until the copy ran
+    source.pool = pool
+    ref = weakref.ref(pool)
+    del pool, source
+    gc.collect()
+    return ref() is None
 
 
 OPS = {name: fn for name, fn in globals().items() if name.startswith("fake_")}

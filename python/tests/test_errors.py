@@ -63,10 +63,24 @@ def test_split_budget():
 def test_exception_hierarchy():
     assert issubclass(ferry.Error, RuntimeError)
     for cls in (ferry.PoolFull, ferry.Stale, ferry.ProducerGone, ferry.Timeout,
-                ferry.PoolFailed, ferry.Closing):  # fmt: skip
+                ferry.PoolFailed, ferry.Closing, ferry.RankInUse, ferry.Forked,
+                ferry.TooLarge):  # fmt: skip
         assert issubclass(cls, ferry.Error)
+        assert cls.__name__ in ferry.__all__ and cls.__module__ == "ferry"
     assert issubclass(ferry.Timeout, TimeoutError)
+    assert issubclass(ferry.TooLarge, ferry.PoolFull)
     assert not issubclass(ferry.Error, ValueError)
+
+
+def test_rank_in_use(workers_pair):
+    first, second = workers_pair
+    with ferry.Pool(1 << 20, 2) as pool:
+        d = pool.publish(np.arange(3))
+        first.call("receive_array", d, 0)
+        with pytest.raises(ferry.RankInUse) as info:  # rank 0 is the first worker's
+            second.call("receive_array", d, 0)
+        assert info.value.status == "RANK_IN_USE" and str(first.pid) in str(info.value)
+        assert second.call("receive_array", d, 1)[0].tolist() == [0, 1, 2]
 
 
 def test_timeout():

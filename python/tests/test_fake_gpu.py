@@ -213,3 +213,18 @@ def test_host_pool_refuses_cuda_memory():
     with ferry.Pool(1 << 20, 1, backend="host") as pool:
         with pytest.raises(ValueError, match="a host pool needs CPU data"):
             pool.publish(CudaLike(np.ones(3)))
+
+
+def test_concurrent_exports_take_the_tensor_once(gpu):
+    # Exports wait for the copy's event without the GIL: two threads must not both get the
+    # tensor (its memory would be freed twice), nor synchronize() read it once freed.
+    producer, consumer = gpu
+    a = np.arange(64, dtype=np.float32)
+    ds = [producer.call("fake_publish", [a])[0][0] for _ in range(20)]
+    assert consumer.call("fake_race_exports", ds, 0) == [1] * 20
+    wait_until(lambda: drained(producer))
+
+
+def test_pool_in_a_cycle_through_a_held_source(gpu, request):
+    producer, _ = gpu
+    assert producer.call("fake_pool_cycle", request.node.callspec.params["gpu"])

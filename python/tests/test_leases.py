@@ -229,7 +229,7 @@ def test_stats_and_consumer_info_fields(worker):
             "capacity", "usable_bytes", "bytes_in_use", "largest_free", "leases_in_flight",
             "high_water_bytes", "high_water_leases", "publishes", "pool_full_events",
             "reclaimed", "cancelled", "acked_for_dead", "broker_refused",
-            "consumers_attached", "consumers_alive",
+            "consumers_attached", "consumers_alive", "too_large",
         }  # fmt: skip
         d = pool.publish(np.arange(4))
         worker.call("receive_array", d, 1)
@@ -243,3 +243,134 @@ def test_stats_and_consumer_info_fields(worker):
         assert stats["consumers_attached"] == 1 and stats["consumers_alive"] == 1
         with pytest.raises(ValueError):
             pool.consumer_info(2)
+
+
+# ---- a tensor larger than the pool ------------------------------------------------------
+
+TOO_LARGE = np.zeros(2048, np.float32)  # 8 KiB: ONE_SLICE holds 4 KiB of data
+
+
+@pytest.mark.parametrize("call", ["publish", "publish_many", "reserve"])
+def test_too_large_under_none_is_none(call):
+    with ferry.Pool(ONE_SLICE, 1, max_inflight=8, on_full="none") as pool:
+        assert too_large_call(pool, call) is None
+        assert pool.stats()["too_large"] == 1 and in_flight(pool) == 0
+
+
+@pytest.mark.parametrize("call", ["publish", "publish_many", "reserve"])
+@pytest.mark.parametrize("policy", ["raise", "wait"])
+def test_too_large_raises_at_once(call, policy):
+    with ferry.Pool(ONE_SLICE, 1, max_inflight=8, on_full=policy, timeout=5) as pool:
+        start = time.monotonic()
+        with pytest.raises(ferry.TooLarge) as info:
+            too_large_call(pool, call)
+        assert time.monotonic() - start < 1  # "wait" does not wait for what can never fit
+        assert isinstance(info.value, ferry.PoolFull) and info.value.status == "POOL_FULL"
+        assert "can never fit" in str(info.value)
+        pool.publish(block())  # the pool is as it was
+        with pytest.raises(ferry.PoolFull) as full:
+            pool.publish(block(), timeout=0)
+        assert not isinstance(full.value, ferry.TooLarge)
+        assert pool.stats()["too_large"] == 1
+
+
+def too_large_call(pool, call):
+    if call == "publish":
+        return pool.publish(TOO_LARGE)
+    if call == "publish_many":
+        return pool.publish_many([np.zeros(512, np.float32), np.zeros(512, np.float32),
+                                  np.zeros(3, np.uint8)])  # fmt: skip  4099 bytes packed
+    return pool.reserve(TOO_LARGE.shape, "float32")
+
+
+# ---- acknowledging for other ranks ----------------------------------------------------
+
+
+def test_ack_on_behalf_claims_no_rank(worker):
+    # The worker has a consumer of rank 0 cached (for pool a); acknowledging pool b's lease
+    # for ranks 1 and 2, and for all, must not attach it to b as rank 0, or as any rank.
+    with ferry.Pool(1 << 20, 1) as a, ferry.Pool(1 << 20, 3) as b:
+        d = b.publish(np.arange(4))
+        worker.call("ack_on_behalf", a.publish(np.arange(2)), d, rank=1)
+        worker.call("ack", d, ranks=range(2, 3))
+        assert [b.consumer_info(r)["outstanding"] for r in range(3)] == [1, 0, 0]
+        e = b.publish(np.arange(4))
+        worker.call("ack", e)
+        assert [b.consumer_info(r)["attached"] for r in range(3)] == [False] * 3
+        assert b.stats()["consumers_attached"] == 0
+        assert b.consumer_info(0)["outstanding"] == 1  # d: rank 0 still has it to read
+        assert worker.call("receive_array", d, 0)[0].tolist() == [0, 1, 2, 3]
+        assert b.consumer_info(0)["pid"] == worker.pid  # reading claims the rank
+        wait_until(lambda: in_flight(b) == 0)
+
+
+# ---- the parts of a packed lease ----------------------------------------------------------
+
+
+def test_parts_are_acknowledged_one_by_one(workers_pair):
+    first, second = workers_pair
+    with ferry.Pool(1 << 20, 2) as pool:
+        ds = pool.publish_many([np.arange(3), np.arange(4.0), np.ones(2, np.int8)])
+        assert first.call("receive_parts", ds, 0, [0, 2])[1].tolist() == [1, 1]
+        pool.reclaim()
+        assert in_flight(pool) == 1 and pool.consumer_info(0)["outstanding"] == 1
+        assert first.call("receive_parts", ds, 0, [1])[0].tolist() == [0.0, 1.0, 2.0, 3.0]
+        assert pool.consumer_info(0)["outstanding"] == 0  # every part read: the lease is done
+        with pytest.raises(ferry.Stale):
+            first.call("receive_parts", ds, 0, [2])
+        got = second.call("receive_many", ds, 1)  # receive_many acknowledges every part
+        assert [g.tolist() for g in got] == [[0, 1, 2], [0.0, 1.0, 2.0, 3.0], [1, 1]]
+        wait_until(lambda: in_flight(pool) == 0)
+
+
+def test_part_views_acknowledge_when_freed(worker):
+    with ferry.Pool(1 << 20, 1) as pool:
+        ds = pool.publish_many([np.arange(3), np.arange(5)])
+        worker.call("hold_many", "parts", ds, 0)
+        worker.call("drop_part", "parts", 0)
+        pool.reclaim()
+        assert pool.consumer_info(0)["outstanding"] == 1  # the other view still reads it
+        worker.call("drop_part", "parts", 1)
+        wait_until(lambda: in_flight(pool) == 0)
+        worker.call("drop_held", "parts")
+
+
+# ---- descriptors checked before anything is allocated -----------------------------------
+
+
+def crc32c(data):
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
+
+
+def forged(d, length, pool_size):
+    """d's wire form as a 1-D uint8 tensor of length bytes in a pool of pool_size bytes, with
+    a valid checksum (docs/wire-format.md)."""
+    wire = bytearray(bytes(d))
+    wire[32:40] = length.to_bytes(8, "little")
+    wire[40:48] = pool_size.to_bytes(8, "little")
+    wire[152:157] = bytes([1, 8, 1, 0, 1])  # uint8, 8 bits, 1 lane, ndim 1
+    wire[160:224] = length.to_bytes(8, "little") + bytes(56)
+    wire[252:256] = crc32c(bytes(wire[:252])).to_bytes(4, "little")
+    return ferry.Descriptor.from_bytes(bytes(wire))
+
+
+def test_descriptor_checked_before_allocation(worker):
+    with ferry.Pool(1 << 20, 1) as pool:
+        d = pool.publish(np.arange(4, dtype=np.uint8))
+        huge = forged(d, 1 << 50, 1 << 51)  # a petabyte: receive must not try to allocate it
+        messages = []
+        for opened in (False, True):  # the pool opened with the forged descriptor, or before
+            if opened:
+                assert worker.call("receive_array", d, 0)[0].tolist() == [0, 1, 2, 3]
+            for kwargs in ({}, {"copy": False}):
+                with pytest.raises(ValueError) as info:
+                    worker.call("receive_array", huge, 0, **kwargs)
+                assert info.value.status == "MISMATCH"
+                messages.append(str(info.value))
+        assert messages[0] == "pool header does not match the descriptor: pool size differs"
+        assert messages[-1].startswith("descriptor disagrees with the pool")
