@@ -477,6 +477,22 @@ FERRY_API ferry_status ferry_consumer_ack_async(ferry_consumer *consumer,
                                                 const ferry_descriptor *desc, void *stream);
 
 /* ------------------------------------------------------------------------------------
+ * The machine: what it supports, and which transport AUTO picks
+ * ---------------------------------------------------------------------------------- */
+
+/* Probes this machine (the CUDA driver, its devices, CUDA IPC, CUDA VMM handle types, stream
+ * memory operations, MPS) and decides which transport FERRY_BACKEND_AUTO picks and why.
+ * Writes the report (json = 0: text for people; json = 1: one JSON object) into buf,
+ * NUL-terminated and truncated to size; *needed (may be NULL) gets the length of the whole
+ * report without the NUL. The probes run once per process. */
+FERRY_API ferry_status ferry_doctor_report(int json, char *buf, size_t size, size_t *needed);
+
+/* What FERRY_BACKEND_AUTO resolves to for a pool on device (a GPU ordinal, or -1 for data in
+ * host memory): *backend, and the reason in reason (size bytes, may be NULL/0). */
+FERRY_API ferry_status ferry_backend_resolve(int32_t device, ferry_backend *backend, char *reason,
+                                             size_t size);
+
+/* ------------------------------------------------------------------------------------
  * Logging
  * ---------------------------------------------------------------------------------- */
 
