@@ -1,3 +1,4 @@
+#include <stdlib.h>
 #include <string.h>
 
 #include "helpers.h"
@@ -36,4 +37,56 @@ int th_check(const void *buf, size_t n, uint64_t seed)
     }
     v = th_next(&s);
     return memcmp(p + i, &v, n - i) == 0;
+}
+
+void th_stamp(void *buf, size_t n, uint64_t seed)
+{
+    if (n < 8) {
+        th_fill(buf, n, seed);
+        return;
+    }
+    memcpy(buf, &seed, 8);
+    th_fill((unsigned char *)buf + 8, n - 8, seed);
+}
+
+int th_check_stamp(const void *buf, size_t n, uint64_t seed, uint64_t *found)
+{
+    uint64_t head = 0;
+    if (n < 8) {
+        if (found)
+            *found = 0;
+        return th_check(buf, n, seed);
+    }
+    memcpy(&head, buf, 8);
+    if (found)
+        *found = head;
+    return head == seed && th_check((const unsigned char *)buf + 8, n - 8, seed);
+}
+
+#if defined(__SANITIZE_THREAD__)
+#define TH_SANITIZER_SCALE 0.1
+#elif defined(__SANITIZE_ADDRESS__)
+#define TH_SANITIZER_SCALE 0.25
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define TH_SANITIZER_SCALE 0.1
+#elif __has_feature(address_sanitizer)
+#define TH_SANITIZER_SCALE 0.25
+#endif
+#endif
+#ifndef TH_SANITIZER_SCALE
+#define TH_SANITIZER_SCALE 1.0
+#endif
+
+double th_stress_scale(void)
+{
+    const char *env = getenv("FERRY_STRESS_SCALE");
+    double s = env ? strtod(env, NULL) : 0;
+    return s > 0 ? s : TH_SANITIZER_SCALE;
+}
+
+uint64_t th_scaled(uint64_t n, uint64_t min)
+{
+    double v = (double)n * th_stress_scale();
+    return v < (double)min ? min : (uint64_t)v;
 }

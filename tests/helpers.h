@@ -12,4 +12,19 @@ void th_fill(void *buf, size_t n, uint64_t seed);
 /* Returns 1 if buf holds exactly what th_fill(buf, n, seed) wrote. */
 int th_check(const void *buf, size_t n, uint64_t seed);
 
+/* An item's pattern: its seed in the first 8 bytes (when n >= 8), th_fill(seed) after them,
+ * so that a reader that got another item's bytes can tell whose they are. */
+void th_stamp(void *buf, size_t n, uint64_t seed);
+
+/* Returns 1 if buf holds exactly what th_stamp(buf, n, seed) wrote; otherwise 0, and *found
+ * (may be NULL) gets the seed in the first 8 bytes (0 when n < 8). */
+int th_check_stamp(const void *buf, size_t n, uint64_t seed, uint64_t *found);
+
+/* How much of the full iteration counts stress tests run: FERRY_STRESS_SCALE if set (a
+ * positive number), else 1, or less under a sanitizer (TSan 0.1, ASan 0.25). */
+double th_stress_scale(void);
+
+/* n scaled by th_stress_scale(), at least min. */
+uint64_t th_scaled(uint64_t n, uint64_t min);
+
 #endif

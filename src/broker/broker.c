@@ -44,6 +44,8 @@
 #include "broker/broker.h"
 #include "common/clock.h"
 #include "common/error.h"
+#include "common/proc.h"
+#include "wire/wire.h"
 
 #define BROKER_REQUEST_MAGIC 0x42595246u /* bytes "FRYB" read as a little-endian u32 */
 #define BROKER_REPLY_MAGIC   0x52595246u /* bytes "FRYR" read as a little-endian u32 */
@@ -137,38 +139,13 @@ typedef struct broker_call {
  * Byte helpers and message codecs
  * ---------------------------------------------------------------------------------- */
 
-static void put_le16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-
-static void put_le32(uint8_t *p, uint32_t v)
-{
-    put_le16(p, (uint16_t)v);
-    put_le16(p + 2, (uint16_t)(v >> 16));
-}
-
-static void put_le64(uint8_t *p, uint64_t v)
-{
-    put_le32(p, (uint32_t)v);
-    put_le32(p + 4, (uint32_t)(v >> 32));
-}
-
-static uint16_t get_le16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | (p[1] << 8));
-}
-
-static uint32_t get_le32(const uint8_t *p)
-{
-    return (uint32_t)get_le16(p) | ((uint32_t)get_le16(p + 2) << 16);
-}
-
-static uint64_t get_le64(const uint8_t *p)
-{
-    return (uint64_t)get_le32(p) | ((uint64_t)get_le32(p + 4) << 32);
-}
+/* The wire format's byte-order helpers (src/wire/wire.h). */
+#define put_le16 ferry__put_le16
+#define put_le32 ferry__put_le32
+#define put_le64 ferry__put_le64
+#define get_le16 ferry__get_le16
+#define get_le32 ferry__get_le32
+#define get_le64 ferry__get_le64
 
 static void encode_request(const broker_request *req, uint8_t out[BROKER_REQUEST_SIZE])
 {
@@ -703,27 +680,13 @@ static ferry__broker *broker_new(const ferry__broker_config *config)
     return b;
 }
 
-static int fill_random(uint8_t *buf, size_t size)
-{
-    size_t done = 0;
-    while (done < size) {
-        ssize_t n = getrandom(buf + done, size - done, 0);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0)
-            return -1;
-        done += (size_t)n;
-    }
-    return 0;
-}
-
 /* Binds the listening socket to a fresh random name, retrying on a (very unlikely) clash. */
 static ferry_status bind_random(ferry__broker *b)
 {
     for (int attempt = 1;; attempt++) {
         struct sockaddr_un addr;
         char hex[BROKER_HEX_SIZE];
-        if (fill_random(b->name, sizeof(b->name)) != 0)
+        if (ferry__random_bytes(b->name, sizeof(b->name)) != 0)
             return ferry__fail_errno(FERRY_SYSTEM, errno, "%s: getrandom", b->label);
         unsigned len = ferry__broker_address(b->name, &addr);
         if (bind(b->listen_fd, (const struct sockaddr *)&addr, len) == 0)

@@ -29,6 +29,13 @@ static inline uint32_t ferry__fetch_add_seqcst32(volatile uint32_t *p, uint32_t 
     return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
 }
 
+/* Replaces *p by v if it holds expected; returns 1 if it did, else 0 with *expected set to
+ * what *p held. Acquire-release. */
+static inline int ferry__cas_acqrel32(volatile uint32_t *p, uint32_t *expected, uint32_t v)
+{
+    return __atomic_compare_exchange_n(p, expected, v, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+}
+
 static inline uint32_t ferry__load_seqcst32(const volatile uint32_t *p)
 {
     return __atomic_load_n(p, __ATOMIC_SEQ_CST);

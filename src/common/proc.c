@@ -1,8 +1,10 @@
+#include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include "common/proc.h"
@@ -73,4 +75,17 @@ pid_t ferry__proc_self(void)
 {
     pthread_once(&self_once, self_init);
     return __atomic_load_n(&self_pid, __ATOMIC_RELAXED);
+}
+
+int ferry__random_bytes(void *buf, size_t n)
+{
+    size_t done = 0;
+    while (done < n) {
+        ssize_t got = getrandom((uint8_t *)buf + done, n - done, 0);
+        if (got < 0 && errno != EINTR)
+            return -1;
+        if (got > 0)
+            done += (size_t)got;
+    }
+    return 0;
 }

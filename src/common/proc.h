@@ -2,6 +2,7 @@
 #ifndef FERRY_COMMON_PROC_H
 #define FERRY_COMMON_PROC_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -15,5 +16,8 @@ int ferry__proc_alive(pid_t pid, uint64_t starttime);
 /* This process's pid, kept current across fork() (a pthread_atfork child handler): cheap
  * enough for every call that must refuse to run in a forked child. */
 pid_t ferry__proc_self(void);
+
+/* Fills buf with n bytes from getrandom(); -1 with errno set if it fails. */
+int ferry__random_bytes(void *buf, size_t n);
 
 #endif

@@ -613,8 +613,15 @@ static ferry_status ack_one(ferry_consumer *c, ferry__mapped_pool *p, const ferr
         return st;
     }
     uint64_t word = row_word(p, d->slot) + 1 + rank;
-    st = enqueue ? ferry__gpu_enqueue_store(p, c->device, word, d->generation, stream)
-                 : store_word(c, p, word, d->generation);
+    if (!enqueue && p->control) {
+        /* From the value read: a writer paused since its generation check must not replace
+         * the acknowledgement of a newer lease of the slot (whose row would never complete). */
+        if (!ferry__cas_acqrel32(&p->control[word], &ack, d->generation))
+            return FERRY_OK; /* acknowledged meanwhile, or the slot moved on: *wrote = -1 */
+    } else {
+        st = enqueue ? ferry__gpu_enqueue_store(p, c->device, word, d->generation, stream)
+                     : store_word(c, p, word, d->generation);
+    }
     if (st != FERRY_OK)
         return st;
     note_ack(p, d->slot, rank, d->generation);

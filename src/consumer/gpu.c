@@ -15,7 +15,6 @@
 #include "driver/driver.h"
 #include "transport/cuda_pool.h"
 
-#define FERRY_GPU_MAX_DEVICES 64
 
 struct ferry__gpu_pool {
     const ferry__cuda *cuda;
@@ -23,9 +22,9 @@ struct ferry__gpu_pool {
     int registered;                          /* the segment is registered with CUDA */
     int device;                              /* the device whose context registered it */
     CUdeviceptr segment_dev;                 /* its device address */
-    CUdeviceptr base[FERRY_GPU_MAX_DEVICES]; /* the pool opened on each device, 0 if not */
-    uint8_t borrowed[FERRY_GPU_MAX_DEVICES]; /* base is the producer's own (same process) */
-    CUmemGenericAllocationHandle vmm[FERRY_GPU_MAX_DEVICES]; /* CUDA VMM: imported handles */
+    CUdeviceptr base[FERRY_MAX_DEVICES]; /* the pool opened on each device, 0 if not */
+    uint8_t borrowed[FERRY_MAX_DEVICES]; /* base is the producer's own (same process) */
+    CUmemGenericAllocationHandle vmm[FERRY_MAX_DEVICES]; /* CUDA VMM: imported handles */
 };
 
 /* Calls that reach gpu_map after their pool was opened give the VMM broker this long. */
@@ -38,7 +37,7 @@ static int device_control(const ferry__mapped_pool *p)
 
 static ferry_status check_device(int device)
 {
-    if (device < 0 || device >= FERRY_GPU_MAX_DEVICES)
+    if (device < 0 || device >= FERRY_MAX_DEVICES)
         return ferry__fail(FERRY_INVALID_ARGUMENT,
                            "a GPU pool needs a consumer on a device (ferry_consumer_create_on), "
                            "got device %d",
@@ -212,7 +211,7 @@ void ferry__gpu_detach(ferry__mapped_pool *p)
     ferry__gpu_pool *g = p->gpu;
     if (!g)
         return;
-    for (int d = 0; d < FERRY_GPU_MAX_DEVICES; d++) {
+    for (int d = 0; d < FERRY_MAX_DEVICES; d++) {
         if (!g->base[d] || g->borrowed[d] || ferry__cuda_use_device(g->cuda, d) != FERRY_OK)
             continue;
         if (p->backend == FERRY_BACKEND_CUDA_VMM) {

@@ -17,7 +17,6 @@ static char cuda_error[512];
 static pthread_once_t cuda_once = PTHREAD_ONCE_INIT;
 
 static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
-#define FERRY_MAX_DEVICES 64
 static CUcontext primary[FERRY_MAX_DEVICES];
 
 static void load_failed(const char *fmt, const char *a, const char *b)

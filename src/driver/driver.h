@@ -12,6 +12,10 @@
 #include "driver/cuda_api.h"
 #include "ferry.h"
 
+/* Device ordinals ferry serves: 0 .. FERRY_MAX_DEVICES - 1 (one table of each kind per
+ * device: primary contexts, VMM probes, a consumer's mappings). */
+#define FERRY_MAX_DEVICES 64
+
 /* X(name, cuda_version, mandatory, return-and-params). The version is the CUDA release
  * whose ABI of the symbol ferry was written against. */
 #define FERRY_CUDA_FUNCTIONS(X)                                                                    \

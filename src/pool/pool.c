@@ -25,14 +25,8 @@ typedef struct lease {
 
 static ferry_status random_bytes(uint8_t *buf, size_t n)
 {
-    size_t got = 0;
-    while (got < n) {
-        ssize_t r = getrandom(buf + got, n - got, 0);
-        if (r < 0 && errno != EINTR)
-            return ferry__fail_errno(FERRY_SYSTEM, errno, "getrandom failed");
-        if (r > 0)
-            got += (size_t)r;
-    }
+    if (ferry__random_bytes(buf, n) != 0)
+        return ferry__fail_errno(FERRY_SYSTEM, errno, "getrandom failed");
     return FERRY_OK;
 }
 

@@ -13,7 +13,6 @@
 #include "pool/pool.h"
 #include "transport/cuda_pool.h"
 
-#define VMM_MAX_DEVICES 64
 #define VMM_FD_BROKER   "CUDA VMM POSIX FD broker"
 
 typedef struct vmm {
@@ -35,7 +34,7 @@ typedef struct probe {
 } probe;
 
 static pthread_mutex_t probe_lock = PTHREAD_MUTEX_INITIALIZER;
-static probe probes[VMM_MAX_DEVICES][2]; /* [device][0 FABRIC, 1 POSIX_FD] */
+static probe probes[FERRY_MAX_DEVICES][2]; /* [device][0 FABRIC, 1 POSIX_FD] */
 
 static CUmemAllocationProp vmm_prop(int device, int type)
 {
@@ -215,7 +214,7 @@ static ferry_status vmm_build(ferry__cuda_pool *c, const ferry_pool_config *conf
     vmm *v = c->backend;
     if (st == FERRY_OK && !c->cuda->cuMemCreate)
         st = ferry__fail(FERRY_NOT_SUPPORTED, "CUDA VMM: this driver has no VMM entry points");
-    if (st == FERRY_OK && (config->device < 0 || config->device >= VMM_MAX_DEVICES))
+    if (st == FERRY_OK && (config->device < 0 || config->device >= FERRY_MAX_DEVICES))
         st = ferry__fail(FERRY_INVALID_ARGUMENT, "CUDA VMM: device %d is out of range",
                          config->device);
     if (st == FERRY_OK)

@@ -2,6 +2,7 @@
 #include <string.h>
 
 #include "common/error.h"
+#include "pool/layout.h"
 #include "wire/wire.h"
 
 #define DESC_VERSION 1u
@@ -42,7 +43,6 @@ _Static_assert(OFF_SHAPE + 8 * FERRY_MAX_NDIM == OFF_PART_INDEX, "shape layout")
 _Static_assert(OFF_HANDLE + sizeof(((ferry_descriptor *)0)->handle) == OFF_DTYPE_CODE,
                "handle layout");
 
-#define GENERATION_MAX 0x7FFFFFFFu
 
 static const uint8_t desc_magic[4] = {0x46, 0x52, 0x59, 0x44}; /* "FRYD" */
 
@@ -92,9 +92,9 @@ static ferry_status check_lease(const ferry_descriptor *d, ferry_status st)
                            d->max_inflight);
     if (d->flags & FERRY_DESC_FLAG_POOL_ONLY)
         return check_pool_only(d, st);
-    if (d->generation == 0 || d->generation > GENERATION_MAX)
+    if (d->generation == 0 || d->generation > FERRY_GENERATION_MAX)
         return ferry__fail(st, "descriptor generation %u is out of range (1..0x%x)", d->generation,
-                           GENERATION_MAX);
+                           FERRY_GENERATION_MAX);
     return FERRY_OK;
 }
 
