@@ -48,6 +48,8 @@ extern "C" {
 #define FERRY_VERSION_MAJOR 0
 #define FERRY_VERSION_MINOR 1
 #define FERRY_VERSION_PATCH 0
+#define FERRY_VERSION_NUMBER                                                                       \
+    (FERRY_VERSION_MAJOR * 10000 + FERRY_VERSION_MINOR * 100 + FERRY_VERSION_PATCH)
 
 /* Status codes: stable values, one X-macro list (name, value, short text). */
 #define FERRY_STATUS_MAP(X)                                                                        \
@@ -90,6 +92,10 @@ FERRY_API const char *ferry_last_error(void);
 /* Library version as "MAJOR.MINOR.PATCH". */
 FERRY_API const char *ferry_version(void);
 
+/* The library's version as a number, MAJOR * 10000 + MINOR * 100 + PATCH, to compare the
+ * library a program runs with against the FERRY_VERSION_NUMBER it was built with. */
+FERRY_API uint32_t ferry_version_number(void);
+
 /* ------------------------------------------------------------------------------------
  * Tensors
  * ---------------------------------------------------------------------------------- */
@@ -131,6 +137,8 @@ FERRY_API ferry_status ferry_tensor_nbytes(const ferry_tensor *tensor, uint64_t 
 #define FERRY_DESCRIPTOR_SIZE 256
 
 typedef enum ferry_backend {
+    /* Resolved when the pool is created, by where the data is (the config's device) and what
+     * the machine supports: see ferry_backend_resolve. */
     FERRY_BACKEND_AUTO = 0,
     FERRY_BACKEND_HOST = 1,
     FERRY_BACKEND_CUDA_IPC = 2,
@@ -199,13 +207,15 @@ typedef struct ferry_pool ferry_pool;
 typedef struct ferry_pool_config {
     uint32_t struct_size;        /* sizeof(ferry_pool_config), set by the initialiser */
     uint32_t version;            /* FERRY_POOL_CONFIG_VERSION */
-    ferry_backend backend;       /* AUTO picks host when no GPU backend applies */
+    ferry_backend backend;       /* AUTO (default): ferry_backend_resolve(device) decides */
     int64_t memory_size;         /* bytes of pool memory: control table + data */
     int64_t consumer_count;      /* ranks that read every lease */
     int64_t max_inflight_slices; /* rows of the control table (default 4096) */
     int64_t reclaim_interval_us; /* background reclaim period (default 1000) */
     uint32_t initial_generation; /* first generation of every slot (tests; default 0) */
-    int32_t device;              /* GPU ordinal for GPU backends (default 0) */
+    int32_t device;              /* where the data is: a GPU ordinal, or FERRY_DEVICE_HOST;
+                                  * default FERRY_DEVICE_DEFAULT: GPU 0 for the GPU backends,
+                                  * host memory for AUTO */
     int32_t control_placement;   /* ferry_control_placement, GPU backends (default HOST) */
     int32_t vmm_handle;          /* ferry_vmm_handle, CUDA VMM only (default AUTO) */
 } ferry_pool_config;
@@ -230,18 +240,28 @@ typedef enum ferry_control_placement {
     FERRY_CONTROL_DEVICE = 1,
 } ferry_control_placement;
 
+/* ferry_pool_config.device: the data is in host memory. */
+#define FERRY_DEVICE_HOST (-1)
+/* ferry_pool_config.device as the initialiser sets it: GPU 0 for the GPU backends; for AUTO,
+ * host memory (a configuration that names no GPU never becomes a GPU pool). */
+#define FERRY_DEVICE_DEFAULT (-2)
+
 #define FERRY_POOL_CONFIG_INIT                                                                     \
     {                                                                                              \
         sizeof(ferry_pool_config), FERRY_POOL_CONFIG_VERSION, FERRY_BACKEND_AUTO, 0, 1, 4096,      \
-            1000, 0, 0, FERRY_CONTROL_HOST, FERRY_VMM_HANDLE_AUTO                                  \
+            1000, 0, FERRY_DEVICE_DEFAULT, FERRY_CONTROL_HOST, FERRY_VMM_HANDLE_AUTO               \
     }
 
 /* Validates a configuration without creating anything; the messages are those of
- * ferry_pool_create. */
+ * ferry_pool_create. A config from a caller built against an older header (a smaller
+ * struct_size, an older version) is accepted: the fields it lacks take their defaults. */
 FERRY_API ferry_status ferry_pool_config_check(const ferry_pool_config *config);
 
 /* Creates a pool: allocates its memory, starts its broker and its reclaimer thread.
- * On failure nothing is left behind. The caller owns *pool (ferry_pool_destroy). */
+ * FERRY_BACKEND_AUTO is resolved first, by ferry_backend_resolve(config->device): the choice
+ * and its reason are logged once (FERRY_LOG_INFO) and the pool's descriptors carry the backend
+ * it resolved to (ferry_pool_describe). On failure nothing is left behind. The caller owns
+ * *pool (ferry_pool_destroy). */
 FERRY_API ferry_status ferry_pool_create(const ferry_pool_config *config, ferry_pool **pool);
 
 /* Shuts a pool down: refuses new publishers ("<transport> pool is closing"), waits for the
@@ -338,7 +358,7 @@ FERRY_API ferry_status ferry_pool_describe(ferry_pool *pool, ferry_descriptor *d
  * many. Also acknowledges on behalf of consumers whose process died. */
 FERRY_API ferry_status ferry_pool_reclaim(ferry_pool *pool, uint64_t *reclaimed);
 
-#define FERRY_POOL_STATS_VERSION 2
+#define FERRY_POOL_STATS_VERSION 3
 
 typedef struct ferry_pool_stats {
     uint32_t struct_size;        /* set by the caller: sizeof(ferry_pool_stats) */
@@ -359,12 +379,19 @@ typedef struct ferry_pool_stats {
     uint64_t consumers_attached; /* ranks that attached at least once */
     uint64_t consumers_alive;    /* attached ranks whose process is alive */
     uint64_t too_large;          /* publishes refused because they can never fit (POOL_FULL) */
+    /* version 3 */
+    uint64_t pool_full_waits;    /* publishes that found the pool full and waited (timeout > 0) */
+    uint64_t pool_full_timeouts; /* publishes that waited for space and gave up with POOL_FULL */
 } ferry_pool_stats;
 
 /* Fills *stats (whose struct_size and version the caller sets). */
 FERRY_API ferry_status ferry_pool_stats_get(ferry_pool *pool, ferry_pool_stats *stats);
 
+#define FERRY_CONSUMER_INFO_VERSION 1
+
 typedef struct ferry_consumer_info {
+    uint32_t struct_size;   /* set by the caller: sizeof(ferry_consumer_info) */
+    uint32_t version;       /* set by the caller: FERRY_CONSUMER_INFO_VERSION */
     int32_t attached;       /* the rank attached at least once */
     int32_t alive;          /* its last process is alive */
     int64_t pid;            /* its last process (producer's pid namespace), 0 if none */
@@ -372,9 +399,28 @@ typedef struct ferry_consumer_info {
     uint64_t oldest_age_ns; /* age of its oldest unacknowledged lease, 0 if none */
 } ferry_consumer_info;
 
-/* Per-rank view of the pool: who is behind and whether its process is alive. */
+#define FERRY_CONSUMER_INFO_INIT                                                                   \
+    {                                                                                              \
+        sizeof(ferry_consumer_info), FERRY_CONSUMER_INFO_VERSION, 0, 0, 0, 0, 0                    \
+    }
+
+/* Per-rank view of the pool: who is behind and whether its process is alive. The caller sets
+ * info's struct_size and version (FERRY_CONSUMER_INFO_INIT). */
 FERRY_API ferry_status ferry_pool_consumer_info(ferry_pool *pool, uint32_t rank,
                                                 ferry_consumer_info *info);
+
+/* Renders the pool's statistics and every rank's state in the Prometheus text exposition
+ * format (version 0.0.4; docs/metrics.md lists the metrics), taken under one hold of the
+ * pool's lock. Every sample carries pool="<pool id, 32 hex digits>" and
+ * backend="host|cuda_ipc|cuda_vmm", then labels (may be NULL or ""): label text the caller
+ * adds to every sample as it is, e.g. worker="3" or a="1",b="x" (printable, no newline, no
+ * braces outside quoted values, quotes balanced; otherwise INVALID_ARGUMENT and nothing is
+ * written). The per-rank metrics add rank="R". Writes the text into buf NUL-terminated and
+ * truncated to size (buf may be NULL when size is 0); *needed (may be NULL) gets the length
+ * of the whole text without the NUL, so a caller can size its buffer. CLOSING once close
+ * began. */
+FERRY_API ferry_status ferry_pool_metrics(ferry_pool *pool, const char *labels, char *buf,
+                                          size_t size, size_t *needed);
 
 /* Splits a node's pool budget across tokenizer workers: share = total / workers. */
 FERRY_API ferry_status ferry_split_budget(int64_t total_pool_size, int64_t tokenizer_worker_num,
@@ -488,7 +534,17 @@ FERRY_API ferry_status ferry_consumer_ack_async(ferry_consumer *consumer,
 FERRY_API ferry_status ferry_doctor_report(int json, char *buf, size_t size, size_t *needed);
 
 /* What FERRY_BACKEND_AUTO resolves to for a pool on device (a GPU ordinal, or -1 for data in
- * host memory): *backend, and the reason in reason (size bytes, may be NULL/0). */
+ * host memory): *backend, and the reason in reason (size bytes, may be NULL/0). The decision,
+ * the one ferry_pool_create makes and ferry_doctor_report explains:
+ * - a negative device (FERRY_DEVICE_HOST, FERRY_DEVICE_DEFAULT): host, without loading the
+ *   CUDA driver, on a GPU machine too (CPU consumers read the pool);
+ * - a GPU: cuda_ipc on that GPU when the stream memory operations every GPU transport needs
+ *   work there (probed for real, once per process: a page of registered host memory, a
+ *   stream write and a stream wait); host when they fail, or when the machine has no driver
+ *   or no GPU (the reason says which);
+ * - a GPU ordinal the driver does not have: INVALID_ARGUMENT ("device 5 does not exist").
+ * cuda_vmm is never picked: ask for it where legacy CUDA IPC is forbidden (containers) or
+ * pools cross nodes. The caller's current CUDA context is left as it was. */
 FERRY_API ferry_status ferry_backend_resolve(int32_t device, ferry_backend *backend, char *reason,
                                              size_t size);
 

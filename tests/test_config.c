@@ -77,6 +77,15 @@ static void test_struct_and_limits(void **state)
     c = base_config();
     c.version = 99;
     assert_int_equal(ferry_pool_config_check(&c), FERRY_INVALID_ARGUMENT);
+    /* A caller built against another header: the fields of its version are read, no more
+     * (a larger struct of the same version is read as far as this library knows). */
+    c = base_config();
+    c.struct_size = (uint32_t)(offsetof(ferry_pool_config, vmm_handle) + sizeof(int32_t));
+    assert_int_equal(ferry_pool_config_check(&c), FERRY_OK);
+    c.struct_size += 64;
+    assert_int_equal(ferry_pool_config_check(&c), FERRY_OK);
+    c.struct_size = (uint32_t)offsetof(ferry_pool_config, vmm_handle);
+    assert_int_equal(ferry_pool_config_check(&c), FERRY_INVALID_ARGUMENT);
     c = base_config();
     c.consumer_count = 70000;
     assert_int_equal(ferry_pool_config_check(&c), FERRY_INVALID_ARGUMENT);
@@ -147,6 +156,8 @@ static void test_status_table(void **state)
     assert_int_equal(FERRY_PRODUCER_GONE, 5);
     assert_string_equal(ferry_status_name((ferry_status)999), "UNKNOWN");
     assert_string_equal(ferry_version(), "0.1.0");
+    assert_int_equal(ferry_version_number(), FERRY_VERSION_NUMBER);
+    assert_int_equal(FERRY_VERSION_NUMBER, 100);
 }
 
 int main(void)

@@ -635,7 +635,7 @@ static void same_process_test(int placement)
     }
     assert_int_equal(cu->cuStreamSynchronize(NULL), CUDA_SUCCESS);
     th_wait_drained(pool);
-    ferry_consumer_info info;
+    ferry_consumer_info info = FERRY_CONSUMER_INFO_INIT;
     assert_int_equal(ferry_pool_consumer_info(pool, 1, &info), FERRY_OK);
     assert_int_equal(info.attached, 0);
     ferry_consumer_destroy(c);
@@ -650,6 +650,100 @@ static void test_same_process_consumer(void **state)
     (void)state;
     same_process_test(FERRY_CONTROL_HOST);
     same_process_test(FERRY_CONTROL_DEVICE);
+}
+
+/* A group leader (here, the producer's process) acknowledges rank 0 on its behalf; the slice
+ * is reused by the next lease; rank 0's process, which keeps no record of that ack (control
+ * words on the device), then views or reads the old descriptor: STALE, never the next
+ * lease's bytes. */
+static void ack_on_behalf_test(int placement, const char *mode)
+{
+    ferry_pool_config cfg = pool_config(4 << 20, 2, placement);
+    cfg.max_inflight_slices = 4;
+    cfg.reclaim_interval_us = 3600ll * 1000000;
+    ferry_pool *pool = create_pool(&cfg);
+    source src = make_source();
+    ferry_consumer *leader;
+    assert_int_equal(ferry_consumer_create_on(1, 0, &leader), FERRY_OK);
+    ferry_descriptor old = publish_item(pool, &src, 0, 256 * 1024, 0);
+    assert_int_equal(ferry_consumer_wait(leader, &old, 10000 * MS), FERRY_OK);
+    assert_int_equal(ferry_consumer_ack_all(leader, &old), FERRY_OK);
+    uint64_t freed = 0;
+    for (int i = 0; i < 1000 && !freed; i++) /* device words: once the leader's writes land */
+        assert_int_equal(ferry_pool_reclaim(pool, &freed), FERRY_OK);
+    assert_int_equal(freed, 1);
+    ferry_descriptor next = publish_item(pool, &src, 1, 256 * 1024, 20000 * MS);
+    assert_int_equal(next.offset, old.offset); /* the freed slice, under another slot */
+    assert_int_equal(ferry_consumer_wait(leader, &next, 10000 * MS), FERRY_OK);
+    th_helper h = th_spawn_helper("consumer", "0", mode);
+    th_send_item(h.fd, &old, 100, 0);
+    th_msg m = th_finish_helper(&h, 60000);
+    if (m.status != FERRY_STALE)
+        fail_msg("%s of a lease acknowledged on its behalf: status %u (%s)", mode, m.status,
+                 m.text);
+    ferry_consumer_destroy(leader);
+    free_source(&src);
+    ferry_pool_destroy(pool);
+}
+
+static void test_view_after_ack_on_behalf(void **state)
+{
+    (void)state;
+    const char *modes[] = {"0:view", "0:sync"};
+    for (int i = 0; i < 2; i++) {
+        ack_on_behalf_test(FERRY_CONTROL_DEVICE, modes[i]);
+        ack_on_behalf_test(FERRY_CONTROL_HOST, modes[i]);
+    }
+}
+
+typedef struct fake_control {
+    void (*inject)(const char *, int, int);
+    int (*live)(void);
+} fake_control;
+
+static int fake_of(fake_control *f)
+{
+    void *fail = dlsym(cu->library, "ferry_fake_cuda_fail");
+    void *live = dlsym(cu->library, "ferry_fake_cuda_live_allocations");
+    memcpy(&f->inject, &fail, sizeof(fail));
+    memcpy(&f->live, &live, sizeof(live));
+    return fail && live;
+}
+
+/* A view in the producer's own process outlives the pool: its device memory stays until the
+ * view is acknowledged (as CUDA keeps an exported allocation for the processes that opened
+ * it), and a new pool never shows through it. */
+static void test_same_process_view_outlives_pool(void **state)
+{
+    (void)state;
+    fake_control f;
+    int fake = fake_of(&f);
+    source src = make_source();
+    int base = fake ? f.live() : 0;
+    ferry_pool *pool = make_pool(4 << 20, 1, FERRY_CONTROL_HOST);
+    ferry_consumer *c;
+    assert_int_equal(ferry_consumer_create_on(0, 0, &c), FERRY_OK);
+    const size_t n = 70000;
+    ferry_descriptor d = publish_item(pool, &src, 0, n, 0);
+    const void *view;
+    if (ferry_consumer_view(c, &d, &view, 10000 * MS) != FERRY_OK)
+        fail_msg("view: %s", ferry_last_error());
+    ferry_pool_destroy(pool);
+    ferry_pool *next = make_pool(4 << 20, 1, FERRY_CONTROL_HOST);
+    ferry_descriptor e = publish_item(next, &src, 1, n, 0);
+    assert_int_equal(ferry_consumer_wait(c, &e, 10000 * MS), FERRY_OK);
+    uint8_t *host = malloc(n);
+    assert_int_equal(cu->cuMemcpy((CUdeviceptr)(uintptr_t)host, (CUdeviceptr)(uintptr_t)view, n),
+                     CUDA_SUCCESS);
+    assert_true(th_check(host, n, 100)); /* its own bytes, not the next pool's */
+    assert_int_equal(ferry_consumer_ack(c, &d), FERRY_PRODUCER_GONE);
+    assert_int_equal(ferry_consumer_ack(c, &e), FERRY_OK);
+    ferry_pool_destroy(next);
+    ferry_consumer_destroy(c);
+    free(host);
+    free_source(&src);
+    if (fake) /* the left pool's memory went with the view's acknowledgement */
+        assert_int_equal(f.live(), base - 4);
 }
 
 static void test_consumer_without_context(void **state)
@@ -729,20 +823,6 @@ static void test_producer_killed(void **state)
 
 /* ---- fault injection (fake driver only) ------------------------------------------------ */
 
-typedef struct fake_control {
-    void (*inject)(const char *, int, int);
-    int (*live)(void);
-} fake_control;
-
-static int fake_of(fake_control *f)
-{
-    void *fail = dlsym(cu->library, "ferry_fake_cuda_fail");
-    void *live = dlsym(cu->library, "ferry_fake_cuda_live_allocations");
-    memcpy(&f->inject, &fail, sizeof(fail));
-    memcpy(&f->live, &live, sizeof(live));
-    return fail && live;
-}
-
 /* Each construction step failing in turn: the first cause is reported with the driver's
  * error name, and nothing is left behind. */
 typedef struct step {
@@ -808,7 +888,8 @@ static void test_create_rollback(void **state)
 }
 
 /* A publish whose copy fails gives its slice back; when the cleanup fails too (control words
- * on the device, cuMemsetD32 refused), the pool is failed from then on, with both causes. */
+ * on the device, written on ferry's own stream: cuStreamWriteValue32 refused), the pool is
+ * failed from then on, with both causes. */
 static void test_publish_failures(void **state)
 {
     (void)state;
@@ -827,12 +908,12 @@ static void test_publish_failures(void **state)
     assert_int_equal(s.leases_in_flight, 0);
     assert_int_equal(ferry_pool_error(pool, NULL, 0), FERRY_OK);
     f.inject("cuMemcpyAsync", 1, 1);
-    f.inject("cuMemsetD32", 1, 1);
+    f.inject("cuStreamWriteValue32", 1, 1);
     assert_int_equal(ferry_pool_publish_async(pool, &t, from, src.stream, 0, &d), FERRY_DRIVER);
     assert_non_null(strstr(ferry_last_error(), "cuMemcpyAsync failed"));
     char cause[512];
     assert_int_equal(ferry_pool_error(pool, cause, sizeof(cause)), FERRY_POOL_FAILED);
-    assert_non_null(strstr(cause, "its cleanup failed too: cuMemsetD32 failed"));
+    assert_non_null(strstr(cause, "its cleanup failed too: cuStreamWriteValue32 failed"));
     char want[64];
     snprintf(want, sizeof(want), "%s pool failed",
              backend == FERRY_BACKEND_CUDA_VMM ? "CUDA VMM multimodal" : "CUDA IPC");
@@ -1126,6 +1207,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_reserve_commit_and_many),
         cmocka_unit_test(test_copied_follows_stream),
         cmocka_unit_test(test_same_process_consumer),
+        cmocka_unit_test(test_view_after_ack_on_behalf),
+        cmocka_unit_test(test_same_process_view_outlives_pool),
         cmocka_unit_test(test_consumer_without_context),
         cmocka_unit_test(test_consumer_killed),
         cmocka_unit_test(test_producer_killed),

@@ -259,7 +259,7 @@ static void test_consumer_killed(void **state)
         th_send_item(bad.fd, &d, (uint64_t)i, 0);
         assert_int_equal(th_recv_msg(bad.fd, &m, 10000), 0); /* read, not acknowledged */
     }
-    ferry_consumer_info info;
+    ferry_consumer_info info = FERRY_CONSUMER_INFO_INIT;
     assert_int_equal(ferry_pool_consumer_info(pool, 1, &info), FERRY_OK);
     assert_int_equal(info.alive, 1);
     assert_int_equal(info.outstanding, 8);

@@ -634,7 +634,7 @@ static void test_background_reclaim_and_info(void **state)
     ferry_descriptor d = publish_bytes(pool, 5000, 4);
     assert_int_equal(ferry_consumer_open(c0, &d), FERRY_OK);
     assert_int_equal(ferry_consumer_ack(c0, &d), FERRY_OK);
-    ferry_consumer_info info;
+    ferry_consumer_info info = FERRY_CONSUMER_INFO_INIT;
     assert_int_equal(ferry_pool_consumer_info(pool, 1, &info), FERRY_OK);
     assert_int_equal(info.attached, 0);
     assert_int_equal(info.outstanding, 1);

@@ -376,7 +376,7 @@ static void give_up(server *s, const char *what)
     ferry_pool_stats_get(s->pool, &st);
     size_t used = 0;
     for (uint32_t r = 0; r < RANKS; r++) {
-        ferry_consumer_info info = {0};
+        ferry_consumer_info info = FERRY_CONSUMER_INFO_INIT;
         ferry_pool_consumer_info(s->pool, r, &info);
         used += (size_t)snprintf(who + used, sizeof(who) - used, " %llu",
                                  (unsigned long long)info.outstanding);
@@ -873,7 +873,9 @@ static void *info_main(void *arg)
     server *s = arg;
     for (uint32_t r = 0; !s->stop_observers; r = (r + 1) % RANKS) {
         ferry_consumer_info info;
-        memset(&info, 0x5a, sizeof(info));
+        memset(&info, 0x5a, sizeof(info)); /* what the call leaves unwritten shows */
+        info.struct_size = sizeof(info);
+        info.version = FERRY_CONSUMER_INFO_VERSION;
         ferry_status rc = ferry_pool_consumer_info(s->pool, r, &info);
         if (rc != FERRY_OK)
             note_failure("consumer_info(%u): %s: %s", r, name(rc), ferry_last_error());
@@ -945,7 +947,7 @@ static void drain_or_explain(ferry_pool *pool)
     char who[256] = "";
     size_t used = 0;
     for (uint32_t r = 0; r < RANKS; r++) {
-        ferry_consumer_info info = {0};
+        ferry_consumer_info info = FERRY_CONSUMER_INFO_INIT;
         ferry_pool_consumer_info(pool, r, &info);
         used += (size_t)snprintf(who + used, sizeof(who) - used, " rank %u: %llu outstanding;", r,
                                  (unsigned long long)info.outstanding);
@@ -1183,7 +1185,7 @@ static void race_copied(race *r, int after)
 static void race_observe(race *r, int after, int kind, uint64_t *rng)
 {
     ferry_pool_stats st = {.struct_size = sizeof(st), .version = FERRY_POOL_STATS_VERSION};
-    ferry_consumer_info info;
+    ferry_consumer_info info = FERRY_CONSUMER_INFO_INIT;
     ferry_descriptor d;
     uint64_t n;
     char cause[64];

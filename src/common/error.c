@@ -44,6 +44,11 @@ const char *ferry_last_error(void)
     return last_error;
 }
 
+uint32_t ferry_version_number(void)
+{
+    return FERRY_VERSION_NUMBER;
+}
+
 const char *ferry_version(void)
 {
 #define FERRY_STR2_(x) #x

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/proc.h"
@@ -88,4 +89,25 @@ int ferry__random_bytes(void *buf, size_t n)
             done += (size_t)got;
     }
     return 0;
+}
+
+static uint64_t clock_ns(clockid_t id)
+{
+    struct timespec ts;
+    clock_gettime(id, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t ferry__proc_start_ns(pid_t pid)
+{
+    uint64_t ticks = ferry__proc_starttime(pid);
+    long hz = sysconf(_SC_CLK_TCK);
+    if (!ticks || hz <= 0)
+        return 0;
+    /* /proc counts from boot, suspended time included (CLOCK_BOOTTIME). */
+    uint64_t tick = 1000000000ull / (uint64_t)hz;
+    uint64_t boot_ns = ticks * tick + tick;
+    uint64_t mono = clock_ns(CLOCK_MONOTONIC), boot = clock_ns(CLOCK_BOOTTIME);
+    uint64_t asleep = boot > mono ? boot - mono : 0;
+    return boot_ns > asleep ? boot_ns - asleep : 1;
 }

@@ -13,6 +13,10 @@ uint64_t ferry__proc_starttime(pid_t pid);
 /* 1 if pid is alive (running, not a zombie) and started at starttime (0 = any start). */
 int ferry__proc_alive(pid_t pid, uint64_t starttime);
 
+/* When pid started, on the CLOCK_MONOTONIC clock of ferry__now_ns, rounded up to the next
+ * clock tick of /proc (so that anything stamped before it surely came first); 0 if unknown. */
+uint64_t ferry__proc_start_ns(pid_t pid);
+
 /* This process's pid, kept current across fork() (a pthread_atfork child handler): cheap
  * enough for every call that must refuse to run in a forked child. */
 pid_t ferry__proc_self(void);

@@ -14,6 +14,7 @@
 #include "common/error.h"
 #include "common/proc.h"
 #include "consumer/consumer.h"
+#include "transport/transport.h"
 
 static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
 static ferry__mapped_pool *cache_head;
@@ -57,24 +58,17 @@ void ferry__parts_free(ferry__mapped_pool *pool);
 
 static void unmap_pool(ferry__mapped_pool *pool)
 {
-    ferry__gpu_detach(pool);
+    if (pool->ops)
+        pool->ops->view_detach(pool);
+    if (pool->place)
+        pool->place->close(pool);
     ferry__parts_free(pool);
     pthread_mutex_destroy(&pool->parts_lock);
-    free(pool->my_acks);
     free(pool->viewed);
     if (pool->base)
         munmap(pool->base, pool->size);
     free(pool->attached);
     free(pool);
-}
-
-/* Bytes of the segment after the header: the whole pool region for host pools, the control
- * table for GPU pools whose control words live in host memory, nothing otherwise. */
-static uint64_t segment_tail(const ferry__shm_header *h)
-{
-    if (h->backend == FERRY_BACKEND_HOST)
-        return h->memory_size;
-    return (h->desc_flags & FERRY_DESC_FLAG_DEVICE_CONTROL) ? 0 : h->data_start;
 }
 
 static const char *layout_mismatch(const ferry__shm_header *h)
@@ -94,16 +88,18 @@ static ferry_status validate_header(const ferry__shm_header *h, uint64_t size,
                                     const ferry_descriptor *d)
 {
     const char *why = NULL;
+    const ferry__transport_ops *ops = NULL;
+    uint64_t tail = 0;
     if (size < FERRY_GEN_TABLE_OFFSET || h->magic != FERRY_SHM_MAGIC)
         why = "bad magic";
     else if (h->version != FERRY_SHM_VERSION)
         why = "unsupported layout version";
     else if (memcmp(h->pool_id, d->pool_id, 16) != 0)
         why = "pool identity differs";
-    else if (h->backend != d->backend)
+    else if (h->backend != d->backend || ferry__transport_of(h->backend, &ops) != FERRY_OK)
         why = "backend differs";
     else if (h->desc_flags != (d->flags & FERRY_DESC_FLAG_DEVICE_CONTROL) ||
-             (d->backend == FERRY_BACKEND_HOST) != (h->device < 0))
+             (why = ops->view_check(h, &tail)) != NULL)
         why = "placement differs";
     else if (h->consumer_count != d->consumer_count || h->row_words != 1u + h->consumer_count)
         why = "consumer count differs";
@@ -111,7 +107,7 @@ static ferry_status validate_header(const ferry__shm_header *h, uint64_t size,
         why = "max_inflight differs";
     else if (h->memory_size != d->pool_size)
         why = "pool size differs";
-    else if ((why = layout_mismatch(h)) == NULL && h->header_bytes + segment_tail(h) != size)
+    else if ((why = layout_mismatch(h)) == NULL && h->header_bytes + tail != size)
         why = "segment size differs from the layout";
     if (why)
         return ferry__fail(FERRY_MISMATCH, "pool header does not match the descriptor: %s", why);
@@ -138,15 +134,12 @@ static void fill_view(ferry__mapped_pool *pool, const ferry_descriptor *d)
 {
     ferry__shm_header *h = pool->base;
     pool->header = h;
+    ferry__transport_of(h->backend, &pool->ops); /* validate_header checked it */
     pool->backend = h->backend;
     pool->flags = (uint8_t)h->desc_flags;
     memcpy(pool->handle, d->handle, sizeof(pool->handle));
     pool->generations = (uint32_t *)((uint8_t *)pool->base + h->gen_offset);
     pool->extents = (ferry__extent *)((uint8_t *)pool->base + h->extent_offset);
-    if (!(h->desc_flags & FERRY_DESC_FLAG_DEVICE_CONTROL))
-        pool->control = (uint32_t *)((uint8_t *)pool->base + h->header_bytes);
-    if (h->backend == FERRY_BACKEND_HOST)
-        pool->data = (uint8_t *)pool->base + h->header_bytes + h->data_start;
     pool->consumers = h->consumer_count;
     pool->max_inflight = h->max_inflight;
     pool->row_words = h->row_words;
@@ -182,10 +175,11 @@ static ferry_status map_checked(ferry__mapped_pool *pool, const ferry_descriptor
     if (st != FERRY_OK)
         return st;
     fill_view(pool, d);
-    if ((pool->flags & FERRY_DESC_FLAG_DEVICE_CONTROL) &&
-        !(pool->my_acks = calloc((size_t)pool->max_inflight * pool->consumers, sizeof(uint32_t))))
-        return ferry__fail(FERRY_NO_MEMORY, "out of memory opening a pool");
-    return FERRY_OK;
+    const ferry__placement *place = pool->ops->view_placement(pool->header);
+    st = place->open(pool);
+    if (st == FERRY_OK)
+        pool->place = place; /* closed by unmap_pool from here */
+    return st;
 }
 
 /* Opens a pool through its broker, claiming rank claim (or none). */
@@ -202,8 +196,8 @@ static ferry_status open_pool(const ferry_descriptor *d, uint32_t claim, int dev
     ferry_status st = broker_ask(d->broker, d->pool_id, claim, deadline, &fd, &size, &ppid);
     if (st == FERRY_OK)
         st = map_checked(pool, d, fd, size);
-    if (st == FERRY_OK && pool->backend != FERRY_BACKEND_HOST)
-        st = ferry__gpu_attach(pool, device);
+    if (st == FERRY_OK)
+        st = pool->ops->view_attach(pool, device);
     if (st != FERRY_OK) {
         unmap_pool(pool);
         return st;
@@ -247,12 +241,12 @@ static int producer_gone_now(const ferry__mapped_pool *p)
 static int drop_ended_views_locked(ferry__mapped_pool *p)
 {
     int dropped = 0;
-    if (!p->viewed || !p->control)
+    if (!p->viewed)
         return 0;
     for (uint64_t i = 0; i < (uint64_t)p->max_inflight * p->consumers; i++) {
         uint32_t gen = ferry__load_acquire32(&p->viewed[i]);
         uint64_t slot = i / p->consumers, rank = i % p->consumers;
-        if (gen && ferry__load_acquire32(&p->control[slot * p->row_words + 1 + rank]) == gen &&
+        if (gen && p->place->seen(p, slot * p->row_words + 1 + rank, gen) &&
             __atomic_compare_exchange_n(&p->viewed[i], &gen, 0, 0, __ATOMIC_ACQ_REL,
                                         __ATOMIC_RELAXED))
             dropped++;

@@ -17,16 +17,14 @@
 #include "common/error.h"
 #include "common/futex.h"
 #include "common/proc.h"
+#include "driver/driver.h"
 #include "consumer/consumer.h"
+#include "transport/transport.h"
 
-/* Longest single sleep of a waiting consumer: the bound on noticing a dead producer. */
+/* How often a waiting consumer checks that the producer lives: the bound on noticing a dead
+ * producer. (How long each sleep lasts and whether it yields first is the transport's:
+ * GPU streams write ready words without waking anybody, and usually within microseconds.) */
 #define FERRY_READY_WAIT_SLICE_NS 10000000ull
-/* GPU streams write ready words without waking anybody: CPU waiters look this often. */
-#define FERRY_GPU_POLL_NS 20000ull
-/* For so long after a GPU pool's lease was first found not ready, CPU waiters yield instead of
- * sleeping: the producer's stream usually writes the ready word within microseconds, and the
- * shortest sleep takes tens of them. */
-#define FERRY_GPU_SPIN_NS 100000ull
 /* How long calls without a timeout of their own (acknowledgements, stream-ordered calls) may
  * wait for a pool's broker when they open the pool. */
 #define FERRY_OPEN_TIMEOUT_NS 5000000000ull
@@ -136,8 +134,8 @@ static ferry_status pool_lookup(ferry_consumer *c, const ferry_descriptor *d, ui
     if (st == FERRY_OK && (d->flags & FERRY_DESC_FLAG_POOL_ONLY) && !open_only)
         st = ferry__fail(FERRY_INVALID_ARGUMENT,
                          "a pool-only descriptor names no lease: it can only open the pool");
-    if (st == FERRY_OK && p->backend != FERRY_BACKEND_HOST)
-        st = ferry__gpu_map(p, c->device, open_deadline(deadline));
+    if (st == FERRY_OK && !acking) /* acks reach the words through the placement alone */
+        st = p->ops->view_map(p, c->device, open_deadline(deadline));
     if (st != FERRY_OK) {
         ferry__cache_release(p);
         return st;
@@ -157,6 +155,7 @@ static ferry_status done(ferry__mapped_pool *p, ferry_status st)
 
 ferry_status ferry_consumer_open(ferry_consumer *c, const ferry_descriptor *d)
 {
+    FERRY_CUDA_BOUNDARY;
     ferry__mapped_pool *p;
     ferry_status st = pool_lookup(c, d, c ? c->rank : 0, ferry__deadline(FERRY_OPEN_TIMEOUT_NS),
                                   1, &p);
@@ -178,39 +177,14 @@ static uint64_t rank_index(const ferry__mapped_pool *p, uint32_t slot, uint32_t 
 static ferry_status load_word(ferry_consumer *c, ferry__mapped_pool *p, uint64_t word,
                               uint32_t *value)
 {
-    if (p->control) {
-        *value = ferry__load_acquire32(&p->control[word]);
-        return FERRY_OK;
-    }
-    return ferry__gpu_load(p, c->device, word, value);
+    return p->place->load(p, c->device, word, value);
 }
 
-static ferry_status store_word(ferry_consumer *c, ferry__mapped_pool *p, uint64_t word,
-                               uint32_t value)
-{
-    if (p->control) {
-        ferry__store_release32(&p->control[word], value);
-        return FERRY_OK;
-    }
-    return ferry__gpu_store(p, c->device, word, value);
-}
-
-/* A rank's acknowledgement word: read where the CPU can see it, else this process's own
- * record of the acknowledgements it wrote. */
+/* A rank's acknowledgement as this process can know it cheaply (the placement's). */
 static ferry_status load_ack(ferry_consumer *c, ferry__mapped_pool *p, uint32_t slot, uint32_t rank,
                              uint32_t *value)
 {
-    if (p->my_acks) {
-        *value = ferry__load_acquire32(&p->my_acks[rank_index(p, slot, rank)]);
-        return FERRY_OK;
-    }
-    return load_word(c, p, row_word(p, slot) + 1 + rank, value);
-}
-
-static void note_ack(ferry__mapped_pool *p, uint32_t slot, uint32_t rank, uint32_t generation)
-{
-    if (p->my_acks)
-        ferry__store_release32(&p->my_acks[rank_index(p, slot, rank)], generation);
+    return p->place->load_ack(p, c->device, slot, rank, value);
 }
 
 static ferry_status stale(const ferry__mapped_pool *p, const ferry_descriptor *d, uint32_t rank)
@@ -231,9 +205,10 @@ static ferry_status stale(const ferry__mapped_pool *p, const ferry_descriptor *d
                        d->slot, d->generation, rank);
 }
 
-/* *state: 1 ready, 0 not yet, -1 stale (slot reused, or already acknowledged for rank). */
+/* *state: 1 ready, 0 not yet, -1 stale (slot reused, or already acknowledged for rank);
+ * *seen (may be NULL) the ready word as read. */
 static ferry_status lease_state(ferry_consumer *c, ferry__mapped_pool *p, const ferry_descriptor *d,
-                                int check_ready, int *state)
+                                int check_ready, int *state, uint32_t *seen)
 {
     uint32_t ack, ready = 0;
     *state = -1;
@@ -244,6 +219,8 @@ static ferry_status lease_state(ferry_consumer *c, ferry__mapped_pool *p, const 
         st = load_word(c, p, row_word(p, d->slot), &ready);
     if (st == FERRY_OK && ack != d->generation)
         *state = check_ready ? ready == d->generation : 1;
+    if (seen)
+        *seen = ready;
     return st;
 }
 
@@ -273,27 +250,12 @@ static int producer_gone(ferry__mapped_pool *p)
     return 0;
 }
 
-static void sleep_ns(uint64_t ns)
+/* Sleeps until the ready word may have changed, as long as the transport says at most. */
+static void sleep_on_ready(ferry__mapped_pool *p, const ferry_descriptor *d, uint32_t seen,
+                           uint64_t ns)
 {
-    struct timespec ts = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
-    nanosleep(&ts, NULL);
-}
-
-/* Sleeps until the ready word may have changed: a futex for host pools, whose producer wakes
- * sleepers; a short sleep for GPU pools, whose streams wake nobody. */
-static void sleep_on_ready(ferry__mapped_pool *p, const ferry_descriptor *d, uint64_t ns)
-{
-    if (!p->control) {
-        sleep_ns(ns < FERRY_GPU_POLL_NS ? ns : FERRY_GPU_POLL_NS);
-        return;
-    }
-    uint64_t cap = p->backend == FERRY_BACKEND_HOST ? FERRY_READY_WAIT_SLICE_NS : FERRY_GPU_POLL_NS;
-    uint32_t *ready = &p->control[row_word(p, d->slot)];
-    ferry__fetch_add_seqcst32(&p->header->consumer_waiters, 1);
-    uint32_t seen = ferry__load_seqcst32(ready);
-    if (seen != d->generation)
-        ferry__futex_wait(ready, seen, ns < cap ? ns : cap);
-    ferry__fetch_add_seqcst32(&p->header->consumer_waiters, (uint32_t)-1);
+    uint64_t cap = p->ops->ready_poll_ns;
+    p->place->sleep(p, row_word(p, d->slot), seen, ns < cap ? ns : cap);
 }
 
 static ferry_status gone_error(const ferry__mapped_pool *p, const ferry_descriptor *d)
@@ -311,11 +273,17 @@ static ferry_status wait_ready(ferry_consumer *c, ferry__mapped_pool *p, const f
     uint64_t start = 0, next_check = 0;
     for (;;) {
         int state;
-        ferry_status st = lease_state(c, p, d, 1, &state);
+        uint32_t ready;
+        ferry_status st = lease_state(c, p, d, 1, &state, &ready);
         if (st != FERRY_OK)
             return st;
-        if (state > 0)
-            return check_extent(p, d);
+        if (state > 0) {
+            st = check_extent(p, d);
+            if (st != FERRY_OK && ferry__load_after_reads32(&p->generations[d->slot]) !=
+                                      d->generation)
+                return stale(p, d, c->rank); /* the extent read was the next lease's */
+            return st;
+        }
         if (state < 0)
             return stale(p, d, c->rank);
         uint64_t now = ferry__now_ns();
@@ -332,15 +300,16 @@ static ferry_status wait_ready(ferry_consumer *c, ferry__mapped_pool *p, const f
             return ferry__fail(FERRY_TIMEOUT,
                                "lease (slot=%u, generation=%u) not ready after %.3f ms", d->slot,
                                d->generation, (double)timeout_ns / 1e6);
-        if (p->backend != FERRY_BACKEND_HOST && now - start < FERRY_GPU_SPIN_NS)
+        if (now - start < p->ops->ready_spin_ns)
             sched_yield(); /* a GPU stream is about to write it: a sleep would overshoot */
         else
-            sleep_on_ready(p, d, deadline - now);
+            sleep_on_ready(p, d, ready, deadline - now);
     }
 }
 
 ferry_status ferry_consumer_wait(ferry_consumer *c, const ferry_descriptor *d, uint64_t timeout_ns)
 {
+    FERRY_CUDA_BOUNDARY;
     ferry__mapped_pool *p;
     uint64_t deadline = ferry__deadline(timeout_ns);
     ferry_status st = pool_lookup(c, d, c ? c->rank : 0, deadline, 0, &p);
@@ -352,12 +321,7 @@ ferry_status ferry_consumer_wait(ferry_consumer *c, const ferry_descriptor *d, u
 static ferry_status copy_out(ferry_consumer *c, ferry__mapped_pool *p, const ferry_descriptor *d,
                              void *dst)
 {
-    if (p->data) {
-        if (d->length)
-            memcpy(dst, p->data + d->offset, d->length);
-        return FERRY_OK;
-    }
-    return ferry__gpu_copy_out(p, c->device, d->offset, dst, d->length);
+    return p->ops->view_copy_out(p, c->device, d->offset, dst, d->length);
 }
 
 static ferry_status check_dst(const ferry_descriptor *d, const void *dst, size_t dst_size)
@@ -395,6 +359,7 @@ static ferry_status check_intact(ferry_consumer *c, ferry__mapped_pool *p,
 ferry_status ferry_consumer_read(ferry_consumer *c, const ferry_descriptor *d, void *dst,
                                  size_t dst_size, uint64_t timeout_ns)
 {
+    FERRY_CUDA_BOUNDARY;
     ferry__mapped_pool *p;
     uint64_t deadline = ferry__deadline(timeout_ns);
     ferry_status st = pool_lookup(c, d, c ? c->rank : 0, deadline, 0, &p);
@@ -457,15 +422,12 @@ static void view_end(ferry__mapped_pool *p, uint32_t slot, uint32_t rank, uint32
 static ferry_status data_pointer(ferry_consumer *c, ferry__mapped_pool *p,
                                  const ferry_descriptor *d, const void **ptr)
 {
-    if (p->data) {
-        *ptr = p->data + d->offset;
-        return FERRY_OK;
-    }
-    return ferry__gpu_data(p, c->device, d->offset, ptr);
+    return p->ops->view_data(p, c->device, d->offset, ptr);
 }
 
-/* Hands out a view: recorded, then the lease checked current once more (a view of a lease
- * recycled meanwhile is refused and forgotten). */
+/* Hands out a view: recorded, then the lease checked current once more, its generation and
+ * this rank's real acknowledgement word (a view of a lease recycled, or acknowledged on this
+ * rank's behalf, meanwhile is refused and forgotten). */
 static ferry_status view_out(ferry_consumer *c, ferry__mapped_pool *p, const ferry_descriptor *d,
                              const void **data)
 {
@@ -475,9 +437,10 @@ static ferry_status view_out(ferry_consumer *c, ferry__mapped_pool *p, const fer
         st = view_begin(p, d, c->rank);
     if (st != FERRY_OK)
         return st;
-    if (ferry__load_after_reads32(&p->generations[d->slot]) != d->generation) {
+    st = check_intact(c, p, d);
+    if (st != FERRY_OK) {
         view_end(p, d->slot, c->rank, d->generation);
-        return stale(p, d, c->rank);
+        return st;
     }
     *data = ptr;
     return FERRY_OK;
@@ -486,6 +449,7 @@ static ferry_status view_out(ferry_consumer *c, ferry__mapped_pool *p, const fer
 ferry_status ferry_consumer_view(ferry_consumer *c, const ferry_descriptor *d, const void **data,
                                  uint64_t timeout_ns)
 {
+    FERRY_CUDA_BOUNDARY;
     ferry__mapped_pool *p;
     uint64_t deadline = ferry__deadline(timeout_ns);
     ferry_status st = pool_lookup(c, d, c ? c->rank : 0, deadline, 0, &p);
@@ -604,6 +568,8 @@ static ferry_status ack_one(ferry_consumer *c, ferry__mapped_pool *p, const ferr
     int complete = 1;
     *wrote = -1;
     ferry_status st = load_ack(c, p, d->slot, rank, &ack);
+    if (st == FERRY_OK && ack == d->generation)
+        view_end(p, d->slot, rank, d->generation); /* acknowledged already: the view ended */
     if (st != FERRY_OK || ack == d->generation)
         return st;
     if (d->part_count)
@@ -613,18 +579,16 @@ static ferry_status ack_one(ferry_consumer *c, ferry__mapped_pool *p, const ferr
         return st;
     }
     uint64_t word = row_word(p, d->slot) + 1 + rank;
-    if (!enqueue && p->control) {
-        /* From the value read: a writer paused since its generation check must not replace
-         * the acknowledgement of a newer lease of the slot (whose row would never complete). */
-        if (!ferry__cas_acqrel32(&p->control[word], &ack, d->generation))
-            return FERRY_OK; /* acknowledged meanwhile, or the slot moved on: *wrote = -1 */
-    } else {
-        st = enqueue ? ferry__gpu_enqueue_store(p, c->device, word, d->generation, stream)
-                     : store_word(c, p, word, d->generation);
-    }
-    if (st != FERRY_OK)
-        return st;
-    note_ack(p, d->slot, rank, d->generation);
+    int replaced = 1;
+    /* From the value read: a writer paused since its generation check must not replace the
+     * acknowledgement of a newer lease of the slot (whose row would never complete). */
+    st = enqueue ? p->ops->view_enqueue_store(p, c->device, word, d->generation, stream)
+                 : p->place->replace(p, c->device, word, &ack, d->generation, &replaced);
+    if (st == FERRY_OK && !replaced)
+        view_end(p, d->slot, rank, d->generation); /* acknowledged meanwhile, or moved on */
+    if (st != FERRY_OK || !replaced)
+        return st; /* *wrote stays -1 */
+    p->place->note_ack(p, d->slot, rank, d->generation);
     view_end(p, d->slot, rank, d->generation);
     *wrote = 1;
     return FERRY_OK;
@@ -654,6 +618,10 @@ static ferry_status ack_ranks(ferry_consumer *c, ferry__mapped_pool *p, const fe
         return st;
     if (ferry__load_acquire32(&p->gone))
         return ack_gone(p, d, first, count);
+    if (ferry__load_acquire32(&p->generations[d->slot]) != d->generation) {
+        for (uint32_t r = first; r < first + count; r++)
+            view_end(p, d->slot, r, d->generation); /* the slot moved on: the views ended */
+    }
     if (ferry__load_acquire32(&p->generations[d->slot]) != d->generation)
         return stale(p, d, first);
     uint32_t written = 0, taken = 0;
@@ -686,6 +654,7 @@ static ferry_status ack_call(ferry_consumer *c, const ferry_descriptor *d, uint3
 
 ferry_status ferry_consumer_ack(ferry_consumer *c, const ferry_descriptor *d)
 {
+    FERRY_CUDA_BOUNDARY;
     if (!c)
         return ferry__fail(FERRY_INVALID_ARGUMENT, "consumer is NULL");
     return ack_call(c, d, c->rank, 1, 1);
@@ -694,11 +663,13 @@ ferry_status ferry_consumer_ack(ferry_consumer *c, const ferry_descriptor *d)
 ferry_status ferry_consumer_ack_range(ferry_consumer *c, const ferry_descriptor *d, uint32_t first,
                                       uint32_t count)
 {
+    FERRY_CUDA_BOUNDARY;
     return ack_call(c, d, first, count, 0);
 }
 
 ferry_status ferry_consumer_ack_all(ferry_consumer *c, const ferry_descriptor *d)
 {
+    FERRY_CUDA_BOUNDARY;
     if (!d)
         return ferry__fail(FERRY_INVALID_ARGUMENT, "descriptor is NULL");
     return ack_call(c, d, 0, d->consumer_count, 0);
@@ -715,10 +686,9 @@ static ferry_status gpu_pool_for(ferry_consumer *c, const ferry_descriptor *d, u
     ferry_status st = pool_lookup(c, d, claim, ferry__deadline(FERRY_OPEN_TIMEOUT_NS), 0, &p);
     if (st != FERRY_OK)
         return st;
-    if (p->backend == FERRY_BACKEND_HOST)
-        st = ferry__fail(FERRY_NOT_SUPPORTED, "stream-ordered operations need a GPU pool");
+    st = p->ops->view_streams(p);
     if (st == FERRY_OK)
-        st = lease_state(c, p, d, 0, &state);
+        st = lease_state(c, p, d, 0, &state, NULL);
     if (st == FERRY_OK && state < 0)
         st = stale(p, d, c->rank);
     if (st == FERRY_OK && claim != FERRY__RANK_NONE)
@@ -737,14 +707,15 @@ static ferry_status gpu_pool_for(ferry_consumer *c, const ferry_descriptor *d, u
 static ferry_status enqueue_ready_wait(ferry_consumer *c, ferry__mapped_pool *p,
                                        const ferry_descriptor *d, void *stream)
 {
-    if (p->control && ferry__load_acquire32(&p->control[row_word(p, d->slot)]) == d->generation)
+    if (p->place->seen(p, row_word(p, d->slot), d->generation))
         return FERRY_OK;
-    return ferry__gpu_enqueue_wait(p, c->device, row_word(p, d->slot), d->generation, stream);
+    return p->ops->view_enqueue_wait(p, c->device, row_word(p, d->slot), d->generation, stream);
 }
 
 ferry_status ferry_consumer_read_async(ferry_consumer *c, const ferry_descriptor *d, void *dst,
                                        size_t dst_size, void *stream)
 {
+    FERRY_CUDA_BOUNDARY;
     ferry__mapped_pool *p;
     ferry_status st = gpu_pool_for(c, d, c ? c->rank : 0, &p);
     if (st != FERRY_OK)
@@ -753,7 +724,7 @@ ferry_status ferry_consumer_read_async(ferry_consumer *c, const ferry_descriptor
     if (st == FERRY_OK)
         st = enqueue_ready_wait(c, p, d, stream);
     if (st == FERRY_OK)
-        st = ferry__gpu_enqueue_copy(p, c->device, d->offset, dst, d->length, stream);
+        st = p->ops->view_enqueue_copy(p, c->device, d->offset, dst, d->length, stream);
     if (st == FERRY_OK)
         st = ack_ranks(c, p, d, c->rank, 1, 1, 1, stream);
     return done(p, st);
@@ -762,6 +733,7 @@ ferry_status ferry_consumer_read_async(ferry_consumer *c, const ferry_descriptor
 ferry_status ferry_consumer_view_async(ferry_consumer *c, const ferry_descriptor *d, void *stream,
                                        const void **data)
 {
+    FERRY_CUDA_BOUNDARY;
     ferry__mapped_pool *p;
     ferry_status st = gpu_pool_for(c, d, c ? c->rank : 0, &p);
     if (st != FERRY_OK)
@@ -777,6 +749,7 @@ ferry_status ferry_consumer_view_async(ferry_consumer *c, const ferry_descriptor
 
 ferry_status ferry_consumer_ack_async(ferry_consumer *c, const ferry_descriptor *d, void *stream)
 {
+    FERRY_CUDA_BOUNDARY;
     ferry__mapped_pool *p;
     ferry_status st = gpu_pool_for(c, d, FERRY__RANK_NONE, &p);
     if (st != FERRY_OK)

@@ -125,6 +125,14 @@ ferry_status ferry__cuda_fail(const ferry__cuda *cuda, const char *call, CUresul
                        "%s failed: %s (%s, %d)", call, name, text, result);
 }
 
+/* The calling thread's context as it was when a public call first switched it. */
+static __thread struct {
+    int depth; /* public calls in progress on this thread */
+    int saved; /* previous holds the caller's context */
+    CUcontext previous;
+    const ferry__cuda *cuda;
+} boundary;
+
 static ferry_status retain_primary(const ferry__cuda *cuda, int device, CUcontext *ctx)
 {
     CUdevice dev;
@@ -154,6 +162,50 @@ ferry_status ferry__cuda_use_device(const ferry__cuda *cuda, int device)
     CUcontext current = NULL;
     if (cuda->cuCtxGetCurrent(&current) == CUDA_SUCCESS && current == ctx)
         return FERRY_OK;
+    if (boundary.depth && !boundary.saved) {
+        boundary.previous = current; /* the caller's, put back when its call returns */
+        boundary.cuda = cuda;
+        boundary.saved = 1;
+    }
     FERRY_CU_TRY(cuda, cuCtxSetCurrent, (ctx));
     return FERRY_OK;
+}
+
+ferry_status ferry__cuda_io_stream(const ferry__cuda *cuda, CUstream *io)
+{
+    FERRY_CU_TRY(cuda, cuStreamCreate, (io, CU_STREAM_NON_BLOCKING));
+    return FERRY_OK;
+}
+
+ferry_status ferry__cuda_words_read(const ferry__cuda *cuda, CUstream io, void *host,
+                                    CUdeviceptr words, size_t bytes)
+{
+    FERRY_CU_TRY(cuda, cuMemcpyAsync, ((CUdeviceptr)(uintptr_t)host, words, bytes, io));
+    FERRY_CU_TRY(cuda, cuStreamSynchronize, (io));
+    return FERRY_OK;
+}
+
+ferry_status ferry__cuda_words_write(const ferry__cuda *cuda, CUstream io, CUdeviceptr words,
+                                     uint32_t count, uint32_t value)
+{
+    for (uint32_t i = 0; i < count; i++)
+        FERRY_CU_TRY(cuda, cuStreamWriteValue32, (io, words + i * sizeof(uint32_t), value,
+                                                  CU_STREAM_WRITE_VALUE_DEFAULT));
+    FERRY_CU_TRY(cuda, cuStreamSynchronize, (io));
+    return FERRY_OK;
+}
+
+int ferry__cuda_boundary_begin(void)
+{
+    boundary.depth++;
+    return 0;
+}
+
+void ferry__cuda_boundary_end(int *unused)
+{
+    (void)unused;
+    if (--boundary.depth || !boundary.saved)
+        return;
+    boundary.saved = 0;
+    boundary.cuda->cuCtxSetCurrent(boundary.previous);
 }

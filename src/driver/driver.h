@@ -101,4 +101,24 @@ ferry_status ferry__cuda_fail(const ferry__cuda *cuda, const char *call, CUresul
  * process and device). */
 ferry_status ferry__cuda_use_device(const ferry__cuda *cuda, int device);
 
+/* Control words in device memory, read and written by the CPU on io, a non-blocking stream of
+ * ferry's own (never the legacy default stream, which would wait behind the application's
+ * work and, under the pool's lock, deadlock with a stream waiting for that pool), then
+ * synchronised. */
+ferry_status ferry__cuda_io_stream(const ferry__cuda *cuda, CUstream *io);
+ferry_status ferry__cuda_words_read(const ferry__cuda *cuda, CUstream io, void *host,
+                                    CUdeviceptr words, size_t bytes);
+ferry_status ferry__cuda_words_write(const ferry__cuda *cuda, CUstream io, CUdeviceptr words,
+                                     uint32_t count, uint32_t value);
+
+/* The library's boundary: a public call that may switch the thread's CUDA context (to a
+ * device's primary context, ferry__cuda_use_device) puts the caller's back when it returns.
+ * FERRY_CUDA_BOUNDARY at the top of such a call does that (a cleanup attribute; nesting is
+ * counted, and a call that switched nothing costs two thread-local updates). */
+int ferry__cuda_boundary_begin(void);
+void ferry__cuda_boundary_end(int *unused);
+#define FERRY_CUDA_BOUNDARY                                                                        \
+    int ferry__cuda_boundary_ __attribute__((cleanup(ferry__cuda_boundary_end), unused)) =        \
+        ferry__cuda_boundary_begin()
+
 #endif

@@ -1,7 +1,9 @@
 /* Configuration validation and the node budget split, with the documented messages. */
 #include <stddef.h>
+#include <string.h>
 
 #include "common/error.h"
+#include "policy/policy.h"
 #include "pool/layout.h"
 #include "pool/pool.h"
 
@@ -15,12 +17,18 @@ static ferry_status check_positive(int64_t value, const char *name)
     return FERRY_OK;
 }
 
+/* Bytes of each version of ferry_pool_config (a new version appends fields). */
+static size_t config_size(uint32_t version)
+{
+    return version == 1 ? offsetof(ferry_pool_config, vmm_handle) + sizeof(int32_t) : 0;
+}
+
 static ferry_status check_struct(const ferry_pool_config *config)
 {
     if (!config)
         return ferry__fail(FERRY_INVALID_ARGUMENT, "pool config is NULL");
-    if (config->struct_size < sizeof(ferry_pool_config) || config->version < 1 ||
-        config->version > FERRY_POOL_CONFIG_VERSION)
+    size_t least = config_size(config->version);
+    if (!least || config->struct_size < least)
         return ferry__fail(FERRY_INVALID_ARGUMENT,
                            "pool config has struct_size=%u version=%u; initialise it with "
                            "FERRY_POOL_CONFIG_INIT",
@@ -52,6 +60,16 @@ static ferry_status check_limits(const ferry_pool_config *config)
     return FERRY_OK;
 }
 
+void ferry__config_normalize(const ferry_pool_config *in, ferry_pool_config *out)
+{
+    ferry_pool_config defaults = FERRY_POOL_CONFIG_INIT;
+    size_t n = in->struct_size < sizeof(*out) ? in->struct_size : sizeof(*out);
+    *out = defaults;
+    memcpy(out, in, n);
+    out->struct_size = sizeof(*out);
+    out->version = FERRY_POOL_CONFIG_VERSION;
+}
+
 ferry_status ferry__config_validate(const ferry_pool_config *config,
                                     const ferry__transport_ops *ops, uint64_t *data_start)
 {
@@ -67,7 +85,7 @@ ferry_status ferry__config_validate(const ferry_pool_config *config,
     if (st == FERRY_OK)
         st = check_limits(config);
     if (st == FERRY_OK && config->control_placement == FERRY_CONTROL_DEVICE &&
-        (config->backend == FERRY_BACKEND_HOST || config->backend == FERRY_BACKEND_AUTO))
+        !ops->device_placement)
         st = ferry__fail(FERRY_INVALID_ARGUMENT,
                          "control words can live on the device only in a GPU pool");
     if (st != FERRY_OK)
@@ -89,11 +107,16 @@ ferry_status ferry_pool_config_check(const ferry_pool_config *config)
 {
     const ferry__transport_ops *ops;
     uint64_t data_start;
+    ferry_pool_config full;
     ferry_status st = check_struct(config);
+    if (st == FERRY_OK) {
+        ferry__config_normalize(config, &full);
+        st = ferry__policy_resolve_config(&full, &full);
+    }
     if (st == FERRY_OK)
-        st = ferry__transport_select(config->backend, &ops);
+        st = ferry__transport_select(full.backend, &ops);
     if (st == FERRY_OK)
-        st = ferry__config_validate(config, ops, &data_start);
+        st = ferry__config_validate(&full, ops, &data_start);
     if (st == FERRY_OK)
         ferry__clear_error();
     return st;

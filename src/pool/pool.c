@@ -12,6 +12,8 @@
 #include "common/error.h"
 #include "common/futex.h"
 #include "common/proc.h"
+#include "driver/driver.h"
+#include "policy/policy.h"
 #include "pool/pool.h"
 
 /* A lease being created: where its slice is and which generation it carries. */
@@ -117,9 +119,18 @@ static ferry_status start_broker(ferry_pool *pool)
     return ferry__broker_start(&bc, &pool->broker, pool->broker_name);
 }
 
-static ferry_status pool_setup(ferry_pool *pool, const ferry_pool_config *config)
+static ferry_status pool_setup(ferry_pool *pool, const ferry_pool_config *caller)
 {
-    ferry_status st = ferry__transport_select(config->backend, &pool->ops);
+    ferry_pool_config full;
+    ferry_status st = ferry_pool_config_check(caller); /* the struct first, then its fields */
+    if (st != FERRY_OK)
+        return st;
+    ferry__config_normalize(caller, &full);
+    st = ferry__policy_resolve_config(&full, &full); /* AUTO, FERRY_DEVICE_DEFAULT */
+    if (st != FERRY_OK)
+        return st;
+    const ferry_pool_config *config = &full;
+    st = ferry__transport_select(config->backend, &pool->ops);
     if (st == FERRY_OK)
         st = ferry__config_validate(config, pool->ops, &pool->data_start);
     if (st != FERRY_OK)
@@ -151,6 +162,7 @@ static ferry_status size_data(ferry_pool *pool)
 
 ferry_status ferry_pool_create(const ferry_pool_config *config, ferry_pool **out)
 {
+    FERRY_CUDA_BOUNDARY;
     if (!out || !config)
         return ferry__fail(FERRY_INVALID_ARGUMENT, "pool config or output pointer is NULL");
     ferry_pool *pool = calloc(1, sizeof(*pool));
@@ -232,6 +244,7 @@ static int reservations_out_locked(const ferry_pool *pool)
  * while a reservation is outstanding). A second close waits for the first to finish. */
 void ferry_pool_close(ferry_pool *pool)
 {
+    FERRY_CUDA_BOUNDARY;
     if (!pool || forked(pool))
         return;
     pthread_mutex_lock(&pool->lock);
@@ -275,6 +288,7 @@ static void forget_in_child(ferry_pool *pool)
 
 void ferry_pool_destroy(ferry_pool *pool)
 {
+    FERRY_CUDA_BOUNDARY;
     if (!pool)
         return;
     if (forked(pool)) {
@@ -291,6 +305,7 @@ void ferry_pool_destroy(ferry_pool *pool)
 
 ferry_status ferry_pool_error(ferry_pool *pool, char *cause, size_t size)
 {
+    FERRY_CUDA_BOUNDARY;
     if (!pool)
         return ferry__fail(FERRY_INVALID_ARGUMENT, "pool is NULL");
     if (forked(pool))
@@ -469,9 +484,12 @@ static ferry_status wait_for_space_locked(ferry_pool *pool, uint64_t bytes, int 
                    ferry_last_error());
     }
     if (timeout_ns) {
+        pool->stats.pool_full_waits++;
         pthread_mutex_unlock(&pool->lock);
         st = lease_wait(pool, bytes, committed, deadline, out);
         pthread_mutex_lock(&pool->lock);
+        if (st == FERRY_POOL_FULL)
+            pool->stats.pool_full_timeouts++;
     }
     if (st == FERRY_POOL_FULL)
         report_full_locked(pool, bytes);
@@ -666,6 +684,7 @@ ferry_status ferry_pool_publish_many_async(ferry_pool *pool, const ferry_tensor 
                                            const void *const *srcs, size_t count, void *stream,
                                            uint64_t timeout_ns, ferry_descriptor *descs)
 {
+    FERRY_CUDA_BOUNDARY;
     ferry_status st = check_pool_arg(pool, tensors, "tensors");
     if (st == FERRY_OK)
         st = check_pool_arg(pool, srcs, "sources");
@@ -700,6 +719,7 @@ free_layout:
 ferry_status ferry_pool_reserve(ferry_pool *pool, const ferry_tensor *tensor, uint64_t timeout_ns,
                                 void **data, ferry_descriptor *desc)
 {
+    FERRY_CUDA_BOUNDARY;
     uint64_t length;
     lease l;
     void *ptr;
@@ -747,6 +767,7 @@ ferry_status ferry_pool_commit(ferry_pool *pool, const ferry_descriptor *desc)
 
 ferry_status ferry_pool_commit_async(ferry_pool *pool, const ferry_descriptor *desc, void *stream)
 {
+    FERRY_CUDA_BOUNDARY;
     ferry_status st = check_pool_arg(pool, desc, "descriptor");
     if (st != FERRY_OK)
         return st;
@@ -796,6 +817,7 @@ static int sibling_cancelled_locked(const ferry_pool *pool, const ferry_descript
 
 ferry_status ferry_pool_cancel(ferry_pool *pool, const ferry_descriptor *desc)
 {
+    FERRY_CUDA_BOUNDARY;
     ferry_status st = check_pool_arg(pool, desc, "descriptor");
     if (st != FERRY_OK)
         return st;
@@ -824,6 +846,7 @@ ferry_status ferry_pool_cancel(ferry_pool *pool, const ferry_descriptor *desc)
 
 ferry_status ferry_pool_copied(ferry_pool *pool, const ferry_descriptor *desc, int *done)
 {
+    FERRY_CUDA_BOUNDARY;
     ferry_status st = check_pool_arg(pool, desc, "descriptor");
     if (st == FERRY_OK)
         st = check_pool_arg(pool, done, "done output");
@@ -878,6 +901,7 @@ ferry_status ferry_pool_describe(ferry_pool *pool, ferry_descriptor *desc)
 
 ferry_status ferry_pool_reclaim(ferry_pool *pool, uint64_t *reclaimed)
 {
+    FERRY_CUDA_BOUNDARY;
     if (!pool)
         return ferry__fail(FERRY_INVALID_ARGUMENT, "pool is NULL");
     if (forked(pool))
@@ -922,11 +946,26 @@ static size_t stats_size(uint32_t version)
     switch (version) {
     case 1:
         return offsetof(ferry_pool_stats, too_large);
+    case 2:
+        return offsetof(ferry_pool_stats, pool_full_waits);
     case FERRY_POOL_STATS_VERSION:
         return sizeof(ferry_pool_stats);
     default:
         return 0;
     }
+}
+
+/* Every field of the current version but struct_size and version. */
+static void stats_fill_locked(ferry_pool *pool, ferry_pool_stats *s)
+{
+    *s = pool->stats;
+    s->capacity = pool->memory_size;
+    s->usable_bytes = pool->data_size;
+    s->bytes_in_use = pool->alloc.used_bytes;
+    s->largest_free = ferry__alloc_largest_free(&pool->alloc);
+    s->leases_in_flight = pool->inflight_count;
+    s->broker_refused = ferry__broker_refused(pool->broker);
+    s->consumers_alive = alive_ranks_locked(pool, &s->consumers_attached);
 }
 
 ferry_status ferry_pool_stats_get(ferry_pool *pool, ferry_pool_stats *stats)
@@ -945,16 +984,10 @@ ferry_status ferry_pool_stats_get(ferry_pool *pool, ferry_pool_stats *stats)
         pthread_mutex_unlock(&pool->lock);
         return closing_error(pool);
     }
-    ferry_pool_stats s = pool->stats;
+    ferry_pool_stats s;
+    stats_fill_locked(pool, &s);
     s.struct_size = stats->struct_size;
     s.version = stats->version;
-    s.capacity = pool->memory_size;
-    s.usable_bytes = pool->data_size;
-    s.bytes_in_use = pool->alloc.used_bytes;
-    s.largest_free = ferry__alloc_largest_free(&pool->alloc);
-    s.leases_in_flight = pool->inflight_count;
-    s.broker_refused = ferry__broker_refused(pool->broker);
-    s.consumers_alive = alive_ranks_locked(pool, &s.consumers_attached);
     pthread_mutex_unlock(&pool->lock);
     memcpy(stats, &s, size); /* a caller built against an older header gets its fields */
     ferry__clear_error();
@@ -978,27 +1011,67 @@ static void rank_backlog_locked(ferry_pool *pool, uint32_t rank, ferry_consumer_
     }
 }
 
+/* Fills a rank's fields of *info (whose counts the caller zeroed). */
+static void rank_info_locked(ferry_pool *pool, uint32_t rank, ferry_consumer_info *info)
+{
+    const ferry__rank *rk = &pool->ranks[rank];
+    info->attached = rk->pid != 0;
+    info->pid = rk->pid;
+    info->alive = info->attached && !rk->dead && ferry__proc_alive(rk->pid, rk->starttime);
+    rank_backlog_locked(pool, rank, info);
+}
+
 ferry_status ferry_pool_consumer_info(ferry_pool *pool, uint32_t rank, ferry_consumer_info *info)
 {
+    FERRY_CUDA_BOUNDARY;
     ferry_status st = check_pool_arg(pool, info, "info");
     if (st != FERRY_OK)
         return st;
     if (rank >= pool->consumers)
         return ferry__fail(FERRY_INVALID_ARGUMENT, "rank %u is out of range (consumers=%u)", rank,
                            pool->consumers);
-    ferry_consumer_info ci = {0};
+    if (info->struct_size < sizeof(*info) || info->version < 1 ||
+        info->version > FERRY_CONSUMER_INFO_VERSION)
+        return ferry__fail(FERRY_INVALID_ARGUMENT,
+                           "consumer info has struct_size=%u version=%u; initialise it with "
+                           "FERRY_CONSUMER_INFO_INIT",
+                           info->struct_size, info->version);
+    ferry_consumer_info ci = FERRY_CONSUMER_INFO_INIT;
     pthread_mutex_lock(&pool->lock);
     if (pool->closing) {
         pthread_mutex_unlock(&pool->lock);
         return closing_error(pool);
     }
-    const ferry__rank *rk = &pool->ranks[rank];
-    ci.attached = rk->pid != 0;
-    ci.pid = rk->pid;
-    ci.alive = ci.attached && !rk->dead && ferry__proc_alive(rk->pid, rk->starttime);
-    rank_backlog_locked(pool, rank, &ci);
+    rank_info_locked(pool, rank, &ci);
     pthread_mutex_unlock(&pool->lock);
     *info = ci;
     ferry__clear_error();
+    return FERRY_OK;
+}
+
+ferry_status ferry__pool_snapshot_take(ferry_pool *pool, ferry__pool_snapshot *snap)
+{
+    ferry_status st = check_pool_arg(pool, snap, "snapshot");
+    if (st != FERRY_OK)
+        return st;
+    ferry_consumer_info *ranks = calloc(pool->consumers ? pool->consumers : 1, sizeof(*ranks));
+    if (!ranks)
+        return ferry__fail(FERRY_NO_MEMORY, "out of memory for %u ranks' info", pool->consumers);
+    pthread_mutex_lock(&pool->lock);
+    if (pool->closing) {
+        pthread_mutex_unlock(&pool->lock);
+        free(ranks);
+        return closing_error(pool);
+    }
+    stats_fill_locked(pool, &snap->stats);
+    snap->stats.struct_size = sizeof(snap->stats);
+    snap->stats.version = FERRY_POOL_STATS_VERSION;
+    for (uint32_t r = 0; r < pool->consumers; r++)
+        rank_info_locked(pool, r, &ranks[r]);
+    pthread_mutex_unlock(&pool->lock);
+    memcpy(snap->pool_id, pool->pool_id, sizeof(snap->pool_id));
+    snap->backend = pool->ops->backend;
+    snap->consumers = pool->consumers;
+    snap->ranks = ranks;
     return FERRY_OK;
 }

@@ -75,9 +75,25 @@ struct ferry_pool {
     int stop;
 };
 
+/* A caller's config (of any supported version) as the current struct, defaults filled. */
+void ferry__config_normalize(const ferry_pool_config *in, ferry_pool_config *out);
+
 /* Validates a configuration for the named transport; *data_start on success. */
 ferry_status ferry__config_validate(const ferry_pool_config *config,
                                     const ferry__transport_ops *ops, uint64_t *data_start);
+
+/* One look at a pool under one hold of its lock (metrics.c). */
+typedef struct ferry__pool_snapshot {
+    uint8_t pool_id[16];
+    ferry_backend backend;
+    ferry_pool_stats stats;     /* every field of the current version */
+    uint32_t consumers;         /* entries of ranks */
+    ferry_consumer_info *ranks; /* rank r's info at [r]; the caller frees it (free) */
+} ferry__pool_snapshot;
+
+/* Takes a snapshot of the pool's identity, statistics and every rank's info; on failure
+ * nothing is left to free. CLOSING once close began (no shared memory is read then). */
+ferry_status ferry__pool_snapshot_take(ferry_pool *pool, ferry__pool_snapshot *snap);
 
 #endif
 

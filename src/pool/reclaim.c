@@ -59,11 +59,14 @@ uint64_t ferry__reclaim_locked(ferry_pool *pool)
     return n;
 }
 
-static uint64_t ack_for_rank_locked(ferry_pool *pool, uint32_t rank)
+/* Acknowledges for rank every lease in flight leased before before_ns. */
+static uint64_t ack_for_rank_locked(ferry_pool *pool, uint32_t rank, uint64_t before_ns)
 {
     uint64_t n = 0;
     for (uint32_t i = 0; i < pool->inflight_count; i++) {
         uint32_t slot = pool->inflight[i];
+        if (pool->slots[slot].leased_ns >= before_ns)
+            continue;
         uint32_t *row = ferry__row(pool->mem.control, pool->row_words, slot);
         uint32_t gen = pool->slots[slot].generation;
         if (ferry__load_acquire32(&row[1 + rank]) != gen &&
@@ -110,7 +113,7 @@ uint64_t ferry__reap_dead_locked(ferry_pool *pool)
         ferry__rank *rk = &pool->ranks[r];
         if (!rk->dead)
             continue;
-        uint64_t acked = ack_for_rank_locked(pool, r);
+        uint64_t acked = ack_for_rank_locked(pool, r, UINT64_MAX);
         if (acked && !rk->warned) {
             rk->warned = 1;
             ferry__log(FERRY_LOG_WARN,
@@ -141,12 +144,14 @@ void ferry__signal_ready(ferry_pool *pool, uint32_t slot)
 /* A rank whose process died is taken over: its leases in flight were sent to that process,
  * so they are acknowledged on its behalf first, in the same critical section as the takeover
  * (a lease published between the death and the reclaimer's next look would otherwise wait
- * forever for an acknowledgement the new process knows nothing of). */
-static uint64_t settle_dead_rank_locked(ferry_pool *pool, uint32_t rank)
+ * forever for an acknowledgement the new process knows nothing of). Leases published after
+ * the new process started may already be on their way to it: those are left to it. */
+static uint64_t settle_dead_rank_locked(ferry_pool *pool, uint32_t rank, pid_t successor)
 {
     if (pool->ops->sync_control(&pool->mem) != FERRY_OK)
         return 0;
-    uint64_t n = ack_for_rank_locked(pool, rank);
+    uint64_t born = ferry__proc_start_ns(successor);
+    uint64_t n = ack_for_rank_locked(pool, rank, born ? born : UINT64_MAX);
     pool->stats.acked_for_dead += n;
     if (n)
         ferry__log(FERRY_LOG_WARN,
@@ -168,7 +173,7 @@ ferry_status ferry__rank_attached(void *arg, uint32_t rank, pid_t pid, pid_t *ho
             pthread_mutex_unlock(&pool->lock);
             return FERRY_RANK_IN_USE;
         }
-        settled = settle_dead_rank_locked(pool, rank);
+        settled = settle_dead_rank_locked(pool, rank, pid);
     }
     rk->pid = pid;
     rk->starttime = start;

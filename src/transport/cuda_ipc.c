@@ -6,9 +6,18 @@
 #include "common/error.h"
 #include "transport/cuda_pool.h"
 
+static void ipc_free_device(const ferry__cuda *cuda, CUdeviceptr base, uint64_t size,
+                            uint64_t cookie)
+{
+    (void)size;
+    (void)cookie;
+    cuda->cuMemFree(base);
+}
+
 static void ipc_release(ferry__cuda_pool *c, ferry__pool_memory *mem)
 {
-    if (c->base && ferry__cuda_pool_use_device(c) == FERRY_OK)
+    int borrowed = ferry__cuda_local_retire(c);
+    if (c->base && !borrowed && ferry__cuda_pool_use_device(c) == FERRY_OK)
         c->cuda->cuMemFree(c->base);
     ferry__cuda_pool_release(c, mem);
     free(c);
@@ -28,7 +37,7 @@ static ferry_status ipc_build(ferry__cuda_pool *c, const ferry_pool_config *conf
     FERRY_CU_TRY(c->cuda, cuIpcGetMemHandle, (&handle, c->base));
     memcpy(mem->handle, &handle, sizeof(mem->handle));
     mem->memory_size = (uint64_t)config->memory_size;
-    return ferry__cuda_local_add(c, mem);
+    return ferry__cuda_local_add(c, mem, ipc_free_device, 0);
 }
 
 static ferry_status ipc_create(const ferry_pool_config *config, uint64_t data_start,
@@ -77,6 +86,7 @@ const ferry__transport_ops ferry__cuda_ipc_transport = {
     .name = "CUDA IPC",
     .pool_name = "CUDA IPC",
     .backend = FERRY_BACKEND_CUDA_IPC,
+    .device_placement = 1,
     .rounds_size = 0,
     .space_poll_ns = 20000ull,
     .create = ipc_create,
@@ -88,4 +98,5 @@ const ferry__transport_ops ferry__cuda_ipc_transport = {
     .write_words = ferry__cuda_write_words,
     .sync_control = ferry__cuda_sync_control,
     .slice_ptr = ferry__cuda_slice_ptr,
+    FERRY_CUDA_VIEW_OPS,
 };

@@ -15,15 +15,21 @@ static ferry__cuda_pool *state_of(ferry__pool_memory *mem)
 
 /* ---- pools of this process -------------------------------------------------------------- */
 
-typedef struct local_entry {
-    struct local_entry *next;
+struct ferry__cuda_local {
+    ferry__cuda_local *next;
     uint8_t pool_id[16];
-    const ferry__cuda_pool *owner;
-    ferry__cuda_local info;
-} local_entry;
+    const ferry__cuda_pool *owner; /* NULL once the producer released the pool */
+    int refs;                      /* the producer's (until it retires) and one per borrower */
+    const ferry__cuda *cuda;
+    int device;
+    CUdeviceptr base;
+    uint64_t size;
+    ferry__cuda_free_fn free;
+    uint64_t cookie;
+};
 
 static pthread_mutex_t local_lock = PTHREAD_MUTEX_INITIALIZER;
-static local_entry *local_head;
+static ferry__cuda_local *local_head;
 static pthread_once_t local_once = PTHREAD_ONCE_INIT;
 
 /* A forked child created none of its parent's pools: it forgets them (no CUDA, no free of
@@ -39,52 +45,99 @@ static void local_init(void)
     pthread_atfork(NULL, NULL, local_after_fork);
 }
 
-ferry_status ferry__cuda_local_add(ferry__cuda_pool *c, const ferry__pool_memory *mem)
+ferry_status ferry__cuda_local_add(ferry__cuda_pool *c, const ferry__pool_memory *mem,
+                                   ferry__cuda_free_fn free_device, uint64_t cookie)
 {
     pthread_once(&local_once, local_init);
-    local_entry *e = calloc(1, sizeof(*e));
+    ferry__cuda_local *e = calloc(1, sizeof(*e));
     if (!e)
         return ferry__fail(FERRY_NO_MEMORY, "%s pool: out of memory", c->transport);
     memcpy(e->pool_id, mem->pool_id, sizeof(e->pool_id));
     e->owner = c;
-    e->info.base = c->base;
-    e->info.size = mem->memory_size;
-    e->info.device = c->device;
+    e->refs = 1;
+    e->cuda = c->cuda;
+    e->device = c->device;
+    e->base = c->base;
+    e->size = mem->memory_size;
+    e->free = free_device;
+    e->cookie = cookie;
     pthread_mutex_lock(&local_lock);
     e->next = local_head;
     local_head = e;
     pthread_mutex_unlock(&local_lock);
-    c->local = 1;
+    c->local = e;
     return FERRY_OK;
 }
 
-static void local_remove(const ferry__cuda_pool *c)
+static void local_unlink_locked(ferry__cuda_local *e)
 {
-    pthread_mutex_lock(&local_lock);
-    for (local_entry **pp = &local_head; *pp; pp = &(*pp)->next) {
-        if ((*pp)->owner == c) {
-            local_entry *e = *pp;
+    for (ferry__cuda_local **pp = &local_head; *pp; pp = &(*pp)->next) {
+        if (*pp == e) {
             *pp = e->next;
-            free(e);
-            break;
+            return;
         }
     }
-    pthread_mutex_unlock(&local_lock);
 }
 
-int ferry__cuda_local_find(const uint8_t pool_id[16], ferry__cuda_local *out)
+/* Drops a reference; the last one frees the device memory if the producer left it. */
+static void local_drop(ferry__cuda_local *e)
 {
-    int found = 0;
+    pthread_mutex_lock(&local_lock);
+    int last = --e->refs == 0;
+    int orphan = last && !e->owner;
+    pthread_mutex_unlock(&local_lock);
+    if (!last)
+        return;
+    if (orphan && ferry__cuda_use_device(e->cuda, e->device) == FERRY_OK)
+        e->free(e->cuda, e->base, e->size, e->cookie);
+    free(e);
+}
+
+int ferry__cuda_local_retire(ferry__cuda_pool *c)
+{
+    ferry__cuda_local *e = c->local;
+    if (!e)
+        return 0;
+    c->local = NULL;
+    pthread_mutex_lock(&local_lock);
+    local_unlink_locked(e); /* no new borrower */
+    int borrowed = e->refs > 1;
+    e->owner = borrowed ? NULL : e->owner;
+    pthread_mutex_unlock(&local_lock);
+    if (!borrowed) {
+        free(e); /* the only reference: the transport frees its memory itself */
+        return 0;
+    }
+    local_drop(e);
+    return 1;
+}
+
+int ferry__cuda_local_find(const uint8_t pool_id[16], ferry__cuda_local **entry, CUdeviceptr *base,
+                           uint64_t *size, int *device)
+{
+    ferry__cuda_local *found = NULL;
     pthread_once(&local_once, local_init);
     pthread_mutex_lock(&local_lock);
-    for (local_entry *e = local_head; e && !found; e = e->next) {
+    for (ferry__cuda_local *e = local_head; e && !found; e = e->next) {
         if (memcmp(e->pool_id, pool_id, sizeof(e->pool_id)) == 0) {
-            *out = e->info;
-            found = 1;
+            found = e;
+            e->refs++;
         }
     }
     pthread_mutex_unlock(&local_lock);
-    return found;
+    if (!found)
+        return 0;
+    *entry = found;
+    *base = found->base;
+    *size = found->size;
+    *device = found->device;
+    return 1;
+}
+
+void ferry__cuda_local_put(ferry__cuda_local *entry)
+{
+    if (entry)
+        local_drop(entry);
 }
 
 ferry_status ferry__cuda_pool_use_device(ferry__cuda_pool *c)
@@ -102,6 +155,7 @@ ferry_status ferry__cuda_pool_init(ferry__cuda_pool *c, const char *transport,
     c->transport = transport;
     c->device = config->device;
     c->device_control = config->control_placement == FERRY_CONTROL_DEVICE;
+    c->place = c->device_control ? &ferry__device_placement : &ferry__host_placement;
     c->control_words =
         (uint64_t)config->max_inflight_slices * (1 + (uint64_t)config->consumer_count);
     mem->shared_fd = -1;
@@ -140,6 +194,9 @@ static ferry_status control_on_device(ferry__cuda_pool *c, ferry__pool_memory *m
     mem->control = c->mirror;
     c->control_dev = c->base;
     FERRY_CU_TRY(c->cuda, cuMemsetD32, (c->base, first_generation, c->control_words));
+    ferry_status st = ferry__cuda_io_stream(c->cuda, &c->io);
+    if (st != FERRY_OK)
+        return st;
     mem->flags |= FERRY_DESC_FLAG_DEVICE_CONTROL;
     return FERRY_OK;
 }
@@ -170,9 +227,9 @@ void ferry__cuda_pool_forget(ferry__cuda_pool *c, ferry__pool_memory *mem)
 
 void ferry__cuda_pool_release(ferry__cuda_pool *c, ferry__pool_memory *mem)
 {
-    if (c->local)
-        local_remove(c);
-    c->local = 0;
+    if (c->io && ferry__cuda_pool_use_device(c) == FERRY_OK)
+        c->cuda->cuStreamDestroy(c->io);
+    c->io = NULL;
     if (c->registered && ferry__cuda_pool_use_device(c) == FERRY_OK)
         c->cuda->cuMemHostUnregister(c->segment);
     c->registered = 0;
@@ -214,29 +271,36 @@ ferry_status ferry__cuda_mark_ready(ferry__pool_memory *mem, uint64_t word, uint
 ferry_status ferry__cuda_write_words(ferry__pool_memory *mem, uint64_t first, uint32_t count,
                                      uint32_t value)
 {
-    ferry__cuda_pool *c = state_of(mem);
-    if (!c->device_control)
-        return ferry__host_write_words(mem, first, count, value);
-    ferry_status st = ferry__cuda_pool_use_device(c);
-    if (st != FERRY_OK)
-        return st;
-    FERRY_CU_TRY(c->cuda, cuMemsetD32, (c->control_dev + first * sizeof(uint32_t), value, count));
-    ferry__fill_words(c->mirror + first, count, value);
-    return FERRY_OK;
+    return state_of(mem)->place->write_words(mem, first, count, value);
 }
 
 ferry_status ferry__cuda_sync_control(ferry__pool_memory *mem)
 {
+    return state_of(mem)->place->sync(mem);
+}
+
+ferry_status ferry__cuda_device_write_words(ferry__pool_memory *mem, uint64_t first,
+                                            uint32_t count, uint32_t value)
+{
     ferry__cuda_pool *c = state_of(mem);
-    if (!c->device_control)
-        return FERRY_OK;
     ferry_status st = ferry__cuda_pool_use_device(c);
     if (st != FERRY_OK)
         return st;
-    FERRY_CU_TRY(
-        c->cuda, cuMemcpy,
-        ((CUdeviceptr)(uintptr_t)c->mirror, c->control_dev, c->control_words * sizeof(uint32_t)));
-    return FERRY_OK;
+    st = ferry__cuda_words_write(c->cuda, c->io, c->control_dev + first * sizeof(uint32_t), count,
+                                 value);
+    if (st == FERRY_OK)
+        ferry__fill_words(c->mirror + first, count, value);
+    return st;
+}
+
+ferry_status ferry__cuda_device_sync(ferry__pool_memory *mem)
+{
+    ferry__cuda_pool *c = state_of(mem);
+    ferry_status st = ferry__cuda_pool_use_device(c);
+    if (st != FERRY_OK)
+        return st;
+    return ferry__cuda_words_read(c->cuda, c->io, c->mirror, c->control_dev,
+                                  c->control_words * sizeof(uint32_t));
 }
 
 ferry_status ferry__cuda_slice_ptr(ferry__pool_memory *mem, uint64_t offset, void **ptr)

@@ -7,6 +7,8 @@
 #include "driver/driver.h"
 #include "transport/transport.h"
 
+typedef struct ferry__cuda_local ferry__cuda_local;
+
 typedef struct ferry__cuda_pool {
     const ferry__cuda *cuda;
     const char *transport; /* "CUDA IPC", "CUDA VMM" */
@@ -18,8 +20,10 @@ typedef struct ferry__cuda_pool {
     CUdeviceptr control_dev; /* device address of control word 0 */
     uint64_t control_words;
     uint32_t *mirror; /* device placement: what the CPU last read of the table */
+    CUstream io;      /* device placement: the stream the CPU reads and writes the table on */
+    const ferry__placement *place; /* where the control words live */
     void *backend;    /* the transport's own state */
-    int local;        /* registered among this process's pools */
+    ferry__cuda_local *local; /* registered among this process's pools */
 } ferry__cuda_pool;
 
 /* Loads the driver and makes the pool's device current; fills c (cuda, transport, device,
@@ -42,18 +46,62 @@ ferry_status ferry__cuda_pool_use_device(ferry__cuda_pool *c);
 void ferry__cuda_pool_forget(ferry__cuda_pool *c, ferry__pool_memory *mem);
 
 /* Pools created by this process, so that a consumer in the producer's own process reads the
- * producer's own mapping (CUDA refuses to open a process's own IPC handle). */
-typedef struct ferry__cuda_local {
-    CUdeviceptr base; /* the pool region on the producer's device */
-    uint64_t size;    /* its bytes */
-    int device;       /* the producer's device */
-} ferry__cuda_local;
+ * producer's own mapping (CUDA refuses to open a process's own IPC handle). A consumer that
+ * borrows a mapping holds it: a producer that releases its pool meanwhile leaves the device
+ * memory to the last borrower, as CUDA keeps an exported allocation alive for the processes
+ * that opened it. */
+/* How a transport frees its device memory, whoever does it last. */
+typedef void (*ferry__cuda_free_fn)(const ferry__cuda *cuda, CUdeviceptr base, uint64_t size,
+                                    uint64_t cookie);
 
-/* 1 and *out if this process created the pool named pool_id and has not released it. */
-int ferry__cuda_local_find(const uint8_t pool_id[16], ferry__cuda_local *out);
+/* Finds the pool named pool_id among this process's and borrows its mapping: *entry (released
+ * with ferry__cuda_local_put), *base, *size and *device. 0 if this process did not create it
+ * (or has released it). */
+int ferry__cuda_local_find(const uint8_t pool_id[16], ferry__cuda_local **entry, CUdeviceptr *base,
+                           uint64_t *size, int *device);
+void ferry__cuda_local_put(ferry__cuda_local *entry);
 
-/* Registers a created pool (c->base, mem->memory_size); undone by ferry__cuda_pool_release. */
-ferry_status ferry__cuda_local_add(ferry__cuda_pool *c, const ferry__pool_memory *mem);
+/* Registers a created pool (c->base, mem->memory_size); free frees its device memory. */
+ferry_status ferry__cuda_local_add(ferry__cuda_pool *c, const ferry__pool_memory *mem,
+                                   ferry__cuda_free_fn free, uint64_t cookie);
+
+/* At the producer's release: 1 if the device memory is left to borrowers (the transport must
+ * not free it), 0 if the transport frees it now. */
+int ferry__cuda_local_retire(ferry__cuda_pool *c);
+
+/* The device placement's producer side (its table is in cuda_consumer.c). */
+ferry_status ferry__cuda_device_write_words(ferry__pool_memory *mem, uint64_t first,
+                                            uint32_t count, uint32_t value);
+ferry_status ferry__cuda_device_sync(ferry__pool_memory *mem);
+
+/* The consumer side, identical for every GPU transport (cuda_consumer.c). */
+const char *ferry__cuda_view_check(const ferry__shm_header *h, uint64_t *tail);
+const ferry__placement *ferry__cuda_view_placement(const ferry__shm_header *h);
+ferry_status ferry__cuda_view_attach(ferry__mapped_pool *p, int device);
+void ferry__cuda_view_detach(ferry__mapped_pool *p);
+ferry_status ferry__cuda_view_map(ferry__mapped_pool *p, int device, uint64_t deadline);
+ferry_status ferry__cuda_view_copy_out(ferry__mapped_pool *p, int device, uint64_t offset,
+                                       void *dst, uint64_t n);
+ferry_status ferry__cuda_view_data(ferry__mapped_pool *p, int device, uint64_t offset,
+                                   const void **data);
+ferry_status ferry__cuda_view_streams(const ferry__mapped_pool *p);
+ferry_status ferry__cuda_view_enqueue_wait(ferry__mapped_pool *p, int device, uint64_t word,
+                                           uint32_t value, void *stream);
+ferry_status ferry__cuda_view_enqueue_copy(ferry__mapped_pool *p, int device, uint64_t offset,
+                                           void *dst, uint64_t n, void *stream);
+ferry_status ferry__cuda_view_enqueue_store(ferry__mapped_pool *p, int device, uint64_t word,
+                                            uint32_t value, void *stream);
+
+/* The consumer side's entries of a GPU transport's ops table. */
+#define FERRY_CUDA_VIEW_OPS                                                                        \
+    .ready_poll_ns = 20000ull, .ready_spin_ns = 100000ull, .view_check = ferry__cuda_view_check, \
+    .view_placement = ferry__cuda_view_placement, .view_attach = ferry__cuda_view_attach,         \
+    .view_detach = ferry__cuda_view_detach, .view_map = ferry__cuda_view_map,                     \
+    .view_copy_out = ferry__cuda_view_copy_out, .view_data = ferry__cuda_view_data,               \
+    .view_streams = ferry__cuda_view_streams,                                                     \
+    .view_enqueue_wait = ferry__cuda_view_enqueue_wait,                                           \
+    .view_enqueue_copy = ferry__cuda_view_enqueue_copy,                                           \
+    .view_enqueue_store = ferry__cuda_view_enqueue_store
 
 /* The data path, identical for every GPU transport (transport.h ops). */
 ferry_status ferry__cuda_copy_in(ferry__pool_memory *mem, uint64_t offset, const void *src,

@@ -185,14 +185,23 @@ static ferry_status export_fd(ferry__cuda_pool *c, const ferry_pool_config *conf
     return ferry__broker_start(&bc, &v->fd_broker, mem->handle);
 }
 
+static void vmm_free_device(const ferry__cuda *cuda, CUdeviceptr base, uint64_t size,
+                            uint64_t handle)
+{
+    cuda->cuMemUnmap(base, size);
+    cuda->cuMemAddressFree(base, size);
+    cuda->cuMemRelease((CUmemGenericAllocationHandle)handle);
+}
+
 static void vmm_release(ferry__cuda_pool *c, ferry__pool_memory *mem)
 {
     vmm *v = c->backend;
+    int borrowed = ferry__cuda_local_retire(c);
     if (v) {
         ferry__broker_stop(v->fd_broker);
         if (v->fd >= 0)
             close(v->fd);
-        if ((v->mapped || v->reserved || v->created) &&
+        if (!borrowed && (v->mapped || v->reserved || v->created) &&
             ferry__cuda_pool_use_device(c) == FERRY_OK) {
             if (v->mapped)
                 c->cuda->cuMemUnmap(c->base, v->size);
@@ -231,7 +240,7 @@ static ferry_status vmm_build(ferry__cuda_pool *c, const ferry_pool_config *conf
     if (st == FERRY_OK)
         mem->memory_size = v->size;
     if (st == FERRY_OK)
-        st = ferry__cuda_local_add(c, mem);
+        st = ferry__cuda_local_add(c, mem, vmm_free_device, (uint64_t)v->handle);
     return st;
 }
 
@@ -297,6 +306,7 @@ const ferry__transport_ops ferry__cuda_vmm_transport = {
     .name = "CUDA VMM",
     .pool_name = "CUDA VMM multimodal",
     .backend = FERRY_BACKEND_CUDA_VMM,
+    .device_placement = 1,
     .rounds_size = 1,
     .space_poll_ns = 20000ull,
     .create = vmm_create,
@@ -308,6 +318,7 @@ const ferry__transport_ops ferry__cuda_vmm_transport = {
     .write_words = ferry__cuda_write_words,
     .sync_control = ferry__cuda_sync_control,
     .slice_ptr = ferry__cuda_slice_ptr,
+    FERRY_CUDA_VIEW_OPS,
 };
 
 int ferry__vmm_break_broker_for_tests(ferry_pool *pool)

@@ -148,10 +148,169 @@ static ferry_status host_slice_ptr(ferry__pool_memory *mem, uint64_t offset, voi
     return FERRY_OK;
 }
 
+/* ---- control words in host shared memory (every transport's default placement) -------- */
+
+static ferry_status words_open(ferry__mapped_pool *p)
+{
+    p->control = (uint32_t *)((uint8_t *)p->base + p->header->header_bytes);
+    return FERRY_OK;
+}
+
+static void words_close(ferry__mapped_pool *p)
+{
+    p->control = NULL;
+}
+
+static ferry_status words_load(ferry__mapped_pool *p, int device, uint64_t word, uint32_t *value)
+{
+    (void)device;
+    *value = ferry__load_acquire32(&p->control[word]);
+    return FERRY_OK;
+}
+
+static ferry_status words_load_ack(ferry__mapped_pool *p, int device, uint32_t slot,
+                                   uint32_t rank, uint32_t *value)
+{
+    return words_load(p, device, (uint64_t)slot * p->row_words + 1 + rank, value);
+}
+
+static ferry_status words_replace(ferry__mapped_pool *p, int device, uint64_t word,
+                                  uint32_t *expected, uint32_t value, int *done)
+{
+    (void)device;
+    *done = ferry__cas_acqrel32(&p->control[word], expected, value);
+    return FERRY_OK;
+}
+
+static void words_note_ack(ferry__mapped_pool *p, uint32_t slot, uint32_t rank, uint32_t gen)
+{
+    (void)p;
+    (void)slot;
+    (void)rank;
+    (void)gen;
+}
+
+static int words_seen(const ferry__mapped_pool *p, uint64_t word, uint32_t value)
+{
+    return ferry__load_acquire32(&p->control[word]) == value;
+}
+
+/* The waiter count is raised first (seq_cst, as the producer's store of the word and its
+ * read of the count), so that a producer that writes the word after our look wakes us. */
+static void words_sleep(ferry__mapped_pool *p, uint64_t word, uint32_t seen, uint64_t ns)
+{
+    ferry__fetch_add_seqcst32(&p->header->consumer_waiters, 1);
+    if (ferry__load_seqcst32(&p->control[word]) == seen)
+        ferry__futex_wait(&p->control[word], seen, ns);
+    ferry__fetch_add_seqcst32(&p->header->consumer_waiters, (uint32_t)-1);
+}
+
+const ferry__placement ferry__host_placement = {
+    .name = "host",
+    .open = words_open,
+    .close = words_close,
+    .load = words_load,
+    .load_ack = words_load_ack,
+    .replace = words_replace,
+    .note_ack = words_note_ack,
+    .seen = words_seen,
+    .sleep = words_sleep,
+    .write_words = ferry__host_write_words,
+    .sync = ferry__host_sync_control,
+};
+
+/* ---- the consumer side: the whole pool region lives in the segment ---------------------- */
+
+static const char *host_view_check(const ferry__shm_header *h, uint64_t *tail)
+{
+    if (h->device >= 0 || (h->desc_flags & FERRY_DESC_FLAG_DEVICE_CONTROL))
+        return "placement differs";
+    *tail = h->memory_size;
+    return NULL;
+}
+
+static const ferry__placement *host_view_placement(const ferry__shm_header *h)
+{
+    (void)h;
+    return &ferry__host_placement;
+}
+
+static ferry_status host_view_attach(ferry__mapped_pool *p, int device)
+{
+    (void)device;
+    p->data = (uint8_t *)p->base + p->header->header_bytes + p->header->data_start;
+    return FERRY_OK;
+}
+
+static void host_view_detach(ferry__mapped_pool *p)
+{
+    p->data = NULL;
+}
+
+static ferry_status host_view_map(ferry__mapped_pool *p, int device, uint64_t deadline)
+{
+    (void)p;
+    (void)device;
+    (void)deadline;
+    return FERRY_OK;
+}
+
+static ferry_status host_view_copy_out(ferry__mapped_pool *p, int device, uint64_t offset,
+                                       void *dst, uint64_t n)
+{
+    (void)device;
+    if (n)
+        memcpy(dst, p->data + offset, n);
+    return FERRY_OK;
+}
+
+static ferry_status host_view_data(ferry__mapped_pool *p, int device, uint64_t offset,
+                                   const void **data)
+{
+    (void)device;
+    *data = p->data + offset;
+    return FERRY_OK;
+}
+
+static ferry_status no_streams(void)
+{
+    return ferry__fail(FERRY_NOT_SUPPORTED, "stream-ordered operations need a GPU pool");
+}
+
+static ferry_status host_view_streams(const ferry__mapped_pool *p)
+{
+    (void)p;
+    return no_streams();
+}
+
+static ferry_status host_view_enqueue_word(ferry__mapped_pool *p, int device, uint64_t word,
+                                           uint32_t value, void *stream)
+{
+    (void)p;
+    (void)device;
+    (void)word;
+    (void)value;
+    (void)stream;
+    return no_streams();
+}
+
+static ferry_status host_view_enqueue_copy(ferry__mapped_pool *p, int device, uint64_t offset,
+                                           void *dst, uint64_t n, void *stream)
+{
+    (void)p;
+    (void)device;
+    (void)offset;
+    (void)dst;
+    (void)n;
+    (void)stream;
+    return no_streams();
+}
+
 const ferry__transport_ops ferry__host_transport = {
     .name = "host",
     .pool_name = "host",
     .backend = FERRY_BACKEND_HOST,
+    .device_placement = 0,
     .rounds_size = 0,
     .space_poll_ns = 100000000ull,
     .create = host_create,
@@ -163,7 +322,37 @@ const ferry__transport_ops ferry__host_transport = {
     .write_words = ferry__host_write_words,
     .sync_control = ferry__host_sync_control,
     .slice_ptr = host_slice_ptr,
+    .ready_poll_ns = 10000000ull,
+    .ready_spin_ns = 0,
+    .view_check = host_view_check,
+    .view_placement = host_view_placement,
+    .view_attach = host_view_attach,
+    .view_detach = host_view_detach,
+    .view_map = host_view_map,
+    .view_copy_out = host_view_copy_out,
+    .view_data = host_view_data,
+    .view_streams = host_view_streams,
+    .view_enqueue_wait = host_view_enqueue_word,
+    .view_enqueue_copy = host_view_enqueue_copy,
+    .view_enqueue_store = host_view_enqueue_word,
 };
+
+ferry_status ferry__transport_of(uint32_t backend, const ferry__transport_ops **ops)
+{
+    switch (backend) {
+    case FERRY_BACKEND_HOST:
+        *ops = &ferry__host_transport;
+        return FERRY_OK;
+    case FERRY_BACKEND_CUDA_IPC:
+        *ops = &ferry__cuda_ipc_transport;
+        return FERRY_OK;
+    case FERRY_BACKEND_CUDA_VMM:
+        *ops = &ferry__cuda_vmm_transport;
+        return FERRY_OK;
+    default:
+        return ferry__fail(FERRY_MISMATCH, "pool has unknown backend %u", backend);
+    }
+}
 
 ferry_status ferry__transport_select(ferry_backend backend, const ferry__transport_ops **ops)
 {

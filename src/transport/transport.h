@@ -11,6 +11,7 @@
 
 #include "ferry.h"
 #include "pool/layout.h"
+#include "transport/mapping.h"
 
 typedef struct ferry__pool_memory {
     uint8_t pool_id[16];       /* set by the engine before create: the pool's identity */
@@ -30,12 +31,16 @@ typedef struct ferry__pool_memory {
     void *priv;                /* transport state */
 } ferry__pool_memory;
 
+/* Both sides of a transport: the producer's pool memory (ferry__pool_memory) and a consumer
+ * process's mapping of the pool (ferry__mapped_pool, transport/mapping.h). */
 typedef struct ferry__transport_ops {
     const char *name;      /* "host", "CUDA IPC", "CUDA VMM": used in messages */
     const char *pool_name; /* in "<pool_name> pool failed" / "... is closing" */
     ferry_backend backend;
     /* 1 if create rounds memory_size (the engine checks the control metadata afterwards). */
     int rounds_size;
+    /* 1 if the control words may live in the device pool (FERRY_CONTROL_DEVICE). */
+    int device_placement;
     /* Nanoseconds a publisher waiting for space sleeps at most between looks at the control
      * words: long where every acknowledgement wakes it (CPU acks bump a futex), short where
      * GPU streams write acknowledgements that wake nobody. */
@@ -67,6 +72,41 @@ typedef struct ferry__transport_ops {
     ferry_status (*sync_control)(ferry__pool_memory *mem);
     /* Pointer to the data region at offset for a zero-copy writer (device pointer on GPUs). */
     ferry_status (*slice_ptr)(ferry__pool_memory *mem, uint64_t offset, void **ptr);
+
+    /* ---- consumer side: one mapping of the pool per consumer process ---- */
+    /* Longest sleep of a CPU waiter between looks at a ready word (where producers wake
+     * sleepers it is long; GPU streams wake nobody), and how long it yields first. */
+    uint64_t ready_poll_ns;
+    uint64_t ready_spin_ns;
+    /* Checks a pool header for this transport: NULL and *tail (the segment's bytes after
+     * the header) if it is consistent, else why not. */
+    const char *(*view_check)(const ferry__shm_header *h, uint64_t *tail);
+    /* The placement of the control words the header describes. */
+    const ferry__placement *(*view_placement)(const ferry__shm_header *h);
+    /* Once the segment is mapped and its layout known: what the process needs before it reads
+     * (GPU pools: the segment registered with CUDA on device). Undone by view_detach, which
+     * is also safe on a partial attach; a detach that must wait for streams still working on
+     * the pool takes the segment mapping over (it sets p->base to NULL) and releases both
+     * once that work has run. */
+    ferry_status (*view_attach)(ferry__mapped_pool *p, int device);
+    void (*view_detach)(ferry__mapped_pool *p);
+    /* Opens the pool's data for device (once per device; a CUDA VMM fd is asked of its broker
+     * until deadline at most). */
+    ferry_status (*view_map)(ferry__mapped_pool *p, int device, uint64_t deadline);
+    /* Copies n bytes at data offset into dst now (device or host memory for GPU pools). */
+    ferry_status (*view_copy_out)(ferry__mapped_pool *p, int device, uint64_t offset, void *dst,
+                                  uint64_t n);
+    /* The tensor's address at data offset, as device's work sees it. */
+    ferry_status (*view_data)(ferry__mapped_pool *p, int device, uint64_t offset,
+                              const void **data);
+    /* Stream-ordered consuming: FERRY_OK where the transport can order work on streams. */
+    ferry_status (*view_streams)(const ferry__mapped_pool *p);
+    ferry_status (*view_enqueue_wait)(ferry__mapped_pool *p, int device, uint64_t word,
+                                      uint32_t value, void *stream);
+    ferry_status (*view_enqueue_copy)(ferry__mapped_pool *p, int device, uint64_t offset, void *dst,
+                                      uint64_t n, void *stream);
+    ferry_status (*view_enqueue_store)(ferry__mapped_pool *p, int device, uint64_t word,
+                                       uint32_t value, void *stream);
 } ferry__transport_ops;
 
 extern const ferry__transport_ops ferry__host_transport;
@@ -80,6 +120,9 @@ ferry_status ferry__transport_select(ferry_backend backend, const ferry__transpo
 /* Breaks a CUDA VMM pool's POSIX FD broker (tests of the latched failure). */
 struct ferry_pool;
 int ferry__vmm_break_broker_for_tests(struct ferry_pool *pool);
+
+/* The transport of a pool a consumer opens (the header's backend). */
+ferry_status ferry__transport_of(uint32_t backend, const ferry__transport_ops **ops);
 
 /* Shared pieces of the transports that keep control words in host memory. */
 ferry_status ferry__segment_create(const char *transport, uint64_t size, int *fd, void **base);

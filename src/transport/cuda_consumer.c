@@ -1,0 +1,608 @@
+/* The consumer side of the GPU transports (CUDA IPC and CUDA VMM): the host segment
+ * registered with CUDA once per process, the pool opened once per process and device, on the
+ * consumer's own device with lazy peer access (no context is ever made on the producer's
+ * GPU), and the control words in the device pool (the device placement, both sides). */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "broker/broker.h"
+#include "common/atomic.h"
+#include "common/clock.h"
+#include "common/error.h"
+#include "driver/driver.h"
+#include "transport/cuda_pool.h"
+
+
+/* Streams a view remembers, to release it only after their work on it ran. */
+#define FERRY_VIEW_STREAMS 16
+
+typedef struct cuda_view {
+    const ferry__cuda *cuda;
+    pthread_mutex_t lock;                    /* guards base[] while opening */
+    int registered;                          /* the segment is registered with CUDA */
+    int device;                              /* the device whose context registered it */
+    CUdeviceptr segment_dev;                 /* its device address */
+    CUdeviceptr base[FERRY_MAX_DEVICES]; /* the pool opened on each device, 0 if not */
+    ferry__cuda_local *borrowed[FERRY_MAX_DEVICES]; /* base is the producer's own mapping */
+    CUmemGenericAllocationHandle vmm[FERRY_MAX_DEVICES]; /* CUDA VMM: imported handles */
+    CUstream io[FERRY_MAX_DEVICES]; /* device placement: CPU access to the words, per device */
+    CUstream streams[FERRY_VIEW_STREAMS]; /* streams that were given work on the pool */
+    int stream_device[FERRY_VIEW_STREAMS];
+    int nstreams;
+    int streams_lost; /* more than FERRY_VIEW_STREAMS of them */
+} cuda_view;
+
+static cuda_view *view_of(const ferry__mapped_pool *p)
+{
+    return p->priv;
+}
+
+/* Calls that reach gpu_map after their pool was opened give the VMM broker this long. */
+#define FERRY_VMM_BROKER_TIMEOUT_NS 5000000000ull
+
+
+
+static int device_control(const ferry__mapped_pool *p)
+{
+    return p->place == &ferry__device_placement;
+}
+
+static ferry_status check_device(int device)
+{
+    if (device < 0 || device >= FERRY_MAX_DEVICES)
+        return ferry__fail(FERRY_INVALID_ARGUMENT,
+                           "a GPU pool needs a consumer on a device (ferry_consumer_create_on), "
+                           "got device %d",
+                           device);
+    return FERRY_OK;
+}
+
+/* Streams wait on and write the control words in this process's mapping of them: the
+ * segment is registered with CUDA once, with device's context current. */
+static ferry_status register_segment(ferry__mapped_pool *p, cuda_view *g, int device)
+{
+    FERRY_CU_TRY(g->cuda, cuMemHostRegister,
+                 (p->base, p->size, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP));
+    g->registered = 1;
+    g->device = device;
+    FERRY_CU_TRY(g->cuda, cuMemHostGetDevicePointer, (&g->segment_dev, p->base, 0));
+    return FERRY_OK;
+}
+
+/* The driver and (host placement) the registered segment, on first use on a device. A
+ * consumer on no device (acknowledging on behalf, host control words) never gets here. */
+static ferry_status prepare_locked(ferry__mapped_pool *p, cuda_view *g, int device)
+{
+    ferry_status st = FERRY_OK;
+    if (!g->cuda && (st = ferry__cuda_get(&g->cuda)) != FERRY_OK) {
+        g->cuda = NULL;
+        return ferry__fail_wrap(st, "opening a GPU pool needs the CUDA driver");
+    }
+    st = ferry__cuda_use_device(g->cuda, device); /* registering needs a current context */
+    if (st == FERRY_OK && !device_control(p) && !g->registered)
+        st = register_segment(p, g, device);
+    return st;
+}
+
+ferry_status ferry__cuda_view_attach(ferry__mapped_pool *p, int device)
+{
+    if (device >= FERRY_MAX_DEVICES)
+        return check_device(device);
+    cuda_view *g = calloc(1, sizeof(*g));
+    if (!g)
+        return ferry__fail(FERRY_NO_MEMORY, "out of memory opening a GPU pool");
+    pthread_mutex_init(&g->lock, NULL);
+    g->device = -1;
+    p->priv = g;
+    if (device < 0)
+        return FERRY_OK; /* the device is prepared on the first use that needs one */
+    pthread_mutex_lock(&g->lock);
+    ferry_status st = prepare_locked(p, g, device);
+    pthread_mutex_unlock(&g->lock);
+    return st;
+}
+
+static ferry_status open_ipc(ferry__mapped_pool *p, CUdeviceptr *base)
+{
+    const ferry__cuda *cuda = view_of(p)->cuda;
+    CUipcMemHandle h;
+    memcpy(&h, p->handle, sizeof(h));
+    CUresult rc = cuda->cuIpcOpenMemHandle(base, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+    if (rc != CUDA_SUCCESS) {
+        /* A stale mapping of a dead producer's pool can stand in the way: drop the cache's
+         * pools whose producer is gone, then try once more. */
+        ferry__cache_sweep();
+        rc = cuda->cuIpcOpenMemHandle(base, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+    }
+    if (rc != CUDA_SUCCESS)
+        return ferry__cuda_fail(cuda, "cuIpcOpenMemHandle", rc);
+    return FERRY_OK;
+}
+
+/* CUDA VMM: the allocation handle, from the FABRIC bytes or the broker's POSIX fd. */
+static ferry_status import_vmm(ferry__mapped_pool *p, uint64_t deadline,
+                               CUmemGenericAllocationHandle *h)
+{
+    const ferry__cuda *cuda = view_of(p)->cuda;
+    if (p->flags & FERRY_DESC_FLAG_FABRIC) {
+        FERRY_CU_TRY(cuda, cuMemImportFromShareableHandle,
+                     (h, p->handle, CU_MEM_HANDLE_TYPE_FABRIC));
+        return FERRY_OK;
+    }
+    int fd;
+    uint64_t size;
+    pid_t pid;
+    uint64_t now = ferry__now_ns();
+    ferry_status st = ferry__broker_request(p->handle, p->pool_id, FERRY__RANK_NONE,
+                                            "CUDA VMM POSIX FD broker",
+                                            deadline > now ? deadline - now : 0, &fd, &size, &pid);
+    if (st != FERRY_OK)
+        return st;
+    CUresult rc = cuda->cuMemImportFromShareableHandle(h, (void *)(intptr_t)fd,
+                                                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    close(fd);
+    if (rc != CUDA_SUCCESS)
+        return ferry__cuda_fail(cuda, "cuMemImportFromShareableHandle", rc);
+    return FERRY_OK;
+}
+
+/* Reserves a range, maps h into it and lets device read and write it; undone on failure. */
+static ferry_status map_range(const ferry__cuda *cuda, CUmemGenericAllocationHandle h,
+                              uint64_t size, size_t granularity, int device, CUdeviceptr *out)
+{
+    CUdeviceptr va = 0;
+    FERRY_CU_TRY(cuda, cuMemAddressReserve, (&va, size, granularity, 0, 0));
+    CUresult rc = cuda->cuMemMap(va, size, 0, h, 0);
+    if (rc != CUDA_SUCCESS) {
+        cuda->cuMemAddressFree(va, size);
+        return ferry__cuda_fail(cuda, "cuMemMap", rc);
+    }
+    CUmemAccessDesc access = {{CU_MEM_LOCATION_TYPE_DEVICE, device},
+                              CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    rc = cuda->cuMemSetAccess(va, size, &access, 1);
+    if (rc != CUDA_SUCCESS) {
+        cuda->cuMemUnmap(va, size);
+        cuda->cuMemAddressFree(va, size);
+        return ferry__cuda_fail(cuda, "cuMemSetAccess", rc);
+    }
+    *out = va;
+    return FERRY_OK;
+}
+
+/* CUDA VMM: imports the pool and maps it on the consumer's device. */
+static ferry_status open_vmm(ferry__mapped_pool *p, int device, uint64_t deadline,
+                             CUdeviceptr *base)
+{
+    const ferry__cuda *cuda = view_of(p)->cuda;
+    if (!cuda->cuMemCreate)
+        return ferry__fail(FERRY_NOT_SUPPORTED, "CUDA VMM: this driver has no VMM entry points");
+    CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                .location = {CU_MEM_LOCATION_TYPE_DEVICE, device}};
+    size_t g;
+    CUmemGenericAllocationHandle h;
+    FERRY_CU_TRY(cuda, cuMemGetAllocationGranularity,
+                 (&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    ferry_status st = import_vmm(p, deadline, &h);
+    if (st == FERRY_OK && (st = map_range(cuda, h, p->memory_size, g, device, base)) != FERRY_OK)
+        cuda->cuMemRelease(h);
+    if (st == FERRY_OK)
+        view_of(p)->vmm[device] = h;
+    return st;
+}
+
+/* A consumer in the producer's own process reads the producer's mapping: CUDA refuses to
+ * open a process's own IPC handle, and importing its own VMM allocation would map it twice.
+ * A CUDA VMM mapping is made accessible from the consumer's device too. */
+static ferry_status borrow_local(ferry__mapped_pool *p, int device, ferry__cuda_local *l,
+                                 CUdeviceptr local_base, uint64_t size, int owner_device,
+                                 CUdeviceptr *base)
+{
+    if (p->backend == FERRY_BACKEND_CUDA_VMM && device != owner_device) {
+        CUmemAccessDesc access = {{CU_MEM_LOCATION_TYPE_DEVICE, device},
+                                  CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+        CUresult rc = view_of(p)->cuda->cuMemSetAccess(local_base, size, &access, 1);
+        if (rc != CUDA_SUCCESS) {
+            ferry__cuda_local_put(l);
+            return ferry__cuda_fail(view_of(p)->cuda, "cuMemSetAccess", rc);
+        }
+    }
+    *base = local_base;
+    view_of(p)->borrowed[device] = l;
+    return FERRY_OK;
+}
+
+static ferry_status open_handle(ferry__mapped_pool *p, int device, uint64_t deadline,
+                                CUdeviceptr *base)
+{
+    ferry__cuda_local *local;
+    CUdeviceptr local_base;
+    uint64_t size;
+    int owner;
+    if (ferry__cuda_local_find(p->pool_id, &local, &local_base, &size, &owner))
+        return borrow_local(p, device, local, local_base, size, owner, base);
+    return p->backend == FERRY_BACKEND_CUDA_VMM ? open_vmm(p, device, deadline, base)
+                                                : open_ipc(p, base);
+}
+
+ferry_status ferry__cuda_view_map(ferry__mapped_pool *p, int device, uint64_t deadline)
+{
+    ferry_status st = check_device(device);
+    if (st != FERRY_OK)
+        return st;
+    cuda_view *g = view_of(p);
+    if (__atomic_load_n(&g->base[device], __ATOMIC_ACQUIRE))
+        return ferry__cuda_use_device(g->cuda, device);
+    pthread_mutex_lock(&g->lock);
+    st = prepare_locked(p, g, device);
+    if (st == FERRY_OK && !g->base[device]) {
+        CUdeviceptr base = 0;
+        st = open_handle(p, device, deadline, &base);
+        if (st == FERRY_OK)
+            __atomic_store_n(&g->base[device], base, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&g->lock);
+    return st;
+}
+
+/* ---- releasing a view: only once the streams that used it have run ------------------------ */
+
+/* A view whose streams may still run work on it (a copy, a wait on a ready word, an
+ * acknowledgement): released once events recorded behind that work have completed. */
+typedef struct deferred {
+    struct deferred *next;
+    cuda_view *g;
+    uint32_t backend;
+    uint64_t memory_size;
+    void *segment; /* the host segment mapping, unmapped last */
+    uint64_t segment_size;
+    CUevent events[FERRY_VIEW_STREAMS];
+    int nevents;
+} deferred;
+
+static pthread_mutex_t deferred_lock = PTHREAD_MUTEX_INITIALIZER;
+static deferred *deferred_head;
+static pthread_once_t deferred_once = PTHREAD_ONCE_INIT;
+
+/* A forked child has none of its parent's streams or mappings' CUDA state. */
+static void deferred_after_fork(void)
+{
+    pthread_mutex_init(&deferred_lock, NULL);
+    deferred_head = NULL;
+}
+
+static void deferred_init(void)
+{
+    pthread_atfork(NULL, NULL, deferred_after_fork);
+}
+
+static void release_view(cuda_view *g, uint32_t backend, uint64_t memory_size, void *segment)
+{
+    for (int d = 0; d < FERRY_MAX_DEVICES; d++) {
+        if (!g->base[d] || ferry__cuda_use_device(g->cuda, d) != FERRY_OK)
+            continue;
+        if (g->io[d])
+            g->cuda->cuStreamDestroy(g->io[d]);
+        if (g->borrowed[d]) {
+            ferry__cuda_local_put(g->borrowed[d]); /* the last borrower frees a left pool */
+            continue;
+        }
+        if (backend == FERRY_BACKEND_CUDA_VMM) {
+            g->cuda->cuMemUnmap(g->base[d], memory_size);
+            g->cuda->cuMemAddressFree(g->base[d], memory_size);
+            g->cuda->cuMemRelease(g->vmm[d]);
+        } else {
+            g->cuda->cuIpcCloseMemHandle(g->base[d]);
+        }
+    }
+    if (g->registered && ferry__cuda_use_device(g->cuda, g->device) == FERRY_OK)
+        g->cuda->cuMemHostUnregister(segment);
+    pthread_mutex_destroy(&g->lock);
+    free(g);
+}
+
+/* Records an event behind the work of every stream the view was used on; 1 if some of it has
+ * not run yet (the events are then in r). A stream that cannot take an event any more was
+ * destroyed: its work completes on its own. */
+static int streams_busy(cuda_view *g, deferred *r)
+{
+    int busy = 0;
+    for (int i = 0; i < g->nstreams; i++) {
+        CUevent ev;
+        if (ferry__cuda_use_device(g->cuda, g->stream_device[i]) != FERRY_OK ||
+            g->cuda->cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
+            continue;
+        if (g->cuda->cuEventRecord(ev, g->streams[i]) == CUDA_SUCCESS &&
+            g->cuda->cuEventQuery(ev) == CUDA_ERROR_NOT_READY) {
+            r->events[r->nevents++] = ev;
+            busy = 1;
+        } else {
+            g->cuda->cuEventDestroy(ev);
+        }
+    }
+    return busy;
+}
+
+/* Releases the deferred views whose streams have run (every view release looks). */
+static void release_deferred(void)
+{
+    deferred *done = NULL;
+    pthread_mutex_lock(&deferred_lock);
+    for (deferred **pp = &deferred_head; *pp;) {
+        deferred *r = *pp;
+        int ready = 1;
+        for (int i = 0; i < r->nevents && ready; i++)
+            ready = r->g->cuda->cuEventQuery(r->events[i]) != CUDA_ERROR_NOT_READY;
+        if (ready) {
+            *pp = r->next;
+            r->next = done;
+            done = r;
+        } else {
+            pp = &r->next;
+        }
+    }
+    pthread_mutex_unlock(&deferred_lock);
+    while (done) {
+        deferred *next = done->next;
+        for (int i = 0; i < done->nevents; i++)
+            done->g->cuda->cuEventDestroy(done->events[i]);
+        release_view(done->g, done->backend, done->memory_size, done->segment);
+        munmap(done->segment, done->segment_size);
+        free(done);
+        done = next;
+    }
+}
+
+void ferry__cuda_view_detach(ferry__mapped_pool *p)
+{
+    cuda_view *g = view_of(p);
+    pthread_once(&deferred_once, deferred_init);
+    if (g) {
+        deferred *r = g->nstreams ? calloc(1, sizeof(*r)) : NULL;
+        if (r && streams_busy(g, r)) {
+            /* The view and the segment mapping are the deferred release's from here. */
+            r->g = g;
+            r->backend = p->backend;
+            r->memory_size = p->memory_size;
+            r->segment = p->base;
+            r->segment_size = p->size;
+            p->base = NULL;
+            pthread_mutex_lock(&deferred_lock);
+            r->next = deferred_head;
+            deferred_head = r;
+            pthread_mutex_unlock(&deferred_lock);
+        } else {
+            free(r);
+            release_view(g, p->backend, p->memory_size, p->base);
+        }
+        p->priv = NULL;
+    }
+    release_deferred();
+}
+
+/* Remembers a stream that holds work on the view (the events of its release go behind it). */
+static void note_stream(ferry__mapped_pool *p, int device, void *stream)
+{
+    cuda_view *g = view_of(p);
+    pthread_mutex_lock(&g->lock);
+    int known = 0;
+    for (int i = 0; i < g->nstreams && !known; i++)
+        known = g->streams[i] == (CUstream)stream && g->stream_device[i] == device;
+    if (!known && g->nstreams < FERRY_VIEW_STREAMS) {
+        g->streams[g->nstreams] = (CUstream)stream;
+        g->stream_device[g->nstreams++] = device;
+    } else if (!known) {
+        g->streams_lost = 1; /* more streams than remembered: the oldest ones are not waited for */
+    }
+    pthread_mutex_unlock(&g->lock);
+}
+
+/* The device address of a control word, as the consumer's device sees it. */
+static ferry_status word_address(ferry__mapped_pool *p, int device, uint64_t word,
+                                 CUdeviceptr *addr)
+{
+    ferry_status st = ferry__cuda_view_map(p, device, ferry__deadline(FERRY_VMM_BROKER_TIMEOUT_NS));
+    if (st != FERRY_OK)
+        return st;
+    cuda_view *g = view_of(p);
+    if (device_control(p))
+        *addr = g->base[device] + word * sizeof(uint32_t);
+    else
+        *addr = g->segment_dev + p->header->header_bytes + word * sizeof(uint32_t);
+    return FERRY_OK;
+}
+
+/* ---- control words in the device pool: the device placement ---------------------------- */
+
+static ferry_status device_open(ferry__mapped_pool *p)
+{
+    p->my_acks = calloc((size_t)p->max_inflight * p->consumers, sizeof(uint32_t));
+    if (!p->my_acks)
+        return ferry__fail(FERRY_NO_MEMORY, "out of memory opening a pool");
+    return FERRY_OK;
+}
+
+static void device_close(ferry__mapped_pool *p)
+{
+    free(p->my_acks);
+    p->my_acks = NULL;
+}
+
+/* The device's stream for CPU access to the words, made on first use (word_address made the
+ * device's context current). */
+static ferry_status io_stream(ferry__mapped_pool *p, int device, CUstream *io)
+{
+    cuda_view *g = view_of(p);
+    ferry_status st = FERRY_OK;
+    pthread_mutex_lock(&g->lock);
+    if (!g->io[device])
+        st = ferry__cuda_io_stream(g->cuda, &g->io[device]);
+    *io = g->io[device];
+    pthread_mutex_unlock(&g->lock);
+    return st;
+}
+
+static ferry_status device_load(ferry__mapped_pool *p, int device, uint64_t word,
+                                uint32_t *value)
+{
+    CUdeviceptr addr;
+    ferry_status st = word_address(p, device, word, &addr);
+    if (st != FERRY_OK)
+        return st;
+    uint32_t v;
+    CUstream io;
+    st = io_stream(p, device, &io);
+    if (st == FERRY_OK)
+        st = ferry__cuda_words_read(view_of(p)->cuda, io, &v, addr, sizeof(v));
+    if (st == FERRY_OK)
+        *value = v;
+    return st;
+}
+
+/* Reading the word would cost a device round trip: this process's own record instead (an
+ * acknowledgement another process wrote for the rank is not seen here). */
+static ferry_status device_load_ack(ferry__mapped_pool *p, int device, uint32_t slot,
+                                    uint32_t rank, uint32_t *value)
+{
+    (void)device;
+    *value = ferry__load_acquire32(&p->my_acks[(uint64_t)slot * p->consumers + rank]);
+    return FERRY_OK;
+}
+
+static ferry_status device_replace(ferry__mapped_pool *p, int device, uint64_t word,
+                                   uint32_t *expected, uint32_t value, int *done)
+{
+    (void)expected;
+    CUdeviceptr addr;
+    ferry_status st = word_address(p, device, word, &addr);
+    CUstream io;
+    if (st == FERRY_OK)
+        st = io_stream(p, device, &io);
+    if (st == FERRY_OK)
+        st = ferry__cuda_words_write(view_of(p)->cuda, io, addr, 1, value);
+    if (st == FERRY_OK)
+        *done = 1;
+    return st;
+}
+
+static void device_note_ack(ferry__mapped_pool *p, uint32_t slot, uint32_t rank, uint32_t gen)
+{
+    ferry__store_release32(&p->my_acks[(uint64_t)slot * p->consumers + rank], gen);
+}
+
+static int device_seen(const ferry__mapped_pool *p, uint64_t word, uint32_t value)
+{
+    (void)p;
+    (void)word;
+    (void)value;
+    return 0; /* only a device read could tell */
+}
+
+static void device_sleep(ferry__mapped_pool *p, uint64_t word, uint32_t seen, uint64_t ns)
+{
+    (void)p;
+    (void)word;
+    (void)seen;
+    struct timespec ts = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
+    nanosleep(&ts, NULL);
+}
+
+const ferry__placement ferry__device_placement = {
+    .name = "device",
+    .open = device_open,
+    .close = device_close,
+    .load = device_load,
+    .load_ack = device_load_ack,
+    .replace = device_replace,
+    .note_ack = device_note_ack,
+    .seen = device_seen,
+    .sleep = device_sleep,
+    .write_words = ferry__cuda_device_write_words,
+    .sync = ferry__cuda_device_sync,
+};
+
+/* ---- the rest of the consumer side ------------------------------------------------------ */
+
+const char *ferry__cuda_view_check(const ferry__shm_header *h, uint64_t *tail)
+{
+    if (h->device < 0)
+        return "placement differs";
+    *tail = (h->desc_flags & FERRY_DESC_FLAG_DEVICE_CONTROL) ? 0 : h->data_start;
+    return NULL;
+}
+
+const ferry__placement *ferry__cuda_view_placement(const ferry__shm_header *h)
+{
+    return (h->desc_flags & FERRY_DESC_FLAG_DEVICE_CONTROL) ? &ferry__device_placement
+                                                            : &ferry__host_placement;
+}
+
+ferry_status ferry__cuda_view_streams(const ferry__mapped_pool *p)
+{
+    (void)p;
+    return FERRY_OK;
+}
+
+ferry_status ferry__cuda_view_data(ferry__mapped_pool *p, int device, uint64_t offset, const void **data)
+{
+    ferry_status st = ferry__cuda_view_map(p, device, ferry__deadline(FERRY_VMM_BROKER_TIMEOUT_NS));
+    if (st != FERRY_OK)
+        return st;
+    *data = (const void *)(uintptr_t)(view_of(p)->base[device] + p->header->data_start + offset);
+    return FERRY_OK;
+}
+
+ferry_status ferry__cuda_view_copy_out(ferry__mapped_pool *p, int device, uint64_t offset, void *dst,
+                                 uint64_t n)
+{
+    const void *src;
+    ferry_status st = ferry__cuda_view_data(p, device, offset, &src);
+    if (st != FERRY_OK || n == 0)
+        return st;
+    FERRY_CU_TRY(view_of(p)->cuda, cuMemcpy,
+                 ((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, n));
+    return FERRY_OK;
+}
+
+ferry_status ferry__cuda_view_enqueue_wait(ferry__mapped_pool *p, int device, uint64_t word,
+                                     uint32_t value, void *stream)
+{
+    CUdeviceptr addr;
+    ferry_status st = word_address(p, device, word, &addr);
+    if (st != FERRY_OK)
+        return st;
+    FERRY_CU_TRY(view_of(p)->cuda, cuStreamWaitValue32,
+                 ((CUstream)stream, addr, value, CU_STREAM_WAIT_VALUE_GEQ));
+    note_stream(p, device, stream);
+    return FERRY_OK;
+}
+
+ferry_status ferry__cuda_view_enqueue_copy(ferry__mapped_pool *p, int device, uint64_t offset, void *dst,
+                                     uint64_t n, void *stream)
+{
+    const void *src;
+    ferry_status st = ferry__cuda_view_data(p, device, offset, &src);
+    if (st != FERRY_OK || n == 0)
+        return st;
+    FERRY_CU_TRY(view_of(p)->cuda, cuMemcpyAsync,
+                 ((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, n, (CUstream)stream));
+    note_stream(p, device, stream);
+    return FERRY_OK;
+}
+
+ferry_status ferry__cuda_view_enqueue_store(ferry__mapped_pool *p, int device, uint64_t word,
+                                      uint32_t value, void *stream)
+{
+    CUdeviceptr addr;
+    ferry_status st = word_address(p, device, word, &addr);
+    if (st != FERRY_OK)
+        return st;
+    FERRY_CU_TRY(view_of(p)->cuda, cuStreamWriteValue32,
+                 ((CUstream)stream, addr, value, CU_STREAM_WRITE_VALUE_DEFAULT));
+    note_stream(p, device, stream);
+    return FERRY_OK;
+}
