@@ -111,6 +111,19 @@ enum {
     FERRY_DTYPE_BFLOAT = 4,
     FERRY_DTYPE_COMPLEX = 5,
     FERRY_DTYPE_BOOL = 6,
+    /* DLPack 1.1's low-precision floats (bits 8, 6 or 4 as their names say). */
+    FERRY_DTYPE_FLOAT8_E3M4 = 7,
+    FERRY_DTYPE_FLOAT8_E4M3 = 8,
+    FERRY_DTYPE_FLOAT8_E4M3B11FNUZ = 9,
+    FERRY_DTYPE_FLOAT8_E4M3FN = 10,
+    FERRY_DTYPE_FLOAT8_E4M3FNUZ = 11,
+    FERRY_DTYPE_FLOAT8_E5M2 = 12,
+    FERRY_DTYPE_FLOAT8_E5M2FNUZ = 13,
+    FERRY_DTYPE_FLOAT8_E8M0FNU = 14,
+    FERRY_DTYPE_FLOAT6_E2M3FN = 15,
+    FERRY_DTYPE_FLOAT6_E3M2FN = 16,
+    FERRY_DTYPE_FLOAT4_E2M1FN = 17,
+    FERRY_DTYPE_LAST = FERRY_DTYPE_FLOAT4_E2M1FN,
 };
 
 /* A dense, C-contiguous tensor's metadata: DLPack dtype and shape. Its size in bytes is
@@ -547,6 +560,36 @@ FERRY_API ferry_status ferry_doctor_report(int json, char *buf, size_t size, siz
  * pools cross nodes. The caller's current CUDA context is left as it was. */
 FERRY_API ferry_status ferry_backend_resolve(int32_t device, ferry_backend *backend, char *reason,
                                              size_t size);
+
+/* ------------------------------------------------------------------------------------
+ * GPU helpers, for programs with no CUDA runtime of their own (ferry's Python package)
+ *
+ * The CUDA driver ferry loads at run time, on device's primary context; the calling
+ * thread's current context is what it was afterwards. NOT_SUPPORTED without a driver;
+ * DRIVER with the driver's error name when a call fails.
+ * ---------------------------------------------------------------------------------- */
+
+/* Allocates size bytes of device memory on device (at least 1 byte). */
+FERRY_API ferry_status ferry_gpu_alloc(int32_t device, uint64_t size, void **ptr);
+
+/* Frees what ferry_gpu_alloc gave (after the work that uses it, as cuMemFree). NULL: no-op. */
+FERRY_API void ferry_gpu_free(int32_t device, void *ptr);
+
+/* Enqueues a copy of n bytes between device or host memory on stream. */
+FERRY_API ferry_status ferry_gpu_copy_async(int32_t device, void *dst, const void *src,
+                                            uint64_t n, void *stream);
+
+/* Waits until stream has run everything enqueued so far. */
+FERRY_API ferry_status ferry_gpu_stream_synchronize(int32_t device, void *stream);
+
+/* Records an event behind the work enqueued on stream so far; *event is the caller's
+ * (ferry_gpu_event_destroy). */
+FERRY_API ferry_status ferry_gpu_event_record(int32_t device, void *stream, void **event);
+
+/* Waits for an event; *done (ferry_gpu_event_query) is 1 once it completed, 0 while pending. */
+FERRY_API ferry_status ferry_gpu_event_wait(int32_t device, void *event);
+FERRY_API ferry_status ferry_gpu_event_query(int32_t device, void *event, int *done);
+FERRY_API void ferry_gpu_event_destroy(int32_t device, void *event);
 
 /* ------------------------------------------------------------------------------------
  * Logging

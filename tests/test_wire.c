@@ -455,7 +455,8 @@ static const struct field_case field_cases[] = {
     {"handle is not all zero", {{88, 1, 0x80}}},
     {"device -1 is negative for backend cuda_ipc", {{8, 1, 2}}},
     {"device -5 is negative for backend cuda_vmm", {{8, 1, 3}, {84, 4, 0xFFFFFFFBu}}},
-    {"dtype code 7 is unknown", {{152, 1, 7}}},
+    {"dtype code 18 is unknown", {{152, 1, 18}}},
+    {"dtype code 10 has 16 bits (expected 8)", {{152, 1, 10}, {153, 1, 16}}}, /* float8 */
     {"dtype code 255 is unknown", {{152, 1, 255}}},
     {"dtype bits is 0", {{153, 1, 0}}},
     {"dtype lanes is 0", {{154, 2, 0}}},
@@ -618,7 +619,13 @@ static void test_tensor_nbytes_errors(void **state)
     nbytes_bad(make_tensor(FERRY_DTYPE_FLOAT, 32, 0, 3, s234), "lanes is 0");
     nbytes_bad(make_tensor(FERRY_DTYPE_INT, 4, 1, 3, s234), "not a multiple of 8");
     nbytes_bad(make_tensor(FERRY_DTYPE_INT, 12, 3, 3, s234), "not a multiple of 8");
-    nbytes_bad(make_tensor(7, 8, 1, 3, s234), "dtype code 7 is unknown");
+    nbytes_bad(make_tensor(18, 8, 1, 3, s234), "dtype code 18 is unknown");
+    nbytes_bad(make_tensor(FERRY_DTYPE_FLOAT6_E2M3FN, 8, 1, 3, s234),
+               "dtype code 15 has 8 bits (expected 6)");
+    nbytes_bad(make_tensor(FERRY_DTYPE_FLOAT4_E2M1FN, 4, 1, 3, s234), "is not a multiple of 8");
+    /* DLPack 1.1's float8 codes, and float4 two to a byte (lanes 2). */
+    assert_int_equal(nbytes_ok(make_tensor(FERRY_DTYPE_FLOAT8_E4M3FN, 8, 1, 3, s234)), 24);
+    assert_int_equal(nbytes_ok(make_tensor(FERRY_DTYPE_FLOAT4_E2M1FN, 4, 2, 3, s234)), 24);
     nbytes_bad(make_tensor(FERRY_DTYPE_BOOL, 1, 8, 3, s234), "bool dtype has 1 bits");
     nbytes_bad(make_tensor(FERRY_DTYPE_UINT, 16, 1, 2, sbig), "overflows");
     nbytes_bad(make_tensor(FERRY_DTYPE_UINT, 64, 1, 1, s61), "overflows");

@@ -17,8 +17,11 @@ Errors: invalid arguments raise ``ValueError``; everything else derives from :cl
 :class:`Forked`). Messages are the library's; ``.status`` is the ferry status name.
 """
 
-import contextlib
-import sys
+import contextlib as _contextlib
+import logging as _logging
+import re as _re
+import sys as _sys
+from typing import Any as _Any
 
 from . import _ferry
 from ._ferry import (
@@ -36,6 +39,7 @@ from ._ferry import (
     Timeout,
     TooLarge,
     ack,
+    doctor,
     receive,
     receive_many,
     release_consumers,
@@ -60,13 +64,60 @@ __all__ = [
     "Stale",
     "Timeout",
     "TooLarge",
+    "__version__",
     "ack",
+    "doctor",
+    "logger",
+    "parse_size",
     "receive",
     "receive_many",
     "release_consumers",
     "split_budget",
     "version",
 ]
+
+#: The library's log lines (warnings such as the once-per-pool "pool full", a consumer gone,
+#: a pool failed) go to this logger; the extension installs the route at import
+#: (``ferry_set_log``). Without a handler configured, Python prints warnings and errors on
+#: stderr.
+logger = _logging.getLogger("ferry")
+
+_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+          "kb": 10 ** 3, "mb": 10 ** 6, "gb": 10 ** 9, "tb": 10 ** 12}
+_SIZE = _re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*")
+
+
+def parse_size(size: "int | str") -> int:
+    """Bytes of a size given as an int or a string: ``"256MiB"``, ``"1GiB"``, ``"512KiB"``,
+    ``"1.5GB"``, ``"4096"`` (units B, KiB, MiB, GiB, TiB, KB, MB, GB, TB; any case). Raises
+    ``ValueError`` naming the value for any other string (signs, fractions of a byte, unknown
+    units) and ``TypeError`` for other types; ints are returned as they are."""
+    if isinstance(size, bool):
+        raise TypeError(f"size must be an int or a string such as '256MiB', not {size!r}")
+    if isinstance(size, int):
+        return size  # the library says what is wrong with 0 or a negative one
+    if not isinstance(size, str):
+        raise TypeError(f"size must be an int or a string such as '256MiB', not "
+                        f"{type(size).__name__}")
+    m = _SIZE.fullmatch(size)
+    unit = m and _UNITS.get(m.group(2).lower())
+    if not m or unit is None:
+        raise ValueError(f"invalid size {size!r} (a size such as 4096, '256MiB', '1GiB' or "
+                         f"'1.5GB'; units B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)")
+    whole, _, frac = m.group(1).partition(".")
+    scale = 10 ** len(frac)
+    numerator = int(whole or "0") * scale + int(frac or "0")
+    if numerator * unit % scale:
+        raise ValueError(f"invalid size {size!r}: not a whole number of bytes")
+    return numerator * unit // scale
+
+
+def _size_text(n):
+    """'256MiB' for a whole number of a binary unit, else the int."""
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale}{unit}"
+    return n
 
 
 def _dtype_name(dtype):
@@ -86,14 +137,14 @@ def _dtype_name(dtype):
         return text
 
 
-_AS_IS = contextlib.nullcontext()
+_AS_IS = _contextlib.nullcontext()
 
 
 def _exporting(*tensors):
     """The context in which the tensors' producer agrees to export them: torch exports a CUDA
     tensor only while its device is torch's current device. (torch's C getters: this runs at
     every publish.)"""
-    torch = sys.modules.get("torch")
+    torch = _sys.modules.get("torch")
     if torch is None:
         return _AS_IS
     current = None
@@ -106,12 +157,21 @@ def _exporting(*tensors):
     return _AS_IS
 
 
+def _ml_dtypes_array(x):
+    """Whether x is a numpy array of an ml_dtypes dtype (float8_*, bfloat16, ...), which
+    numpy's __dlpack__ refuses: such arrays are published through a reservation."""
+    numpy = _sys.modules.get("numpy")
+    return (numpy is not None and isinstance(x, numpy.ndarray) and
+            getattr(x.dtype.type, "__module__", "").startswith("ml_dtypes"))
+
+
 class Pool(_ferry.Pool):
     """Pool(size, consumers, *, backend="auto", device=0, max_inflight=4096,
     reclaim_interval_us=1000, control="host", on_full="raise", timeout=None,
     vmm_handle="auto")
 
-    A producer's pool: ``size`` bytes (control table and data) read by ``consumers`` ranks.
+    A producer's pool: ``size`` bytes (control table and data; an int or a string such as
+    ``"256MiB"``, ``"1GiB"``, ``"1.5GB"``) read by ``consumers`` ranks.
 
     - ``backend``: ``"auto"`` (host unless a GPU backend is asked for), ``"host"``,
       ``"cuda_ipc"`` or ``"cuda_vmm"``; ``device`` is the GPU of a GPU pool.
@@ -134,12 +194,33 @@ class Pool(_ferry.Pool):
     closing or collecting it there leaves the parent's pool alone.
     """
 
-    def __repr__(self):
-        state = ", closed" if self.closed else ""
-        return (f"ferry.Pool(backend={self.backend!r}, device={self.device}, "
-                f"on_full={self.on_full!r}{state})")
+    def __init__(self, size: "int | str", consumers: int, **options: _Any) -> None:
+        size = parse_size(size)
+        super().__init__(size, consumers, **options)
+        self._size = size
+        self._consumers = consumers
+
+    @property
+    def size(self) -> int:
+        """The pool's size in bytes, as asked for (control table and data)."""
+        return self._size
+
+    @property
+    def consumers(self) -> int:
+        """The number of consumer ranks."""
+        return self._consumers
+
+    def __repr__(self) -> str:
+        size = getattr(self, "_size", None)
+        if size is None:  # __init__ did not run, or failed
+            return "ferry.Pool(<not initialised>)"
+        return (f"ferry.Pool(backend={self.backend!r}, size={_size_text(size)!r}, "
+                f"consumers={self._consumers}, device={self.device}, "
+                f"on_full={self.on_full!r}, closed={self.closed})")
 
     def publish(self, x, stream=None, timeout=None):
+        if _ml_dtypes_array(x):
+            return self._publish_bytes(x, timeout)
         with _exporting(x):
             return super().publish(x, stream, timeout)
     publish.__doc__ = _ferry.Pool.publish.__doc__
@@ -162,3 +243,24 @@ class Pool(_ferry.Pool):
         without a commit is cancelled.
         """
         return super().reserve(shape, _dtype_name(dtype), timeout)
+
+    def _publish_bytes(self, x, timeout):
+        """publish for numpy arrays of ml_dtypes dtypes (no DLPack export): reserve, copy the
+        bytes through the buffer protocol, commit. Host pools only."""
+        if self.backend != "host":
+            raise ValueError(f"a numpy array of dtype {x.dtype.name} can only be published "
+                             f"into a host pool (numpy exports it to no device): use a "
+                             f"torch tensor for {self.backend} pools")
+        if not x.flags.c_contiguous:
+            raise ValueError("the tensor is not C-contiguous")
+        r = self.reserve(x.shape, x.dtype.name, timeout)
+        if r is None:
+            return None
+        try:
+            with memoryview(r) as view:
+                view.cast("B")[:] = x.reshape(-1).view("uint8")
+        except BaseException:
+            r.cancel()
+            raise
+        r.commit()
+        return r.descriptor

@@ -392,7 +392,7 @@ def plot(results, path, channel):
     fig.savefig(path, dpi=110)
 
 
-def main(argv=None):
+def parser():
     ap = argparse.ArgumentParser(prog="python -m ferry.bench", description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="4KiB,1MiB,16MiB,64MiB")
     ap.add_argument("--consumers", default="1,4")
@@ -407,7 +407,20 @@ def main(argv=None):
     ap.add_argument("--cpu", action="store_true", help="NumPy over a host pool (no GPU)")
     ap.add_argument("--plot", default=None, help="write a PNG plot here")
     ap.add_argument("--json", default=None, help="write the results here")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
+    if not args.cpu:
+        from .cli import gpu_missing
+        missing = gpu_missing()
+        if missing:
+            print(f"python -m ferry.bench: this benchmark hands CUDA tensors between GPU "
+                  f"processes and needs torch with CUDA and a GPU ({missing}). Without them: "
+                  f"python -m ferry bench --host (ferry against pickle through a pipe, over a "
+                  f"host pool with numpy), or --cpu here.", file=sys.stderr)
+            return 2
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     counts = [int(c) for c in args.consumers.split(",")]
     methods = args.methods.split(",")

@@ -5,7 +5,7 @@
 int fy_consumer_device(const ferry_descriptor *d, PyObject *device, int32_t *out)
 {
     int dev = -1;
-    if (d->backend == FERRY_BACKEND_HOST) {
+    if (d->device < 0) { /* the pool's data is in host memory */
         *out = -1;
         return 0;
     }
@@ -65,14 +65,7 @@ static PyObject *ack_run(const ack_request *r)
     if (!c)
         return NULL;
     ferry_status st;
-    fy_cuda_scope scope;
-    Py_BEGIN_ALLOW_THREADS
-        /* GPU pools are opened in the device's context; host pools never touch CUDA. */
-        st = fy_cuda_enter(&scope, r->device >= 0 ? r->device : FY_CUDA_NONE);
-    if (st == FERRY_OK) {
-        st = ack_call(c, r);
-        fy_cuda_leave(&scope);
-    }
+    Py_BEGIN_ALLOW_THREADS st = ack_call(c, r);
     Py_END_ALLOW_THREADS fy_consumer_unref(c);
     if (st != FERRY_OK)
         return fy_raise(st);

@@ -41,10 +41,7 @@ void fy_consumer_unref(fy_consumer *c)
         free(c);
         return;
     }
-    fy_cuda_scope scope;
-    fy_cuda_enter(&scope, FY_CUDA_FOR(c->device >= 0)); /* may close GPU mappings */
     ferry_consumer_destroy(c->handle);
-    fy_cuda_leave(&scope);
     free(c);
 }
 

@@ -1,13 +1,14 @@
-/* The DLPack ABI (version 1.0), written from the public specification: the structures that
+/* The DLPack ABI (version 1.1), written from the public specification: the structures that
  * producers and consumers exchange through "dltensor" / "dltensor_versioned" capsules. Field
- * order and enumerator values are the specification's. */
+ * order and enumerator values are the specification's. 1.1 added the float8/float6/float4
+ * type codes; the structures are those of 1.0. */
 #ifndef FERRY_PY_DLPACK_H
 #define FERRY_PY_DLPACK_H
 
 #include <stdint.h>
 
 #define FY_DLPACK_MAJOR 1
-#define FY_DLPACK_MINOR 0
+#define FY_DLPACK_MINOR 1
 
 /* DLManagedTensorVersioned.flags */
 #define FY_DLPACK_FLAG_READ_ONLY (1ull << 0)
@@ -26,6 +27,30 @@ enum {
     FY_DL_CUDA_HOST = 3,
     FY_DL_ROCM = 10,
     FY_DL_CUDA_MANAGED = 13,
+};
+
+/* DLDataTypeCode (DLPack 1.1). 0-6 are FERRY_DTYPE_*; the float8 codes have 8 bits, the
+ * float6 ones 6 and float4 4 (a lane each: sub-byte types are packed, lanes * bits a whole
+ * number of bytes in ferry). */
+enum {
+    FY_DL_INT = 0,
+    FY_DL_UINT = 1,
+    FY_DL_FLOAT = 2,
+    FY_DL_OPAQUE_HANDLE = 3,
+    FY_DL_BFLOAT = 4,
+    FY_DL_COMPLEX = 5,
+    FY_DL_BOOL = 6,
+    FY_DL_FLOAT8_E3M4 = 7,
+    FY_DL_FLOAT8_E4M3 = 8,
+    FY_DL_FLOAT8_E4M3B11FNUZ = 9,
+    FY_DL_FLOAT8_E4M3FN = 10,
+    FY_DL_FLOAT8_E4M3FNUZ = 11,
+    FY_DL_FLOAT8_E5M2 = 12,
+    FY_DL_FLOAT8_E5M2FNUZ = 13,
+    FY_DL_FLOAT8_E8M0FNU = 14,
+    FY_DL_FLOAT6_E2M3FN = 15,
+    FY_DL_FLOAT6_E3M2FN = 16,
+    FY_DL_FLOAT4_E2M1FN = 17,
 };
 
 typedef struct DLDevice {

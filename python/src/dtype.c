@@ -1,30 +1,50 @@
-/* dtype names and shapes. A dtype is named after its DLPack code and bits ("float32",
- * "bfloat16", "uint8", "complex64", "opaque64"), "bool" for the 8-bit boolean, with "x<lanes>"
- * appended for vector types ("float32x4"). */
+/* dtype names and shapes. A dtype is named after its DLPack code: with its bits for the codes
+ * of several widths ("float32", "bfloat16", "uint8", "complex64", "opaque64"), as DLPack 1.1
+ * names it for the codes of one width ("bool", "float8_e4m3fn", "float6_e2m3fn",
+ * "float4_e2m1fn"), with "x<lanes>" appended for vector types ("float32x4"; "_x<lanes>" is
+ * read too: torch's "float4_e2m1fn_x2"). A code ferry has no name for reads "code<N>_<bits>". */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ferry_py.h"
 
-static const char *const code_names[] = {
-    [FERRY_DTYPE_INT] = "int",       [FERRY_DTYPE_UINT] = "uint",
-    [FERRY_DTYPE_FLOAT] = "float",   [FERRY_DTYPE_OPAQUE_HANDLE] = "opaque",
-    [FERRY_DTYPE_BFLOAT] = "bfloat", [FERRY_DTYPE_COMPLEX] = "complex",
-    [FERRY_DTYPE_BOOL] = "bool",
+static const struct code_name {
+    const char *name;
+    uint8_t bits; /* 0: the name is followed by the bits; else the code's only width */
+} codes[] = {
+    [FY_DL_INT] = {"int", 0},
+    [FY_DL_UINT] = {"uint", 0},
+    [FY_DL_FLOAT] = {"float", 0},
+    [FY_DL_OPAQUE_HANDLE] = {"opaque", 0},
+    [FY_DL_BFLOAT] = {"bfloat", 0},
+    [FY_DL_COMPLEX] = {"complex", 0},
+    [FY_DL_BOOL] = {"bool", 8},
+    [FY_DL_FLOAT8_E3M4] = {"float8_e3m4", 8},
+    [FY_DL_FLOAT8_E4M3] = {"float8_e4m3", 8},
+    [FY_DL_FLOAT8_E4M3B11FNUZ] = {"float8_e4m3b11fnuz", 8},
+    [FY_DL_FLOAT8_E4M3FN] = {"float8_e4m3fn", 8},
+    [FY_DL_FLOAT8_E4M3FNUZ] = {"float8_e4m3fnuz", 8},
+    [FY_DL_FLOAT8_E5M2] = {"float8_e5m2", 8},
+    [FY_DL_FLOAT8_E5M2FNUZ] = {"float8_e5m2fnuz", 8},
+    [FY_DL_FLOAT8_E8M0FNU] = {"float8_e8m0fnu", 8},
+    [FY_DL_FLOAT6_E2M3FN] = {"float6_e2m3fn", 6},
+    [FY_DL_FLOAT6_E3M2FN] = {"float6_e3m2fn", 6},
+    [FY_DL_FLOAT4_E2M1FN] = {"float4_e2m1fn", 4},
 };
 
-#define CODE_COUNT (sizeof(code_names) / sizeof(code_names[0]))
+#define CODE_COUNT (sizeof(codes) / sizeof(codes[0]))
 
 PyObject *fy_dtype_name(const ferry_tensor *t)
 {
     char name[64], lanes[16] = "";
     if (t->dtype_lanes != 1)
         snprintf(lanes, sizeof(lanes), "x%u", t->dtype_lanes);
-    if (t->dtype_code == FERRY_DTYPE_BOOL && t->dtype_bits == 8)
-        snprintf(name, sizeof(name), "bool%s", lanes);
-    else if (t->dtype_code < CODE_COUNT)
-        snprintf(name, sizeof(name), "%s%u%s", code_names[t->dtype_code], t->dtype_bits, lanes);
+    const struct code_name *c = t->dtype_code < CODE_COUNT ? &codes[t->dtype_code] : NULL;
+    if (c && c->bits == t->dtype_bits)
+        snprintf(name, sizeof(name), "%s%s", c->name, lanes);
+    else if (c && c->bits == 0)
+        snprintf(name, sizeof(name), "%s%u%s", c->name, t->dtype_bits, lanes);
     else
         snprintf(name, sizeof(name), "code%u_%u%s", t->dtype_code, t->dtype_bits, lanes);
     return PyUnicode_FromString(name);
@@ -47,14 +67,23 @@ static long parse_number(const char **p, long max)
     return value;
 }
 
-/* The code whose name starts name (the longest match: "bfloat" before "float"). */
+/* The code whose name starts name (the longest match: "bfloat" before "float",
+ * "float8_e4m3fn" before "float8_e4m3"), or "code<N>_". */
 static int parse_code(const char **p)
 {
+    if (strncmp(*p, "code", 4) == 0) {
+        const char *s = *p + 4;
+        long code = parse_number(&s, UINT8_MAX);
+        if (code < 0 || *s != '_')
+            return -1;
+        *p = s + 1;
+        return (int)code;
+    }
     int best = -1;
     size_t best_len = 0;
     for (size_t c = 0; c < CODE_COUNT; c++) {
-        size_t len = strlen(code_names[c]);
-        if (len > best_len && strncmp(*p, code_names[c], len) == 0) {
+        size_t len = strlen(codes[c].name);
+        if (len > best_len && strncmp(*p, codes[c].name, len) == 0) {
             best = (int)c;
             best_len = len;
         }
@@ -63,8 +92,20 @@ static int parse_code(const char **p)
     return best;
 }
 
+/* The bits after the name: implied by codes of one width, else a number. */
+static long parse_bits(const char **p, const char *name, int code)
+{
+    if (code < 0)
+        return -1;
+    if ((size_t)code < CODE_COUNT && codes[code].bits && strncmp(name, "code", 4) != 0)
+        return codes[code].bits;
+    return parse_number(p, UINT8_MAX);
+}
+
 static int parse_lanes(const char **p)
 {
+    if ((*p)[0] == '_' && (*p)[1] == 'x')
+        (*p)++;
     if (**p != 'x')
         return 1;
     (*p)++;
@@ -76,7 +117,7 @@ static int unknown_dtype(const char *name)
 {
     PyErr_Format(PyExc_ValueError,
                  "unknown dtype \"%s\" (expected a name such as float32, bfloat16, int64, "
-                 "uint8, bool or complex64)",
+                 "uint8, bool, complex64 or float8_e4m3fn)",
                  name);
     return -1;
 }
@@ -85,7 +126,7 @@ int fy_dtype_parse(const char *name, ferry_tensor *t)
 {
     const char *p = name;
     int code = parse_code(&p);
-    long bits = code == FERRY_DTYPE_BOOL ? 8 : code < 0 ? -1 : parse_number(&p, UINT8_MAX);
+    long bits = parse_bits(&p, name, code);
     int lanes = bits > 0 ? parse_lanes(&p) : -1;
     if (code < 0 || bits <= 0 || lanes <= 0 || *p != '\0')
         return unknown_dtype(name);

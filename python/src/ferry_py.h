@@ -2,6 +2,7 @@
  * file per concern:
  *   module.c      the module: types, exceptions, functions
  *   errors.c      ferry statuses as Python exceptions
+ *   log.c         ferry's log lines through Python's logging
  *   args.c        argument conversions: timeouts, streams, devices, ranks
  *   wait.c        blocking calls in bounded slices, with signals handled between them
  *   dtype.c       dtype names and shapes
@@ -9,6 +10,7 @@
  *   descriptor.c  ferry.Descriptor
  *   pool.c        ferry.Pool: life cycle, statistics, cancel
  *   publish.c     Pool.publish / publish_many, and sources kept until their copy ran
+ *   metrics.c     Pool.metrics: Prometheus text, the caller's labels rendered
  *   reservation.c Pool.reserve and ferry.Reservation
  *   dlpack_in.c   taking tensors from DLPack producers
  *   dlpack_out.c  handing tensors to DLPack consumers
@@ -48,6 +50,26 @@ PyObject *fy_raise_pool(ferry_status st, ferry_pool *pool);
 
 /* Raises cls (NULL: the status's class) with message and st's name as .status. Returns NULL. */
 PyObject *fy_raise_as(PyObject *cls, ferry_status st, const char *message);
+
+/* ---- log.c --------------------------------------------------------------------------- */
+
+/* Routes the library's log lines to logging.getLogger("ferry") (ferry_set_log) and restores
+ * stderr at exit. 0, or -1 with an exception. */
+int fy_log_install(PyObject *module);
+
+/* The lines that the calling thread logs from fy_log_hold_begin to fy_log_hold_end (a publish,
+ * a reserve) are delivered at the end, with the GIL. */
+typedef struct fy_log_hold {
+    struct fy_log_line *first, **last;
+    struct fy_log_hold *outer;
+} fy_log_hold;
+
+void fy_log_hold_begin(fy_log_hold *hold);
+/* Delivers the hold's lines, less the pool-full warning when the call raised PoolFull (the
+ * exception says it); keeps the exception set. With the GIL. */
+void fy_log_hold_end(fy_log_hold *hold, int raised_pool_full);
+/* Delivers the lines other threads queued (_ferry._log_flush()). */
+PyObject *fy_log_flush(PyObject *module, PyObject *unused);
 
 /* ---- args.c --------------------------------------------------------------------------- */
 
@@ -114,35 +136,17 @@ uint64_t fy_tensor_elements(const ferry_tensor *t);
 
 /* ---- cuda.c: every function here runs without the GIL -------------------------------- */
 
-/* Keeps the calling thread's current CUDA context across ferry's GPU calls, which make the
- * primary context of their device current: frameworks read their current device from it. */
-typedef struct fy_cuda_scope {
-    void *saved; /* CUcontext */
-    int active;
-} fy_cuda_scope;
-
-/* What fy_cuda_enter does besides a device ordinal: */
-#define FY_CUDA_SAVE (-1) /* only keep the current context (GPU pools: ferry sets its own) */
-#define FY_CUDA_NONE (-2) /* nothing at all: host pools never load the CUDA driver */
-
-/* Saves the current context and, for device >= 0, makes device's primary context current.
- * FY_CUDA_SAVE only saves, and never fails (no driver: nothing to keep); FY_CUDA_NONE does
- * nothing. */
-ferry_status fy_cuda_enter(fy_cuda_scope *scope, int device);
-
-/* FY_CUDA_SAVE for GPU pools, FY_CUDA_NONE for host pools. */
-#define FY_CUDA_FOR(gpu) ((gpu) ? FY_CUDA_SAVE : FY_CUDA_NONE)
-void fy_cuda_leave(fy_cuda_scope *scope);
-
-/* Inside a scope entered on the device: */
-ferry_status fy_cuda_alloc(uint64_t bytes, void **ptr);
-void fy_cuda_free(void *ptr); /* waits for the work that uses it (cuMemFree) */
-ferry_status fy_cuda_copy_async(void *dst, const void *src, uint64_t n, void *stream);
+/* ferry's GPU helpers (ferry.h), each on device; the library keeps the calling thread's
+ * current CUDA context across them and across every other ferry call, which frameworks read
+ * their current device from. */
+ferry_status fy_cuda_alloc(int device, uint64_t bytes, void **ptr);
+void fy_cuda_free(int device, void *ptr); /* waits for the work that uses it (cuMemFree) */
+ferry_status fy_cuda_copy_async(int device, void *dst, const void *src, uint64_t n,
+                                void *stream);
 /* An event recorded on stream, after the work enqueued there so far. */
-ferry_status fy_cuda_event_record(void *stream, void **event);
-ferry_status fy_cuda_stream_sync(void *stream);
+ferry_status fy_cuda_event_record(int device, void *stream, void **event);
+ferry_status fy_cuda_stream_sync(int device, void *stream);
 
-/* Any thread, no scope needed (they enter device's context themselves): */
 ferry_status fy_cuda_event_wait(void *event, int device);
 int fy_cuda_event_done(void *event, int device); /* 1 when complete (or failed), 0 pending */
 void fy_cuda_event_destroy(void *event, int device);
@@ -334,7 +338,7 @@ typedef struct {
 
 extern PyTypeObject fy_PoolType;
 
-#define FY_POOL_GPU(self) ((self)->backend != FERRY_BACKEND_HOST)
+#define FY_POOL_GPU(self) ((self)->device >= 0) /* the pool's data is on a GPU */
 
 /* 0 if the pool takes calls, else -1 with RuntimeError (not initialised) or Closing (closed
  * while exports of its memory live: the library's close waits for them). */
@@ -359,6 +363,8 @@ int fy_pool_cancel_lease(fy_pool *self, const ferry_descriptor *d);
 
 PyObject *fy_pool_publish(fy_pool *self, PyObject *args, PyObject *kwargs);
 PyObject *fy_pool_publish_many(fy_pool *self, PyObject *args, PyObject *kwargs);
+/* Pool.metrics(labels=None) -> str (metrics.c). */
+PyObject *fy_pool_metrics(fy_pool *self, PyObject *args, PyObject *kwargs);
 /* Lets go of sources whose copies have run (all of them, waiting, with wait). */
 void fy_pool_settle(fy_pool *self, int wait);
 /* Owners of the sources still held, for the garbage collector. */

@@ -21,6 +21,42 @@ static PyObject *version(PyObject *module, PyObject *unused)
     return PyUnicode_FromString(ferry_version());
 }
 
+/* The report, growing the buffer when the first one was too small. */
+static PyObject *doctor_text(int json)
+{
+    size_t size = 16384, needed = 0;
+    for (int attempt = 0; attempt < 3; attempt++) {
+        char *buf = PyMem_Malloc(size);
+        if (!buf)
+            return PyErr_NoMemory();
+        ferry_status st;
+        Py_BEGIN_ALLOW_THREADS st = ferry_doctor_report(json, buf, size, &needed);
+        Py_END_ALLOW_THREADS if (st != FERRY_OK)
+        {
+            PyMem_Free(buf);
+            return fy_raise(st);
+        }
+        if (needed < size) {
+            PyObject *text = PyUnicode_DecodeUTF8(buf, (Py_ssize_t)needed, "replace");
+            PyMem_Free(buf);
+            return text;
+        }
+        PyMem_Free(buf);
+        size = needed + 1;
+    }
+    return PyErr_Format(PyExc_RuntimeError, "ferry_doctor_report kept growing");
+}
+
+static PyObject *doctor(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"json", NULL};
+    int json = 0;
+    (void)module;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$p:doctor", keywords, &json))
+        return NULL;
+    return doctor_text(json);
+}
+
 #define METH_KW(fn) (PyCFunction)(void (*)(void))(fn), METH_VARARGS | METH_KEYWORDS
 
 static PyMethodDef module_methods[] = {
@@ -56,6 +92,13 @@ static PyMethodDef module_methods[] = {
      "pools) once no view still holds them; later receives open them again. Copies into "
      "out= read the mapping on their stream: synchronise those streams first."},
     {"version", version, METH_NOARGS, "version() -> str\n\nThe libferry version."},
+    {"doctor", METH_KW(doctor),
+     "doctor(*, json=False) -> str\n\nThe library's report on this machine "
+     "(ferry_doctor_report): its CUDA driver, GPUs, CUDA IPC and VMM support, and the backend "
+     "that backend='auto' picks and why; text for people, or one JSON object."},
+    {"_log_flush", fy_log_flush, METH_NOARGS,
+     "_log_flush()\n\nDelivers the log lines that ferry's own threads queued for logging "
+     "now (they go out soon after anyway)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -103,7 +146,8 @@ PyMODINIT_FUNC PyInit__ferry(void)
     if (fy_errors_add(module) < 0 || add_type(module, "Descriptor", &fy_DescriptorType) < 0 ||
         add_type(module, "Pool", &fy_PoolType) < 0 ||
         add_type(module, "Reservation", &fy_ReservationType) < 0 ||
-        add_type(module, "Received", &fy_ReceivedType) < 0 || add_constants(module) < 0) {
+        add_type(module, "Received", &fy_ReceivedType) < 0 || add_constants(module) < 0 ||
+        fy_log_install(module) < 0) {
         Py_DECREF(module);
         return NULL;
     }

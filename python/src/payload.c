@@ -41,18 +41,14 @@ void fy_lease_forget(fy_lease *lease)
  * read the view); the CPU acknowledges when that cannot be done. */
 static void ack_gpu(fy_lease *lease, void *const *stream)
 {
-    fy_cuda_scope scope;
-    ferry_status st = fy_cuda_enter(&scope, lease->consumer->device);
-    if (st == FERRY_OK && stream)
+    ferry_status st = FERRY_OK;
+    if (stream)
         st = ferry_consumer_ack_async(lease->consumer->handle, &lease->desc, *stream);
     if (st == FERRY_OK && stream)
-        goto leave;
+        return;
     if (stream)
-        fy_cuda_stream_sync(*stream);
+        fy_cuda_stream_sync(lease->consumer->device, *stream);
     ferry_consumer_ack(lease->consumer->handle, &lease->desc);
-leave:
-    if (scope.active)
-        fy_cuda_leave(&scope);
 }
 
 void fy_lease_drop(fy_lease *lease, void *const *stream)
@@ -61,7 +57,7 @@ void fy_lease_drop(fy_lease *lease, void *const *stream)
         return;
     /* Errors cannot be reported from here; a STALE answer means that the lease was
      * acknowledged for this rank already (ferry.ack) or the pool went away. */
-    if (lease->ack_on_drop && lease->desc.backend == FERRY_BACKEND_HOST)
+    if (lease->ack_on_drop && lease->desc.device < 0) /* host memory: nothing on a stream */
         ferry_consumer_ack(lease->consumer->handle, &lease->desc);
     else if (lease->ack_on_drop)
         ack_gpu(lease, stream);
@@ -71,11 +67,7 @@ void fy_lease_drop(fy_lease *lease, void *const *stream)
 
 static void release_gpu_copy(fy_payload *p)
 {
-    fy_cuda_scope scope;
-    if (fy_cuda_enter(&scope, p->device.device_id) == FERRY_OK) {
-        fy_cuda_free(p->buffer); /* cuMemFree waits for the work that uses the memory */
-        fy_cuda_leave(&scope);
-    }
+    fy_cuda_free(p->device.device_id, p->buffer); /* after the work that uses the memory */
 }
 
 void fy_payload_ref(fy_payload *p)

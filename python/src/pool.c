@@ -13,17 +13,15 @@ struct fy_pool_core {
     long exports;     /* atomic: live exports of the pool's memory */
     int close_wanted; /* atomic: Pool.close() ran */
     int shut;         /* atomic: ferry_pool_close was called */
-    int gpu;
     ferry_pool *pool;
 };
 
-static fy_pool_core *core_new(ferry_pool *pool, int gpu)
+static fy_pool_core *core_new(ferry_pool *pool)
 {
     fy_pool_core *core = calloc(1, sizeof(*core));
     if (!core)
         return NULL;
     core->refs = 1;
-    core->gpu = gpu;
     core->pool = pool;
     return core;
 }
@@ -34,10 +32,7 @@ static void core_shut(fy_pool_core *core)
     int open = 0;
     if (!__atomic_compare_exchange_n(&core->shut, &open, 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
         return;
-    fy_cuda_scope scope;
-    fy_cuda_enter(&scope, FY_CUDA_FOR(core->gpu));
     ferry_pool_close(core->pool);
-    fy_cuda_leave(&scope);
 }
 
 /* Pool.close(): the library's close now, or by the last export. Both sides store, then load
@@ -63,10 +58,7 @@ void fy_core_unref(fy_pool_core *core)
 {
     if (!core || __atomic_sub_fetch(&core->refs, 1, __ATOMIC_ACQ_REL) != 0)
         return;
-    fy_cuda_scope scope;
-    fy_cuda_enter(&scope, FY_CUDA_FOR(core->gpu));
     ferry_pool_destroy(core->pool); /* closes it first if nobody did */
-    fy_cuda_leave(&scope);
     free(core);
 }
 
@@ -86,10 +78,7 @@ void fy_core_cancel(fy_pool_core *core, const ferry_descriptor *d)
 {
     if (core_is_shut(core))
         return;
-    fy_cuda_scope scope;
-    fy_cuda_enter(&scope, FY_CUDA_FOR(core->gpu));
     ferry_pool_cancel(core->pool, d);
-    fy_cuda_leave(&scope);
 }
 
 static int parse_choice(const char *what, const char *value, const char *const *names, int *out)
@@ -176,18 +165,16 @@ static int resolve(fy_pool *self, ferry_pool *pool)
         return -1;
     }
     self->backend = d.backend;
-    self->device = d.backend == FERRY_BACKEND_HOST ? -1 : d.device;
+    self->device = d.device; /* -1 for host memory */
     self->host_control = !(d.flags & FERRY_DESC_FLAG_DEVICE_CONTROL);
     self->usable = s.usable_bytes;
     return 0;
 }
 
-static void destroy_unshared(ferry_pool *pool, int gpu)
+static void destroy_unshared(ferry_pool *pool)
 {
-    fy_cuda_scope scope;
-    Py_BEGIN_ALLOW_THREADS fy_cuda_enter(&scope, FY_CUDA_FOR(gpu));
+    Py_BEGIN_ALLOW_THREADS
     ferry_pool_destroy(pool);
-    fy_cuda_leave(&scope);
     Py_END_ALLOW_THREADS
 }
 
@@ -206,22 +193,18 @@ static int pool_init(PyObject *obj, PyObject *args, PyObject *kwargs)
         fy_timeout_arg(a.timeout, FY_DEFAULT_WAIT_NS, &self->wait_ns) < 0)
         return -1;
     ferry_status st;
-    fy_cuda_scope scope;
-    int gpu =
-        a.config.backend == FERRY_BACKEND_CUDA_IPC || a.config.backend == FERRY_BACKEND_CUDA_VMM;
-    Py_BEGIN_ALLOW_THREADS fy_cuda_enter(&scope, FY_CUDA_FOR(gpu));
+    Py_BEGIN_ALLOW_THREADS
     st = ferry_pool_create(&a.config, &pool);
-    fy_cuda_leave(&scope);
     Py_END_ALLOW_THREADS if (st != FERRY_OK)
     {
         fy_raise(st);
         return -1;
     }
-    fy_pool_core *core = resolve(self, pool) < 0 ? NULL : core_new(pool, gpu);
+    fy_pool_core *core = resolve(self, pool) < 0 ? NULL : core_new(pool);
     if (!core) {
         if (!PyErr_Occurred())
             PyErr_NoMemory();
-        destroy_unshared(pool, gpu);
+        destroy_unshared(pool);
         return -1;
     }
     self->core = core;
@@ -279,17 +262,12 @@ static void pool_dealloc(PyObject *obj)
     Py_TYPE(obj)->tp_free(obj);
 }
 
-/* The library's name of the pool in its messages ("host pool is closing"). */
+/* The library's name of the pool in its messages ("host pool is closing"), by backend. */
 static const char *pool_name(const fy_pool *self)
 {
-    switch (self->backend) {
-    case FERRY_BACKEND_CUDA_IPC:
-        return "CUDA IPC";
-    case FERRY_BACKEND_CUDA_VMM:
-        return "CUDA VMM multimodal";
-    default:
-        return "host";
-    }
+    static const char *const names[] = {"host", "host", "CUDA IPC", "CUDA VMM multimodal"};
+    size_t b = (size_t)self->backend;
+    return b < sizeof(names) / sizeof(names[0]) ? names[b] : "host";
 }
 
 int fy_pool_check(fy_pool *self)
@@ -370,7 +348,7 @@ static const struct stat_field {
     FY_STAT_(high_water_leases), FY_STAT_(publishes),          FY_STAT_(pool_full_events),
     FY_STAT_(reclaimed),         FY_STAT_(cancelled),          FY_STAT_(acked_for_dead),
     FY_STAT_(broker_refused),    FY_STAT_(consumers_attached), FY_STAT_(consumers_alive),
-    FY_STAT_(too_large),
+    FY_STAT_(too_large),         FY_STAT_(pool_full_waits),    FY_STAT_(pool_full_timeouts),
 };
 #undef FY_STAT_
 
@@ -407,7 +385,7 @@ static PyObject *pool_consumer_info(PyObject *obj, PyObject *rank_obj)
     uint32_t rank;
     if (fy_pool_check(self) < 0 || fy_rank_arg(rank_obj, &rank) < 0)
         return NULL;
-    ferry_consumer_info info;
+    ferry_consumer_info info = FERRY_CONSUMER_INFO_INIT;
     ferry_status st;
     Py_BEGIN_ALLOW_THREADS st = ferry_pool_consumer_info(self->pool, rank, &info);
     Py_END_ALLOW_THREADS if (st != FERRY_OK) return fy_raise_pool(st, self->pool);
@@ -424,10 +402,8 @@ int fy_pool_cancel_lease(fy_pool *self, const ferry_descriptor *d)
     if (fy_pool_check(self) < 0)
         return -1;
     ferry_status st;
-    fy_cuda_scope scope;
-    Py_BEGIN_ALLOW_THREADS fy_cuda_enter(&scope, FY_CUDA_FOR(FY_POOL_GPU(self)));
+    Py_BEGIN_ALLOW_THREADS
     st = ferry_pool_cancel(self->pool, d);
-    fy_cuda_leave(&scope);
     Py_END_ALLOW_THREADS if (st != FERRY_OK)
     {
         fy_raise_pool(st, self->pool);
@@ -477,10 +453,8 @@ static PyObject *pool_reclaim(PyObject *obj, PyObject *unused)
         return NULL;
     uint64_t n = 0;
     ferry_status st;
-    fy_cuda_scope scope;
-    Py_BEGIN_ALLOW_THREADS fy_cuda_enter(&scope, FY_CUDA_FOR(FY_POOL_GPU(self)));
+    Py_BEGIN_ALLOW_THREADS
     st = ferry_pool_reclaim(self->pool, &n);
-    fy_cuda_leave(&scope);
     Py_END_ALLOW_THREADS if (st != FERRY_OK) return fy_raise_pool(st, self->pool);
     return PyLong_FromUnsignedLongLong(n);
 }
@@ -548,7 +522,11 @@ static PyMethodDef pool_methods[] = {
      "largest_free, leases_in_flight, high_water_bytes, high_water_leases, publishes, "
      "pool_full_events, reclaimed, cancelled, acked_for_dead, broker_refused, "
      "consumers_attached, consumers_alive, too_large (publishes and reserves refused because "
-     "they can never fit)."},
+     "they can never fit), pool_full_waits (publishes that waited for space) and "
+     "pool_full_timeouts (that waited and gave up)."},
+    {"metrics", METH_KW(fy_pool_metrics),
+     "metrics(labels=None) -> str\n\nThe pool's statistics and ranks in the Prometheus text "
+     "format; labels (a dict) are added to every sample (ferry.prometheus has a collector)."},
     {"consumer_info", pool_consumer_info, METH_O,
      "consumer_info(rank) -> dict\n\nattached, alive, pid, outstanding (leases not "
      "acknowledged) and oldest_age_ns of one rank."},

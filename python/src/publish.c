@@ -95,11 +95,7 @@ int fy_pool_traverse_pending(fy_pool *self, visitproc visit, void *arg)
 /* Waits here for a stream whose copies cannot be watched otherwise. */
 static void sync_stream(fy_pool *self, void *stream)
 {
-    fy_cuda_scope scope;
-    if (fy_cuda_enter(&scope, self->device) != FERRY_OK)
-        return;
-    fy_cuda_stream_sync(stream);
-    fy_cuda_leave(&scope);
+    fy_cuda_stream_sync(self->device, stream);
 }
 
 /* Holds the sources of a GPU publish until the stream has run their copies: d names the
@@ -110,12 +106,8 @@ static void defer_release(fy_pool *self, void *stream, fy_import *imports, size_
     fy_pending *p = PyMem_Calloc(1, sizeof(*p));
     int watched = p && d && self->host_control;
     if (p && d && !self->host_control) {
-        fy_cuda_scope scope;
-        if (fy_cuda_enter(&scope, self->device) == FERRY_OK) {
-            if (fy_cuda_event_record(stream, &p->event) != FERRY_OK)
-                p->event = NULL;
-            fy_cuda_leave(&scope);
-        }
+        if (fy_cuda_event_record(self->device, stream, &p->event) != FERRY_OK)
+            p->event = NULL;
         watched = p->event != NULL;
     }
     if (!watched) {
@@ -146,7 +138,7 @@ typedef struct publish_call {
 
 static int take_sources(publish_call *c, PyObject *const *items)
 {
-    int host_only = c->self->backend == FERRY_BACKEND_HOST;
+    int host_only = !FY_POOL_GPU(c->self);
     for (size_t i = 0; i < c->count; i++) {
         if (fy_import_take(items[i], host_only, c->stream, &c->imports[i]) < 0) {
             for (size_t j = 0; j < i; j++)
@@ -163,16 +155,14 @@ static int take_sources(publish_call *c, PyObject *const *items)
 static ferry_status publish_once(publish_call *c, uint64_t wait_ns)
 {
     ferry_status st;
-    fy_cuda_scope scope;
     ferry_pool *pool = c->self->pool;
     int gpu = FY_POOL_GPU(c->self);
-    Py_BEGIN_ALLOW_THREADS fy_cuda_enter(&scope, FY_CUDA_FOR(gpu));
+    Py_BEGIN_ALLOW_THREADS
     if (gpu)
         st = ferry_pool_publish_many_async(pool, c->tensors, c->srcs, c->count, c->stream, wait_ns,
                                            c->descs);
     else
         st = ferry_pool_publish_many(pool, c->tensors, c->srcs, c->count, wait_ns, c->descs);
-    fy_cuda_leave(&scope);
     Py_END_ALLOW_THREADS return st;
 }
 
@@ -274,7 +264,7 @@ static int prepare(publish_call *c, fy_pool *self, PyObject *stream, PyObject *t
     c->self = self;
     if (fy_pool_check(self) < 0 || fy_pool_wait_ns(self, timeout, &c->wait_ns) < 0)
         return -1;
-    if (self->backend == FERRY_BACKEND_HOST)
+    if (!FY_POOL_GPU(self))
         return 0; /* host pools copy on the CPU: a stream has no meaning there */
     fy_pool_settle(self, 0);
     return fy_stream_arg(stream, &c->stream);
@@ -290,7 +280,11 @@ PyObject *fy_pool_publish(fy_pool *self, PyObject *args, PyObject *kwargs)
         prepare(&c, self, stream, timeout) < 0)
         return NULL;
     c.count = 1;
-    return publish_items(&c, &x, 1);
+    fy_log_hold hold;
+    fy_log_hold_begin(&hold);
+    PyObject *result = publish_items(&c, &x, 1);
+    fy_log_hold_end(&hold, !result && PyErr_ExceptionMatches(fy_PoolFull));
+    return result;
 }
 
 PyObject *fy_pool_publish_many(fy_pool *self, PyObject *args, PyObject *kwargs)
@@ -310,8 +304,12 @@ PyObject *fy_pool_publish_many(fy_pool *self, PyObject *args, PyObject *kwargs)
     PyObject *result = NULL;
     if (c.count == 0)
         PyErr_SetString(PyExc_ValueError, "publish_many needs at least one tensor");
-    else
+    else {
+        fy_log_hold hold;
+        fy_log_hold_begin(&hold);
         result = publish_items(&c, &PyTuple_GET_ITEM(seq, 0), 0);
+        fy_log_hold_end(&hold, !result && PyErr_ExceptionMatches(fy_PoolFull));
+    }
     Py_DECREF(seq);
     return result;
 }

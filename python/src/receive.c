@@ -49,7 +49,7 @@ static void discard(recv_call *c)
         if (p->kind == FY_HOST_COPY)
             free(p->buffer);
         else if (p->kind == FY_GPU_COPY)
-            fy_cuda_free(p->buffer);
+            fy_cuda_free(p->device.device_id, p->buffer);
         free(p);
         c->out[i] = NULL;
     }
@@ -62,7 +62,7 @@ static ferry_status alloc_payloads(recv_call *c)
         if (!p)
             return FERRY_NO_MEMORY;
         if (p->kind == FY_GPU_COPY) {
-            ferry_status st = fy_cuda_alloc(p->nbytes, &p->buffer);
+            ferry_status st = fy_cuda_alloc(c->device, p->nbytes, &p->buffer);
             if (st != FERRY_OK)
                 return st;
         } else if (p->kind == FY_HOST_COPY) {
@@ -123,7 +123,8 @@ static ferry_status gpu_copy(recv_call *c)
         const void *src = NULL;
         st = ferry_consumer_view_async(h, &c->descs[i], c->stream, &src);
         if (st == FERRY_OK)
-            st = fy_cuda_copy_async(c->out[i]->buffer, src, c->out[i]->nbytes, c->stream);
+            st = fy_cuda_copy_async(c->device, c->out[i]->buffer, src, c->out[i]->nbytes,
+                                    c->stream);
     }
     for (size_t i = 0; i < c->count && st == FERRY_OK; i++) {
         st = ferry_consumer_ack_async(h, &c->descs[i], c->stream);
@@ -151,9 +152,9 @@ static void record_ready(recv_call *c)
     if (!c->copy)
         return;
     for (size_t i = 0; i < c->count; i++) {
-        if (fy_cuda_event_record(c->stream, &c->out[i]->ready) != FERRY_OK) {
+        if (fy_cuda_event_record(c->device, c->stream, &c->out[i]->ready) != FERRY_OK) {
             c->out[i]->ready = NULL;
-            fy_cuda_stream_sync(c->stream);
+            fy_cuda_stream_sync(c->device, c->stream);
         }
     }
 }
@@ -224,18 +225,11 @@ static ferry_status attach_leases(recv_call *c)
 /* One attempt, without the GIL: TIMEOUT when the lease was not ready within wait_ns. */
 static ferry_status run(recv_call *c, uint64_t wait_ns)
 {
-    fy_cuda_scope scope;
-    /* GPU pools: the consumer's device is current from the start, for opening the pool
-     * (ferry registers its host segment with CUDA in the current context). */
-    ferry_status st = fy_cuda_enter(&scope, c->gpu ? c->device : FY_CUDA_NONE);
-    if (st != FERRY_OK)
-        return st;
-    st = wait_lease(c, wait_ns);
+    ferry_status st = wait_lease(c, wait_ns);
     if (st == FERRY_OK)
         st = receive_ready(c);
     if (st == FERRY_OK)
         st = attach_leases(c);
-    fy_cuda_leave(&scope);
     return st;
 }
 
@@ -280,7 +274,7 @@ static int parse_descs(PyObject *const *items, size_t count, recv_call *c)
             return -1;
         }
     }
-    c->gpu = c->descs[0].backend != FERRY_BACKEND_HOST;
+    c->gpu = c->descs[0].device >= 0; /* the pool's data is on a GPU */
     return 0;
 }
 

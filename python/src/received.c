@@ -225,6 +225,32 @@ static PyObject *get_device(PyObject *obj, void *closure)
     return fy_device_tuple(((fy_received *)obj)->device);
 }
 
+/* "cpu", "cuda:1", or the DLPack pair for other devices. */
+static PyObject *device_text(DLDevice device)
+{
+    if (device.device_type == FY_DL_CPU)
+        return PyUnicode_FromString("cpu");
+    if (device.device_type == FY_DL_CUDA)
+        return PyUnicode_FromFormat("cuda:%d", (int)device.device_id);
+    return PyUnicode_FromFormat("(%d, %d)", (int)device.device_type, (int)device.device_id);
+}
+
+static PyObject *received_repr(PyObject *obj)
+{
+    fy_received *self = (fy_received *)obj;
+    PyObject *shape = fy_shape_tuple(&self->tensor), *dtype = fy_dtype_name(&self->tensor);
+    PyObject *device = device_text(self->device), *repr = NULL;
+    if (shape && dtype && device)
+        repr = PyUnicode_FromFormat(
+            "ferry.Received(shape=%R, dtype=%R, nbytes=%llu, device=%R, %s%s)", shape, dtype,
+            (unsigned long long)self->nbytes, device, self->readonly ? "view" : "copy",
+            self->payload ? "" : ", exported");
+    Py_XDECREF(shape);
+    Py_XDECREF(dtype);
+    Py_XDECREF(device);
+    return repr;
+}
+
 static PyGetSetDef received_getset[] = {
     {"descriptor", get_descriptor, NULL, "The Descriptor that was received.", NULL},
     {"shape", get_shape, NULL, "Shape of the tensor.", NULL},
@@ -259,6 +285,7 @@ PyTypeObject fy_ReceivedType = {
               "producer's slice, read-only, and acknowledge the lease when freed. Host results "
               "also support the buffer protocol (bytes(r), memoryview(r)).",
     .tp_dealloc = received_dealloc,
+    .tp_repr = received_repr,
     .tp_traverse = received_traverse,
     .tp_clear = received_clear,
     .tp_as_buffer = &received_buffer,

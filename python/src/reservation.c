@@ -107,14 +107,12 @@ static ferry_status reserve_once(fy_pool *self, const ferry_tensor *t, uint64_t 
                                  void **data, ferry_descriptor *d)
 {
     ferry_status st;
-    fy_cuda_scope scope;
-    Py_BEGIN_ALLOW_THREADS fy_cuda_enter(&scope, FY_CUDA_FOR(FY_POOL_GPU(self)));
+    Py_BEGIN_ALLOW_THREADS
     st = ferry_pool_reserve(self->pool, t, wait_ns, data, d);
-    fy_cuda_leave(&scope);
     Py_END_ALLOW_THREADS return st;
 }
 
-PyObject *fy_pool_reserve(fy_pool *self, PyObject *args, PyObject *kwargs)
+static PyObject *reserve(fy_pool *self, PyObject *args, PyObject *kwargs)
 {
     static char *keywords[] = {"shape", "dtype", "timeout", NULL};
     PyObject *shape, *timeout = Py_None;
@@ -145,6 +143,15 @@ PyObject *fy_pool_reserve(fy_pool *self, PyObject *args, PyObject *kwargs)
     if (st != FERRY_OK)
         return fy_pool_failure(self, st, needed);
     return reservation_new(self, &d, data);
+}
+
+PyObject *fy_pool_reserve(fy_pool *self, PyObject *args, PyObject *kwargs)
+{
+    fy_log_hold hold;
+    fy_log_hold_begin(&hold);
+    PyObject *result = reserve(self, args, kwargs);
+    fy_log_hold_end(&hold, !result && PyErr_ExceptionMatches(fy_PoolFull));
+    return result;
 }
 
 /* ---- the object ----------------------------------------------------------------------- */
@@ -196,14 +203,12 @@ static fy_pool *open_pool(fy_reservation *r)
 static ferry_status commit_lease(fy_pool *pool, const ferry_descriptor *d, void *stream)
 {
     ferry_status st;
-    fy_cuda_scope scope;
     int gpu = FY_POOL_GPU(pool);
-    Py_BEGIN_ALLOW_THREADS fy_cuda_enter(&scope, FY_CUDA_FOR(gpu));
+    Py_BEGIN_ALLOW_THREADS
     if (gpu)
         st = ferry_pool_commit_async(pool->pool, d, stream);
     else
         st = ferry_pool_commit(pool->pool, d);
-    fy_cuda_leave(&scope);
     Py_END_ALLOW_THREADS return st;
 }
 
@@ -377,6 +382,26 @@ static PyObject *get_state(PyObject *obj, void *closure)
     return PyUnicode_FromString(states[((fy_reservation *)obj)->slice->state]);
 }
 
+static PyObject *reservation_repr(PyObject *obj)
+{
+    static const char *const states[] = {"open", "committed", "cancelled"};
+    fy_reservation *r = (fy_reservation *)obj;
+    const ferry_descriptor *d = &r->slice->desc;
+    PyObject *shape = fy_shape_tuple(&d->tensor), *dtype = fy_dtype_name(&d->tensor);
+    PyObject *device = r->gpu ? PyUnicode_FromFormat("cuda:%d", (int)r->device.device_id)
+                              : PyUnicode_FromString("cpu");
+    PyObject *repr = NULL;
+    if (shape && dtype && device)
+        repr = PyUnicode_FromFormat(
+            "ferry.Reservation(shape=%R, dtype=%R, nbytes=%llu, device=%R, slot=%u, state='%s')",
+            shape, dtype, (unsigned long long)d->length, device, (unsigned)d->slot,
+            states[r->slice->state]);
+    Py_XDECREF(shape);
+    Py_XDECREF(dtype);
+    Py_XDECREF(device);
+    return repr;
+}
+
 static PyGetSetDef reservation_getset[] = {
     {"descriptor", get_descriptor, NULL, "The lease's Descriptor (may be sent before commit).",
      NULL},
@@ -419,6 +444,7 @@ PyTypeObject fy_ReservationType = {
               "are refused after the commit. A reservation collected without a commit is "
               "cancelled.",
     .tp_dealloc = reservation_dealloc,
+    .tp_repr = reservation_repr,
     .tp_traverse = reservation_traverse,
     .tp_clear = reservation_clear,
     .tp_as_buffer = &reservation_buffer,

@@ -181,6 +181,7 @@ def test_gpu_pool_without_a_driver():
 
 def test_pool_repr():
     pool = ferry.Pool(1 << 20, 1)
-    assert repr(pool) == "ferry.Pool(backend='host', device=-1, on_full='raise')"
+    assert repr(pool) == ("ferry.Pool(backend='host', size='1MiB', consumers=1, device=-1, "
+                          "on_full='raise', closed=False)")
     pool.close()
-    assert repr(pool).endswith(", closed)")
+    assert repr(pool).endswith(", closed=True)")

@@ -229,7 +229,8 @@ def test_stats_and_consumer_info_fields(worker):
             "capacity", "usable_bytes", "bytes_in_use", "largest_free", "leases_in_flight",
             "high_water_bytes", "high_water_leases", "publishes", "pool_full_events",
             "reclaimed", "cancelled", "acked_for_dead", "broker_refused",
-            "consumers_attached", "consumers_alive", "too_large",
+            "consumers_attached", "consumers_alive", "too_large", "pool_full_waits",
+            "pool_full_timeouts",
         }  # fmt: skip
         d = pool.publish(np.arange(4))
         worker.call("receive_array", d, 1)

@@ -22,12 +22,26 @@ ferry_tensor ferry_tensor_bytes(uint64_t n)
     return t;
 }
 
+/* The bits a DLPack 1.1 low-precision float code names; 0 for codes of any width. */
+static unsigned fixed_bits(unsigned code)
+{
+    if (code >= FERRY_DTYPE_FLOAT8_E3M4 && code <= FERRY_DTYPE_FLOAT8_E8M0FNU)
+        return 8;
+    if (code == FERRY_DTYPE_FLOAT6_E2M3FN || code == FERRY_DTYPE_FLOAT6_E3M2FN)
+        return 6;
+    return code == FERRY_DTYPE_FLOAT4_E2M1FN ? 4 : 0;
+}
+
 static ferry_status check_dtype(const ferry_tensor *t, ferry_status status, const char *what)
 {
     uint32_t bits_lanes = (uint32_t)t->dtype_bits * t->dtype_lanes;
-    if (t->dtype_code > FERRY_DTYPE_BOOL)
+    if (t->dtype_code > FERRY_DTYPE_LAST)
         return ferry__fail(status, "%s dtype code %u is unknown (expected 0..%d)", what,
-                           t->dtype_code, FERRY_DTYPE_BOOL);
+                           t->dtype_code, FERRY_DTYPE_LAST);
+    unsigned fixed = fixed_bits(t->dtype_code);
+    if (fixed && t->dtype_bits != fixed)
+        return ferry__fail(status, "%s dtype code %u has %u bits (expected %u)", what,
+                           t->dtype_code, t->dtype_bits, fixed);
     if (t->dtype_bits == 0)
         return ferry__fail(status, "%s dtype bits is 0", what);
     if (t->dtype_lanes == 0)

@@ -1,0 +1,80 @@
+"""python -m ferry doctor|bench|version, and the ferry console script."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+import ferry
+from ferry import cli
+
+
+def run(*args, exe=None):
+    cmd = [exe] if exe else [sys.executable, "-m", "ferry"]
+    done = subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=120,
+                          cwd=pathlib.Path(__file__).parent)
+    return done.returncode, done.stdout, done.stderr
+
+
+def test_version():
+    rc, out, err = run("version")
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith("ferry-tensors ")
+    assert lines[1] == f"libferry {ferry.version()}"
+    assert any(line.startswith("numpy ") for line in lines)
+    assert run("--version")[1] == out
+
+
+def test_doctor_text_and_json():
+    rc, out, err = run("doctor")
+    assert rc == 0, err
+    assert out.strip() == ferry.doctor().strip() and out.strip()
+    rc, out, err = run("doctor", "--json")
+    assert rc == 0, err
+    assert isinstance(json.loads(out), dict)
+
+
+def test_unknown_command_is_an_error():
+    rc, out, err = run("frobnicate")
+    assert rc == 2 and "invalid choice" in err
+
+
+def test_host_bench():
+    rc, out, err = run("bench", "--host", "--sizes", "4KiB,64KiB", "--iterations", "20")
+    assert rc == 0, err
+    assert "pickle/ferry" in out
+    rows = [line.split() for line in out.splitlines() if line.strip().startswith(("4KiB",
+                                                                                 "64KiB"))]
+    assert [r[0] for r in rows] == ["4KiB", "64KiB"] and all(len(r) == 5 for r in rows)
+
+
+def test_bench_help():
+    rc, out, err = run("bench", "--help")
+    assert rc == 0, err
+    assert "--host" in out and "--sizes" in out
+
+
+@pytest.mark.skipif(cli.gpu_missing() is None, reason="torch has a GPU here")
+def test_gpu_bench_without_gpu_says_what_it_needs():
+    rc, out, err = run("bench", "--sizes", "4KiB", "--iterations", "10")
+    assert rc == 0, err
+    assert "needs torch with CUDA and a GPU" in err and "Traceback" not in err
+    assert "pickle/ferry" in out  # the host bench ran instead
+    done = subprocess.run([sys.executable, "-m", "ferry.bench"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2
+    assert "needs torch with CUDA and a GPU" in done.stderr
+    assert "ferry bench --host" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_console_script():
+    script = pathlib.Path(sys.executable).parent / "ferry"
+    if not script.exists():
+        pytest.skip(f"no console script next to {sys.executable}")
+    rc, out, err = run("version", exe=str(script))
+    assert rc == 0, err and out.startswith("ferry-tensors ")
+    assert os.access(script, os.X_OK)
