@@ -4,7 +4,8 @@ BUILD ?= build
 CMAKE ?= cmake
 BENCH_ARGS ?=
 
-.PHONY: all deps check check-fast check-asan check-tsan check-python bench fuzz format clean
+.PHONY: all deps check check-fast check-asan check-tsan check-python check-build-types bench fuzz \
+  format clean
 
 all: deps $(BUILD)/Makefile
 	$(CMAKE) --build $(BUILD) -j $(JOBS)
@@ -22,9 +23,10 @@ build-asan/Makefile:
 build-tsan/Makefile:
 	$(CMAKE) -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DFERRY_SANITIZE=thread
 
-# Every test: the C suite in the normal build and in the ASan+UBSan and TSan builds, then the
-# Python package's tests (pip installs numpy, pytest and scikit-build-core).
-check: check-fast check-asan check-tsan check-python
+# Every test: the C suite in the normal build and in the ASan+UBSan and TSan builds, every
+# build type with gcc and clang, then the Python package's tests (pip installs numpy, pytest
+# and scikit-build-core).
+check: check-fast check-asan check-tsan check-build-types check-python
 
 check-python: all
 	python/run-tests
@@ -41,6 +43,22 @@ check-tsan: deps build-tsan/Makefile
 	$(CMAKE) --build build-tsan -j $(JOBS)
 	cd build-tsan && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
 	  ctest --output-on-failure -j $(JOBS)
+
+# Every build type a user may pick builds without a warning (-Werror, and none from the
+# linker either), with gcc and with clang: build-types/<compiler>-<type>, built (library,
+# CLI, tests), not run.
+BUILD_TYPES ?= Debug Release RelWithDebInfo MinSizeRel
+BUILD_TYPE_COMPILERS ?= gcc clang
+check-build-types: deps
+	@set -e; for cc in $(BUILD_TYPE_COMPILERS); do for type in $(BUILD_TYPES); do \
+	  dir=build-types/$$cc-$$type; echo "check-build-types: $$dir"; \
+	  $(CMAKE) -S . -B $$dir -DCMAKE_C_COMPILER=$$cc -DCMAKE_BUILD_TYPE=$$type >/dev/null; \
+	  if ! $(CMAKE) --build $$dir -j $(JOBS) >$$dir/build.log 2>&1 || \
+	     grep -q 'warning:' $$dir/build.log; then \
+	    grep -E -B2 -A6 'warning:|error:' $$dir/build.log || tail -40 $$dir/build.log; \
+	    echo "check-build-types: $$dir failed (log: $$dir/build.log)" >&2; exit 1; \
+	  fi; \
+	done; done
 
 # The main job: producer and consumers through ferry against the same-run floor, then the
 # allocator against a list scan.
@@ -59,7 +77,7 @@ fuzz:
 	  tests/corpus/descriptor -max_total_time=$(FUZZ_SECONDS)
 
 format:
-	clang-format -i include/*.h src/*/*.[ch] tests/*.[ch] bench/*.c
+	clang-format -i include/*.h src/*/*.[ch] tools/*/*.[ch] tests/*.[ch] bench/*.c examples/c/*.c
 
 clean:
-	rm -rf $(BUILD) build-asan build-tsan build-fuzz python/build
+	rm -rf $(BUILD) build-asan build-tsan build-fuzz build-types python/build

@@ -16,16 +16,30 @@ expect_fail() { # expected-message args...
     fi
 }
 
-expect_fail "memory_size must be positive" bench --pool-size 0 --quiet
-expect_fail "consumer_count must be positive" bench --consumers 0 --quiet
-expect_fail "max_inflight_slices must be positive" bench --max-inflight 0 --quiet
-expect_fail "recycle_interval must be positive" bench --reclaim-interval-us 0 --quiet
+# Errors name the option the user typed; the library's messages for what only it can judge.
+expect_fail "--pool-size must be positive" bench --pool-size 0 --quiet
+expect_fail "--consumers must be positive" bench --consumers 0 --quiet
+expect_fail "--max-inflight must be positive" bench --max-inflight 0 --quiet
+expect_fail "--reclaim-interval-us must be positive" bench --reclaim-interval-us 0 --quiet
+expect_fail "--iterations does not apply to --backend host" bench --iterations 5
+expect_fail "--reclaim-rounds does not apply to --backend cuda_vmm" \
+    bench --backend cuda_vmm --reclaim-rounds 3
 expect_fail "host pool is too small after control metadata: pool=65536, control=81920" \
     bench --pool-size 64KiB --quiet
 expect_fail "total_pool_size must be positive" split-budget 0 4
 expect_fail "tokenizer_worker_num must be positive" split-budget 8GiB 0
 expect_fail "" bench --item-size banana
 expect_fail "" no-such-command
+
+# --help everywhere, --version.
+for cmd in "--help" "help" "bench --help" "doctor --help" "split-budget --help" "version --help" \
+    "help bench"; do
+    # shellcheck disable=SC2086 # the command is a list of words
+    out=$("$ferry" $cmd 2>&1) || { echo "FAIL: ferry $cmd exited $?"; fails=$((fails + 1)); }
+    [[ "$out" == *"usage: ferry"* ]] || { echo "FAIL: ferry $cmd: $out"; fails=$((fails + 1)); }
+done
+[ "$("$ferry" --version)" = "$("$ferry" version)" ] ||
+    { echo "FAIL: ferry --version differs from ferry version"; fails=$((fails + 1)); }
 
 share=$("$ferry" split-budget 10GiB 3)
 [ "$share" = "3579139413" ] || { echo "FAIL: split-budget printed '$share'"; fails=$((fails + 1)); }

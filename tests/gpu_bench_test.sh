@@ -61,7 +61,7 @@ expect_fail 1 "CUDA IPC pool needs the CUDA driver: no CUDA driver: /nonexistent
 # Bad settings: the library's messages (exit 1) or the command line's (exit 2).
 expect_fail 1 "CUDA IPC pool is too small after control metadata: pool=16384, control=32768" "" \
     bench --backend cuda_ipc --pool-size 16KiB --max-inflight 4096 --quiet
-expect_fail 1 "memory_size must be positive" "" bench --backend cuda_ipc --pool-size 0 --quiet
+expect_fail 2 "--pool-size must be positive" "" bench --backend cuda_ipc --pool-size 0 --quiet
 expect_fail 1 "do not fit in the pool" "" \
     bench --backend cuda_ipc --mode stream --item-size 8MiB --pool-size 4MiB --quiet
 expect_fail 1 "device 5 does not exist" "" bench --backend cuda_ipc --producer-device 5 --quiet
@@ -71,8 +71,10 @@ expect_fail 2 "invalid --mode" "" bench --backend cuda_ipc --mode banana
 expect_fail 2 "runs one consumer" "" bench --backend cuda_ipc --mode cpu --consumers 2
 expect_fail 2 "lists 2 devices for 3 consumers" "" \
     bench --backend cuda_ipc --mode rtt --consumers 3 --consumer-devices 0,1
-expect_fail 2 "unknown option '--no-floor' for --backend cuda_ipc" "" \
+expect_fail 2 "--no-floor does not apply to --backend cuda_ipc" "" \
     bench --backend cuda_ipc --no-floor
+expect_fail 2 "--reclaim-rounds does not apply to --backend cuda_vmm" "" \
+    bench --backend cuda_vmm --reclaim-rounds 5
 
 # Every mode, both control placements, tiny counts.
 expect_json "rtt same GPU" '"mode": "rtt"' '"control": "host", "item_size": 4096' \

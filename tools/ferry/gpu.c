@@ -1,0 +1,674 @@
+/* What the GPU modes of `ferry bench` share: the CUDA driver, the payload patterns, the
+ * producer's device buffers and its rows, a consumer's device setup, the report's frame. */
+#include <dlfcn.h>
+#include <math.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu.h"
+
+#define GOLDEN     0x9e3779b97f4a7c15ull
+#define FILL_STAGE (16ull << 20) /* host staging for filling device buffers */
+#define QUERY_SPIN 64            /* cuStreamQuery polls before the first short sleep */
+#define WORD_BYTES 256           /* the raw calls' device words */
+
+const cu_api *cu;
+
+/* ---- the CUDA driver ------------------------------------------------------------------------ */
+
+typedef CUresult (*get_proc_fn)(const char *, void **, int, uint64_t, int *);
+
+static cu_api api;
+static char load_error[512];
+
+static const struct {
+    const char *name;
+    int version;
+    size_t offset;
+} entries[] = {
+#define CU_ENTRY_(name, version, params) {#name, version, offsetof(cu_api, name)},
+    CU_FUNCTIONS(CU_ENTRY_)
+#undef CU_ENTRY_
+};
+
+static int load(void)
+{
+    const char *path = getenv("FERRY_CUDA_DRIVER");
+    path = path && *path ? path : "libcuda.so.1";
+    void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL),
+         *sym = lib ? dlsym(lib, "cuGetProcAddress_v2") : NULL;
+    get_proc_fn get_proc;
+    memcpy(&get_proc, &sym, sizeof(sym));
+    if (!sym)
+        return snprintf(load_error, sizeof(load_error), "no CUDA driver: %s",
+                        lib ? path : dlerror()),
+               -1;
+    for (size_t i = 0; i < sizeof(entries) / sizeof(entries[0]); i++) {
+        void *fn = NULL;
+        int status = 0;
+        if (get_proc(entries[i].name, &fn, entries[i].version, 1, &status) != CUDA_SUCCESS ||
+            status != 0 || !fn)
+            return snprintf(load_error, sizeof(load_error), "%s lacks %s", path, entries[i].name),
+                   -1;
+        memcpy((char *)&api + entries[i].offset, &fn, sizeof(fn));
+    }
+    if (api.cuInit(0) != CUDA_SUCCESS || api.cuDeviceGetCount(&api.device_count) != CUDA_SUCCESS)
+        return snprintf(load_error, sizeof(load_error), "the CUDA driver failed to initialise"), -1;
+    return 0;
+}
+
+const cu_api *cu_get(char *why, size_t size)
+{
+    static int state; /* 0: not tried, 1: loaded, -1: failed */
+    if (!state)
+        state = load() == 0 ? 1 : -1;
+    if (state < 0)
+        snprintf(why, size, "%s", load_error);
+    return cu = state > 0 ? &api : NULL;
+}
+
+const char *cu_error(const char *call, CUresult rc)
+{
+    static __thread char text[256];
+    const char *name = NULL, *what = NULL;
+    if (api.cuGetErrorName(rc, &name) != CUDA_SUCCESS || !name)
+        name = "unknown CUresult";
+    if (api.cuGetErrorString(rc, &what) != CUDA_SUCCESS || !what)
+        what = "no description";
+    snprintf(text, sizeof(text), "%s failed: %s (%s, %d)", call, name, what, rc);
+    return text;
+}
+
+CUresult cu_use_device(int device)
+{
+    static CUcontext primary[BENCH_MAX_RANKS];
+    CUdevice dev;
+    CUresult rc = CUDA_SUCCESS;
+    if (device < 0 || device >= BENCH_MAX_RANKS)
+        return 101; /* CUDA_ERROR_INVALID_DEVICE */
+    if (!primary[device] && (rc = cu->cuDeviceGet(&dev, device)) == CUDA_SUCCESS)
+        rc = cu->cuDevicePrimaryCtxRetain(&primary[device], dev);
+    return rc == CUDA_SUCCESS ? cu->cuCtxSetCurrent(primary[device]) : rc;
+}
+
+int cu_stream_wait(CUstream s, uint64_t timeout_ns, const char *what, char *why, size_t size)
+{
+    uint64_t start = cli_now_ns();
+    for (unsigned spins = 0;; spins++) {
+        CUresult rc = cu->cuStreamQuery(s);
+        if (rc == CUDA_SUCCESS)
+            return 0;
+        if (rc != CUDA_ERROR_NOT_READY)
+            return snprintf(why, size, "%s", cu_error("cuStreamQuery", rc)), -1;
+        if (cli_now_ns() - start >= timeout_ns)
+            return snprintf(why, size, "%s did not finish within %llu ms", what,
+                            (unsigned long long)(timeout_ns / 1000000)),
+                   -1;
+        if (spins < QUERY_SPIN)
+            sched_yield();
+        else
+            cli_sleep_ns(20000);
+    }
+}
+
+CUresult cu_register_flags(bench_region *r, CUdeviceptr *dev)
+{
+    CUresult rc = cu->cuMemHostRegister(r->flags, BENCH_FLAG_BYTES,
+                                        CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+    if (rc == CUDA_SUCCESS &&
+        (rc = cu->cuMemHostGetDevicePointer(dev, r->flags, 0)) != CUDA_SUCCESS)
+        cu->cuMemHostUnregister(r->flags);
+    if (rc != CUDA_SUCCESS)
+        *dev = 0;
+    return rc;
+}
+
+/* ---- patterns ----------------------------------------------------------------------------------
+ */
+
+static uint64_t pattern_word(uint64_t seed, uint64_t key, uint64_t index)
+{
+    return cli_mix64(cli_mix64(seed ^ cli_mix64(key + 0x6b657967707531ull)) + index * GOLDEN);
+}
+
+void pattern_fill(uint8_t *buf, uint64_t off, uint64_t len, uint64_t seed, uint64_t key)
+{
+    for (uint64_t i = 0; i < len;) {
+        uint64_t at = off + i, w = pattern_word(seed, key, at / 8), skip = at % 8;
+        uint64_t n = 8 - skip < len - i ? 8 - skip : len - i;
+        memcpy(buf + i, (const uint8_t *)&w + skip, n);
+        i += n;
+    }
+}
+
+int64_t pattern_check(const uint8_t *buf, uint64_t off, uint64_t len, uint64_t seed, uint64_t key,
+                      uint8_t *got, uint8_t *want)
+{
+    for (uint64_t i = 0; i < len;) {
+        uint64_t at = off + i, w = pattern_word(seed, key, at / 8), skip = at % 8;
+        uint64_t n = 8 - skip < len - i ? 8 - skip : len - i;
+        const uint8_t *expect = (const uint8_t *)&w + skip;
+        if (memcmp(buf + i, expect, n) != 0) {
+            uint64_t k = 0;
+            while (buf[i + k] == expect[k])
+                k++;
+            *got = buf[i + k];
+            *want = expect[k];
+            return (int64_t)(at + k);
+        }
+        i += n;
+    }
+    return -1;
+}
+
+/* The key after the last one for item `item`: seeded, never equal to the last. */
+uint64_t gpu_take_key(bench_run *run, uint64_t item)
+{
+    gpu_run *g = GPU(run);
+    uint64_t step = 1 + cli_mix64(run->opt->seed ^ (item * GOLDEN) ^ 0x6b6579ull) % (GPU_KEYS - 1);
+    g->key = (g->key + step) % GPU_KEYS;
+    return g->key;
+}
+
+/* ---- options ------------------------------------------------------------------------------------
+ */
+
+static void set(int64_t *v, int64_t value)
+{
+    if (*v == BENCH_UNSET)
+        *v = value;
+}
+
+void gpu_defaults(const bench_mode *mode, bench_opts *o)
+{
+    const gpu_mode_ops *ops = mode->family_ops;
+    set(&o->iterations, ops->defaults.iterations);
+    set(&o->warmup, ops->defaults.warmup);
+    set(&o->rounds, 4);
+    set(&o->items, 200);
+    set(&o->verify_every, ops->defaults.verify_every);
+    set(&o->floor_copies, 0); /* 0: about 4 GiB worth, 8 to 1000 copies */
+    set(&o->producer_device, 0);
+    set(&o->consumer_device, 0);
+    set(&o->pool_size, ops->defaults.pool_size);
+    set(&o->max_inflight, ops->defaults.max_inflight);
+    set(&o->reclaim_interval_us, ops->defaults.reclaim_interval_us);
+    set(&o->timeout_ms, 10000);
+    if (o->nsizes == 0) {
+        o->sizes[o->nsizes++] = (uint64_t)ops->defaults.item_size;
+        if (ops->defaults.item_size2)
+            o->sizes[o->nsizes++] = (uint64_t)ops->defaults.item_size2;
+    }
+    /* --consumer-devices with several GPUs implies one consumer each; --consumer-device D is
+     * the shorthand of --consumer-devices D. */
+    set(&o->consumers, o->ndevices > 1 ? o->ndevices : 1);
+    if (o->ndevices == 0)
+        o->devices[o->ndevices++] = o->consumer_device;
+    if (o->ndevices == 1)
+        for (int64_t r = 1; r < o->consumers && r < BENCH_MAX_RANKS; r++)
+            o->devices[r] = o->devices[0];
+}
+
+static int check_range(const char *name, int64_t v, int64_t lo, int64_t hi)
+{
+    if (v >= lo && v <= hi)
+        return 0;
+    fprintf(stderr, "ferry bench: %s must be between %lld and %lld\n", name, (long long)lo,
+            (long long)hi);
+    return -1;
+}
+
+int gpu_check(const bench_opts *o)
+{
+    if (check_range("--iterations", o->iterations, 1, 100000000) ||
+        check_range("--warmup", o->warmup, 0, 100000000) ||
+        check_range("--rounds", o->rounds, 1,
+                    strcmp(o->mode_name ? o->mode_name : "rtt", "rtt") ? INT64_MAX
+                                                                       : o->iterations) ||
+        check_range("--items", o->items, 1, 100000000) ||
+        check_range("--verify-every", o->verify_every, 1, INT64_MAX) ||
+        check_range("--floor-copies", o->floor_copies, 0, 1000000) ||
+        check_range("--timeout-ms", o->timeout_ms, 1, 86400000) ||
+        check_range("--producer-device", o->producer_device, 0, BENCH_MAX_RANKS - 1) ||
+        check_range("--consumer-device", o->consumer_device, 0, BENCH_MAX_RANKS - 1))
+        return -1;
+    if (o->ndevices != 1 && o->ndevices != (uint32_t)o->consumers) {
+        fprintf(stderr, "ferry bench: --consumer-devices lists %u devices for %lld consumers\n",
+                o->ndevices, (long long)o->consumers);
+        return -1;
+    }
+    for (int64_t r = 0; r < o->consumers; r++)
+        if (check_range("a consumer device", o->devices[r], 0, BENCH_MAX_RANKS - 1))
+            return -1;
+    return 0;
+}
+
+/* ---- the producer -----------------------------------------------------------------------------
+ */
+
+static const gpu_mode_ops *ops_of(const bench_run *run)
+{
+    return run->mode->family_ops;
+}
+
+int gpu_cu_fail(bench_run *run, const char *what, const char *call, CUresult rc)
+{
+    return run_fail(run, "%s: %s", what, cu_error(call, rc));
+}
+
+int gpu_stream_drained(bench_run *run, const char *what)
+{
+    char why[256];
+    if (cu_stream_wait(GPU(run)->stream, run->params.timeout_ns, what, why, sizeof(why)) != 0)
+        return run_fail(run, "%s", why);
+    return 0;
+}
+
+const char *gpu_placement(int placement)
+{
+    return placement == FERRY_CONTROL_DEVICE ? "device" : "host";
+}
+
+double gpu_ratio(double a, double b)
+{
+    return isfinite(a) && isfinite(b) && b > 0 ? a / b : NAN;
+}
+
+int gpu_has_remote(const bench_opts *o)
+{
+    for (int64_t r = 0; r < o->consumers; r++)
+        if (o->devices[r] != o->producer_device)
+            return 1;
+    return 0;
+}
+
+static uint64_t max_size(const bench_opts *o)
+{
+    uint64_t m = 0;
+    for (uint32_t i = 0; i < o->nsizes; i++)
+        m = o->sizes[i] > m ? o->sizes[i] : m;
+    return m;
+}
+
+static ferry_pool_config pool_config(const bench_opts *o, int placement)
+{
+    ferry_pool_config c = run_pool_config(o);
+    c.device = (int32_t)o->producer_device;
+    c.control_placement = placement;
+    return c;
+}
+
+static int create_pool(bench_run *run, int placement)
+{
+    gpu_run *g = GPU(run);
+    ferry_pool_config c = pool_config(run->opt, placement);
+    if (ferry_pool_create(&c, &g->pool) != FERRY_OK)
+        return run_fail(run, "%s", ferry_last_error());
+    g->placement = placement;
+    return run_check_fits(run, g->pool, max_size(run->opt));
+}
+
+/* The library loads its driver with the first pool; the tool's own comes after. */
+static int load_driver(bench_run *run)
+{
+    const bench_opts *o = run->opt;
+    char why[512];
+    CUresult rc;
+    if (!cu_get(why, sizeof(why)))
+        return run_fail(run, "%s", why);
+    for (int64_t r = 0; r < o->consumers; r++)
+        if (o->devices[r] >= cu->device_count)
+            return run_fail(run, "consumer device %lld does not exist (%d devices)",
+                            (long long)o->devices[r], cu->device_count);
+    if ((rc = cu_use_device((int)o->producer_device)) != CUDA_SUCCESS)
+        return gpu_cu_fail(run, "making the producer's device current", "cuCtxSetCurrent", rc);
+    if ((rc = cu->cuStreamCreate(&GPU(run)->stream, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS) {
+        GPU(run)->stream = NULL;
+        return gpu_cu_fail(run, "the producer's stream", "cuStreamCreate", rc);
+    }
+    return 0;
+}
+
+/* Fills a device buffer with pattern key, through a host staging buffer. */
+static CUresult fill_device(CUdeviceptr dst, uint64_t bytes, uint64_t seed, uint64_t key)
+{
+    uint64_t stage = bytes < FILL_STAGE ? bytes : FILL_STAGE;
+    uint8_t *buf = malloc(stage ? stage : 1);
+    CUresult rc = buf ? CUDA_SUCCESS : 2; /* CUDA_ERROR_OUT_OF_MEMORY */
+    for (uint64_t off = 0; rc == CUDA_SUCCESS && off < bytes; off += stage) {
+        uint64_t n = bytes - off < stage ? bytes - off : stage;
+        pattern_fill(buf, off, n, seed, key);
+        rc = cu->cuMemcpy(dst + off, (CUdeviceptr)(uintptr_t)buf, n);
+    }
+    free(buf);
+    return rc;
+}
+
+/* Sources; rtt: the floor's device buffer, exported to the consumers; stream: the copy floor's
+ * target, exported when a consumer on another GPU times the peer floor from it; cpu: a device
+ * word for the raw calls. */
+static int device_buffers(bench_run *run, unsigned needs)
+{
+    gpu_run *g = GPU(run);
+    uint64_t bytes = max_size(run->opt);
+    CUipcMemHandle h;
+    CUresult rc = CUDA_SUCCESS;
+    const char *call = "cuMemAlloc";
+    for (uint32_t k = 0; k < GPU_KEYS && rc == CUDA_SUCCESS; k++)
+        if ((rc = cu->cuMemAlloc(&g->src[k], bytes)) == CUDA_SUCCESS &&
+            (rc = fill_device(g->src[k], bytes, run->opt->seed, k)) != CUDA_SUCCESS)
+            call = "cuMemcpy";
+    if (rc != CUDA_SUCCESS)
+        return gpu_cu_fail(run, "the producer's source buffers", call, rc);
+    if ((needs & NEED_AUX) && (rc = cu->cuMemAlloc(&g->aux, bytes)) != CUDA_SUCCESS)
+        return gpu_cu_fail(run, "the floor's device buffer", "cuMemAlloc", rc);
+    if ((needs & NEED_WORD) && (rc = cu->cuMemAlloc(&g->word, WORD_BYTES)) != CUDA_SUCCESS)
+        return gpu_cu_fail(run, "the raw calls' device word", "cuMemAlloc", rc);
+    if (!(needs & NEED_EXPORT) && !((needs & NEED_EXPORT_REMOTE) && gpu_has_remote(run->opt)))
+        return 0;
+    if ((rc = cu->cuIpcGetMemHandle(&h, g->aux)) != CUDA_SUCCESS)
+        return gpu_cu_fail(run, "exporting the floor's device buffer", "cuIpcGetMemHandle", rc);
+    memcpy(run->params.floor_handle, &h, sizeof(h));
+    run->params.has_floor = 1;
+    return 0;
+}
+
+/* Every configuration through the library first, then the first pool (which loads the
+ * library's driver), then the devices. */
+int gpu_prepare(bench_run *run)
+{
+    const bench_opts *o = run->opt;
+    bench_params *p = &run->params;
+    unsigned needs = ops_of(run)->needs;
+    if (!(run->state = calloc(1, sizeof(gpu_run))))
+        return run_fail(run, "out of memory");
+    run->log_muted = o->quiet || o->json || (needs & NEED_QUIET_LIBRARY);
+    for (uint32_t i = 0; i < o->nplacements; i++) {
+        ferry_pool_config c = pool_config(o, o->placements[i]);
+        if (ferry_pool_config_check(&c) != FERRY_OK)
+            return run_fail(run, "%s", ferry_last_error());
+    }
+    if (create_pool(run, o->placements[0]) != 0 || load_driver(run) != 0)
+        return -1;
+    p->max_item = max_size(o);
+    p->items = (uint64_t)(o->items + o->warmup);
+    for (uint32_t r = 0; r < run->consumers; r++)
+        p->devices[r] = (int32_t)o->devices[r];
+    return device_buffers(run, needs);
+}
+
+int gpu_drain_pool(bench_run *run)
+{
+    gpu_run *g = GPU(run);
+    uint64_t start = cli_now_ns(), timeout = run->params.timeout_ns;
+    for (;;) {
+        ferry_pool_stats s;
+        if (ferry_pool_reclaim(g->pool, NULL) != FERRY_OK ||
+            run_pool_stats(g->pool, &s) != FERRY_OK)
+            return run_fail(run, "reclaiming the pool failed: %s", ferry_last_error());
+        if (s.leases_in_flight == 0)
+            return 0;
+        if (run_check_often(run) != 0)
+            return -1;
+        if (cli_now_ns() - start >= timeout)
+            return run_fail(run, "%llu leases were not acknowledged within %llu ms",
+                            (unsigned long long)s.leases_in_flight,
+                            (unsigned long long)(timeout / 1000000));
+        sched_yield();
+    }
+}
+
+int gpu_publish(bench_run *run, uint64_t key, uint64_t size, bench_msg *m, const char *what)
+{
+    gpu_run *g = GPU(run);
+    ferry_tensor t = ferry_tensor_bytes(size);
+    ferry_descriptor d;
+    if (ferry_pool_publish_async(g->pool, &t, (const void *)(uintptr_t)g->src[key], g->stream,
+                                 run->params.timeout_ns, &d) != FERRY_OK)
+        return run_fail(run, "%s %llu: ferry_pool_publish_async failed: %s", what,
+                        (unsigned long long)m->item, ferry_last_error());
+    if (ferry_descriptor_encode(&d, m->desc) != FERRY_OK)
+        return run_fail(run, "encoding a descriptor failed: %s", ferry_last_error());
+    return 0;
+}
+
+static int run_row(bench_run *run, uint64_t size)
+{
+    gpu_run *g = GPU(run);
+    gpu_row *row = &g->rows[g->nrows];
+    uint64_t v0, e0, v1, e1;
+    memset(row, 0, sizeof(*row));
+    row->placement = g->placement;
+    row->size = size;
+    run_counters(run, &v0, &e0);
+    if (ops_of(run)->row(run, row) != 0)
+        return -1;
+    run_counters(run, &v1, &e1);
+    row->verified = v1 - v0;
+    row->errors = e1 - e0;
+    g->nrows++;
+    if (!run->opt->quiet && !run->opt->json)
+        fprintf(stderr, "ferry bench: %s, control %s, %llu-byte items: done\n", run->mode->name,
+                gpu_placement(g->placement), (unsigned long long)size);
+    return 0;
+}
+
+/* For each control placement a pool, for each item size a row. */
+int gpu_measure(bench_run *run)
+{
+    gpu_run *g = GPU(run);
+    const bench_opts *o = run->opt;
+    CUresult rc;
+    if ((ops_of(run)->needs & NEED_FLAGS) &&
+        (rc = cu_register_flags(&run->region, &g->flags_dev)) != CUDA_SUCCESS)
+        return gpu_cu_fail(run, "registering the flag pages", "cuMemHostRegister", rc);
+    for (uint32_t i = 0; i < o->nplacements; i++) {
+        if (!g->pool && create_pool(run, o->placements[i]) != 0)
+            return -1;
+        for (uint32_t s = 0; s < o->nsizes; s++)
+            if (run_row(run, o->sizes[s]) != 0)
+                return -1;
+        ferry_pool_destroy(g->pool);
+        g->pool = NULL;
+    }
+    return 0;
+}
+
+void gpu_release(bench_run *run, int failed)
+{
+    gpu_run *g = GPU(run);
+    if (!g)
+        return;
+    ferry_pool_destroy(g->pool);
+    /* After a failure a stream may wait for a word nobody writes: leave it to the exit. */
+    if (!failed && cu && cu_use_device((int)run->opt->producer_device) == CUDA_SUCCESS) {
+        if (g->stream)
+            cu->cuStreamDestroy(g->stream);
+        CUdeviceptr *bufs[] = {&g->src[0], &g->src[1], &g->src[2], &g->src[3], &g->aux, &g->word};
+        for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+            if (*bufs[i])
+                cu->cuMemFree(*bufs[i]);
+        if (g->flags_dev)
+            cu->cuMemHostUnregister(run->region.flags);
+    }
+    free(g);
+    run->state = NULL;
+}
+
+/* ---- the report's frame ------------------------------------------------------------------------
+ */
+
+static void totals(const bench_run *run, uint64_t *verified, uint64_t *errors)
+{
+    const gpu_run *g = GPU(run);
+    *verified = *errors = 0;
+    for (uint32_t i = 0; i < g->nrows; i++) {
+        *verified += g->rows[i].verified;
+        *errors += g->rows[i].errors;
+    }
+}
+
+void gpu_text(const bench_run *run)
+{
+    const bench_opts *o = run->opt;
+    uint64_t verified, errors;
+    char pool[32];
+    const char *s = run->consumers > 1 ? "s" : "";
+    cli_format_size((uint64_t)o->pool_size, pool, sizeof(pool));
+    printf("ferry bench: backend %s, mode %s, producer GPU %lld, consumer GPU%s",
+           ferry_backend_name(o->backend), run->mode->name, (long long)o->producer_device, s);
+    for (uint32_t r = 0; r < run->consumers; r++)
+        printf("%s%lld", r ? "," : " ", (long long)o->devices[r]);
+    printf(", pool %s, max-inflight %lld, seed %llu\n", pool, (long long)o->max_inflight,
+           (unsigned long long)o->seed);
+    ops_of(run)->text(run);
+    totals(run, &verified, &errors);
+    printf("verified: %llu items, errors: %llu\n", (unsigned long long)verified,
+           (unsigned long long)errors);
+}
+
+void gpu_json(const bench_run *run)
+{
+    const bench_opts *o = run->opt;
+    const gpu_run *g = GPU(run);
+    uint64_t verified, errors;
+    printf("{\"backend\": \"%s\", \"mode\": \"%s\", \"producer_device\": %lld, "
+           "\"consumers\": %u, \"consumer_devices\": [",
+           ferry_backend_name(o->backend), run->mode->name, (long long)o->producer_device,
+           run->consumers);
+    for (uint32_t r = 0; r < run->consumers; r++)
+        printf("%s%lld", r ? ", " : "", (long long)o->devices[r]);
+    printf("], \"iterations\": %lld, \"warmup\": %lld, \"items\": %lld, \"rounds\": %lld, "
+           "\"verify_every\": %lld, \"seed\": %llu, \"pool_size\": %lld, \"max_inflight\": %lld, "
+           "\"results\": [",
+           (long long)o->iterations, (long long)o->warmup, (long long)o->items,
+           (long long)o->rounds, (long long)o->verify_every, (unsigned long long)o->seed,
+           (long long)o->pool_size, (long long)o->max_inflight);
+    for (uint32_t i = 0; i < g->nrows; i++) {
+        printf("%s{\"control\": \"%s\", \"item_size\": %llu, ", i ? ", " : "",
+               gpu_placement(g->rows[i].placement), (unsigned long long)g->rows[i].size);
+        ops_of(run)->json_row(run, &g->rows[i]);
+        printf("\"verified\": %llu, \"errors\": %llu}", (unsigned long long)g->rows[i].verified,
+               (unsigned long long)g->rows[i].errors);
+    }
+    totals(run, &verified, &errors);
+    printf("], \"verified\": %llu, \"errors\": %llu}\n", (unsigned long long)verified,
+           (unsigned long long)errors);
+}
+
+/* ---- a consumer process ------------------------------------------------------------------------
+ */
+
+int gpu_worker_cu(bench_worker *w, const char *call, CUresult rc)
+{
+    return rc == CUDA_SUCCESS ? 0 : worker_fail(w, "%s", cu_error(call, rc));
+}
+
+int gpu_worker_sync(bench_worker *w, const char *what)
+{
+    char why[256];
+    if (cu_stream_wait(GW(w)->stream, w->p.timeout_ns, what, why, sizeof(why)) != 0)
+        return worker_fail(w, "%s", why);
+    return 0;
+}
+
+int gpu_worker_check(bench_worker *w, CUdeviceptr dev, uint64_t n, uint64_t key, uint64_t iter,
+                     const char *what)
+{
+    gpu_worker *g = GW(w);
+    uint8_t got, want;
+    if (gpu_worker_sync(w, "the consumer's stream") != 0 ||
+        gpu_worker_cu(w, "cuMemcpy", cu->cuMemcpy((CUdeviceptr)(uintptr_t)g->host, dev, n)) != 0)
+        return -1;
+    int64_t off = pattern_check(g->host, 0, n, w->p.seed, key, &got, &want);
+    if (off < 0)
+        __atomic_add_fetch(&w->me->verified[0], 1, __ATOMIC_RELEASE);
+    else
+        worker_error(w, 0,
+                     "%s item %llu (%llu bytes, pattern %llu): byte %lld is 0x%02x, expected "
+                     "0x%02x",
+                     what, (unsigned long long)iter, (unsigned long long)n, (unsigned long long)key,
+                     (long long)off, got, want);
+    return 0;
+}
+
+int gpu_worker_open_floor(bench_worker *w)
+{
+    CUipcMemHandle h;
+    memcpy(&h, w->p.floor_handle, sizeof(h));
+    return gpu_worker_cu(w, "cuIpcOpenMemHandle",
+                         cu->cuIpcOpenMemHandle(&GW(w)->peer, h, CU_IPC_LAZY_PEER_ACCESS));
+}
+
+int gpu_worker_init(bench_worker *w)
+{
+    const gpu_mode_ops *ops = w->mode->family_ops;
+    char why[512];
+    gpu_worker *g = calloc(1, sizeof(*g));
+    if (!(w->state = g))
+        return worker_fail(w, "out of memory");
+    g->device = w->p.devices[w->rank];
+    if (!cu_get(why, sizeof(why)))
+        return worker_fail(w, "device %d: %s", g->device, why);
+    if (gpu_worker_cu(w, "cuCtxSetCurrent", cu_use_device(g->device)) ||
+        gpu_worker_cu(w, "cuStreamCreate",
+                      cu->cuStreamCreate(&g->stream, CU_STREAM_NON_BLOCKING)) ||
+        gpu_worker_cu(w, "cuMemAlloc", cu->cuMemAlloc(&g->dst, w->p.max_item)))
+        return -1;
+    g->host_bytes = w->p.max_item;
+    if (!(g->host = malloc(g->host_bytes)))
+        return worker_fail(w, "out of memory for the host staging buffer");
+    if ((ops->needs & NEED_FLAGS) && cu_register_flags(&w->region, &g->flags_dev) != CUDA_SUCCESS)
+        return worker_fail(w, "registering the flag pages failed");
+    return (ops->needs & NEED_FLAGS) && w->p.has_floor ? gpu_worker_open_floor(w) : 0;
+}
+
+/* After a clean run only: a failed one may leave a stream waiting on a word nobody writes,
+ * and freeing what it uses could block; the exit releases everything anyway. */
+void gpu_worker_release(bench_worker *w, int clean)
+{
+    gpu_worker *g = GW(w);
+    if (g && clean && cu) {
+        ferry_consumer_destroy(g->consumer);
+        if (g->peer)
+            cu->cuIpcCloseMemHandle(g->peer);
+        if (g->flags_dev)
+            cu->cuMemHostUnregister(w->region.flags);
+        CUdeviceptr bufs[] = {g->dst, g->raw_dst, g->word, g->ring};
+        for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+            if (bufs[i])
+                cu->cuMemFree(bufs[i]);
+        if (g->stream)
+            cu->cuStreamDestroy(g->stream);
+    }
+    if (g) {
+        free(g->host);
+        free(g->pending);
+        free(g->batch);
+        free(g);
+    }
+}
+
+int gpu_worker_phase(bench_worker *w, const bench_msg *m, int (*end)(bench_worker *w))
+{
+    gpu_worker *g = GW(w);
+    if (m->type == MSG_BEGIN) {
+        if (g->consumer)
+            return worker_fail(w, "BEGIN inside a phase");
+        memset(w->me->stat, 0, sizeof(w->me->stat));
+        g->batches = g->nbatch = 0;
+        g->raw_src = 0;
+        if (ferry_consumer_create_on(w->rank, g->device, &g->consumer) != FERRY_OK)
+            return worker_fail(w, "ferry_consumer_create_on(%u, %d): %s", w->rank, g->device,
+                               ferry_last_error());
+        return 0;
+    }
+    if (gpu_worker_sync(w, "the consumer's stream at the end of a phase") != 0 ||
+        (end && end(w) != 0))
+        return -1;
+    ferry_consumer_destroy(g->consumer);
+    g->consumer = NULL;
+    return 0;
+}

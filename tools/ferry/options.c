@@ -1,0 +1,321 @@
+/* The options of `ferry bench`: one table for every mode. --backend picks the family (host:
+ * the handover; cuda_ipc, cuda_vmm: the GPU modes, --mode), the family says which options
+ * apply, the mode fills the defaults and checks its limits. */
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "bench.h"
+
+typedef enum kind { K_INT, K_SIZE, K_U64, K_FLAG, K_STR, K_SIZES, K_DEVICES, K_CONTROL } kind;
+
+typedef struct spec {
+    const char *name, *arg;
+    kind kind;
+    size_t offset;
+    unsigned families;
+    const char *help;
+} spec;
+
+#define BOTH (FAMILY_HOST | FAMILY_GPU)
+#define O(name, arg, k, field, fam, help)                                                          \
+    {                                                                                              \
+        name, arg, k, offsetof(bench_opts, field), fam, help                                       \
+    }
+
+static const spec specs[] = {
+    O("--backend", "NAME", K_STR, backend_name, BOTH,
+      "host (default): the handover; cuda_ipc, cuda_vmm: the GPU modes"),
+    O("--mode", "MODE", K_STR, mode_name, FAMILY_GPU,
+      "rtt (default): round trip; stream: throughput; cpu: CPU cost per call"),
+    O("--consumers", "N", K_INT, consumers, BOTH,
+      "consumer processes (host 4; GPU 1 or one per "
+      "--consumer-devices entry)"),
+    O("--items", "N", K_INT, items, BOTH, "items handed over (host 2000; stream 200)"),
+    O("--item-size", "SIZE", K_SIZES, sizes, BOTH,
+      "host: SIZE or LO-HI, log-uniform (256KiB-4MiB); GPU: SIZE[,SIZE...] (rtt 4KiB,1MiB; "
+      "stream 64MiB; cpu 4KiB)"),
+    O("--pool-size", "SIZE", K_SIZE, pool_size, BOTH,
+      "pool memory, control table included (host 256MiB; rtt, cpu 64MiB; stream 1GiB)"),
+    O("--max-inflight", "N", K_INT, max_inflight, BOTH,
+      "rows of the control table (host 4096; rtt, stream 64; cpu 1024)"),
+    O("--reclaim-interval-us", "N", K_INT, reclaim_interval_us, BOTH,
+      "background reclaim period (1000; rtt 1000000)"),
+    O("--seed", "S", K_U64, seed, BOTH, "seed of sizes and payloads (1)"),
+    O("--timeout-ms", "N", K_INT, timeout_ms, BOTH, "limit of every single wait (10000)"),
+    O("--rounds", "N", K_INT, rounds, BOTH, "host, rtt: ferry and floor alternate in N chunks (4)"),
+    O("--reclaim-rounds", "N", K_INT, reclaim_rounds, FAMILY_HOST,
+      "rounds of the reclaim-delay phase, 0 to skip (300)"),
+    O("--no-floor", NULL, K_FLAG, no_floor, FAMILY_HOST, "skip the floor"),
+    O("--iterations", "N", K_INT, iterations, FAMILY_GPU,
+      "rtt: timed round trips (1000); cpu: calls (10000)"),
+    O("--warmup", "N", K_INT, warmup, FAMILY_GPU,
+      "untimed round trips (rtt 100) or items "
+      "(stream 8)"),
+    O("--verify-every", "N", K_INT, verify_every, FAMILY_GPU,
+      "check every Nth item (rtt 100; stream, cpu 1)"),
+    O("--floor-copies", "N", K_INT, floor_copies, FAMILY_GPU,
+      "stream: copies each floor times (0: about 4 GiB worth)"),
+    O("--control", "WHERE", K_CONTROL, placements, FAMILY_GPU,
+      "host (default), device or both: where the pool keeps its control words"),
+    O("--producer-device", "P", K_INT, producer_device, FAMILY_GPU, "the pool's GPU (0)"),
+    O("--consumer-device", "D", K_INT, consumer_device, FAMILY_GPU, "the consumers' GPU (0)"),
+    O("--consumer-devices", "D[,D...]", K_DEVICES, devices, FAMILY_GPU,
+      "one GPU for all consumers, or one per consumer"),
+    O("--json", NULL, K_FLAG, json, BOTH, "one JSON object on stdout, nothing else"),
+    O("--quiet", NULL, K_FLAG, quiet, BOTH, "no progress lines, no library warnings"),
+};
+#define NSPECS (sizeof(specs) / sizeof(specs[0]))
+
+void bench_help(void)
+{
+    printf("usage: ferry bench [OPTIONS]\n\n"
+           "Hands items from one producer to consumer processes through a ferry pool, checks\n"
+           "the data, and measures ferry against a floor without pool logic in the same run.\n"
+           "Defaults in parentheses (docs/cli.md); sizes take B, KiB, MiB, GiB, KB, MB, GB.\n\n");
+    for (size_t i = 0; i < NSPECS; i++) {
+        char left[64];
+        snprintf(left, sizeof(left), "%s%s%s", specs[i].name, specs[i].arg ? " " : "",
+                 specs[i].arg ? specs[i].arg : "");
+        printf("  %-30s %s%s\n", left,
+               specs[i].families == FAMILY_HOST  ? "[host] "
+               : specs[i].families == FAMILY_GPU ? "[GPU] "
+                                                 : "",
+               specs[i].help);
+    }
+}
+
+static int usage(const char *fmt, const char *a, const char *b)
+    __attribute__((format(printf, 1, 0)));
+
+static int usage(const char *fmt, const char *a, const char *b)
+{
+    fprintf(stderr, "ferry bench: ");
+    fprintf(stderr, fmt, a, b);
+    fprintf(stderr, "\n");
+    return -1;
+}
+
+/* Splits a comma-separated list into at most max items of up to 63 characters. */
+static int split_list(const char *opt, const char *text, char items[][64], uint32_t max,
+                      uint32_t *n)
+{
+    *n = 0;
+    for (const char *p = text;;) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        if (*n == max || len == 0 || len >= 64)
+            return usage("invalid %s '%s': a comma-separated list of values", opt, text);
+        memcpy(items[*n], p, len);
+        items[(*n)++][len] = '\0';
+        if (!comma)
+            return 0;
+        p = comma + 1;
+    }
+}
+
+/* host: SIZE or LO-HI (into sizes[0], sizes[1]); GPU: SIZE[,SIZE...]. Positive sizes. */
+static int parse_sizes(const char *text, unsigned family, bench_opts *o)
+{
+    char items[BENCH_MAX_SIZES][64];
+    const char *dash = text[0] ? strchr(text + 1, '-') : NULL;
+    if (family == FAMILY_HOST && dash && (size_t)(dash - text) < 64) {
+        memcpy(items[0], text, (size_t)(dash - text));
+        items[0][dash - text] = '\0';
+        snprintf(items[1], sizeof(items[1]), "%s", dash + 1);
+        o->nsizes = 2;
+    } else if (family == FAMILY_HOST) {
+        snprintf(items[0], sizeof(items[0]), "%s", text);
+        o->nsizes = 1;
+    } else if (split_list("--item-size", text, items, BENCH_MAX_SIZES, &o->nsizes) != 0) {
+        return -1;
+    }
+    for (uint32_t i = 0; i < o->nsizes; i++) {
+        int64_t v;
+        if (cli_parse_size("bench", "--item-size", items[i], &v) != 0)
+            return -1;
+        if (v <= 0)
+            return usage("invalid --item-size '%s': sizes must be positive%s", text, "");
+        o->sizes[i] = (uint64_t)v;
+    }
+    if (family == FAMILY_HOST && o->nsizes == 1)
+        o->sizes[o->nsizes++] = o->sizes[0];
+    if (o->sizes[0] > o->sizes[1] && family == FAMILY_HOST)
+        return usage("invalid --item-size '%s': the range's low end exceeds its high end%s", text,
+                     "");
+    return 0;
+}
+
+static int parse_devices(const char *text, bench_opts *o)
+{
+    char items[BENCH_MAX_RANKS][64];
+    if (split_list("--consumer-devices", text, items, BENCH_MAX_RANKS, &o->ndevices) != 0)
+        return -1;
+    for (uint32_t i = 0; i < o->ndevices; i++)
+        if (cli_parse_int("bench", "--consumer-devices", items[i], &o->devices[i]) != 0)
+            return -1;
+    return 0;
+}
+
+static int parse_control(const char *text, bench_opts *o)
+{
+    static const char *const names[] = {"host", "device", "both"};
+    for (int i = 0; i < 3; i++)
+        if (strcmp(text, names[i]) == 0) {
+            o->placements[0] = i == 1 ? FERRY_CONTROL_DEVICE : FERRY_CONTROL_HOST;
+            o->placements[1] = FERRY_CONTROL_DEVICE;
+            o->nplacements = i == 2 ? 2 : 1;
+            return 0;
+        }
+    return usage("invalid --control '%s': expected host, device or both%s", text, "");
+}
+
+static int store(const spec *s, const char *value, unsigned family, bench_opts *o)
+{
+    void *field = (char *)o + s->offset;
+    switch (s->kind) {
+    case K_INT:
+        return cli_parse_int("bench", s->name, value, field);
+    case K_SIZE:
+        return cli_parse_size("bench", s->name, value, field);
+    case K_U64:
+        return cli_parse_u64("bench", s->name, value, field);
+    case K_STR:
+        *(const char **)field = value;
+        return 0;
+    case K_SIZES:
+        return parse_sizes(value, family, o);
+    case K_DEVICES:
+        return parse_devices(value, o);
+    case K_CONTROL:
+        return parse_control(value, o);
+    case K_FLAG:
+        break;
+    }
+    return -1;
+}
+
+static const spec *find(const char *arg, size_t len)
+{
+    for (size_t i = 0; i < NSPECS; i++)
+        if (strlen(specs[i].name) == len && strncmp(arg, specs[i].name, len) == 0)
+            return &specs[i];
+    return NULL;
+}
+
+/* argv[*i]; advances *i past a separate value. */
+static int parse_one(int argc, char **argv, int *i, unsigned family, bench_opts *o)
+{
+    const char *arg = argv[*i], *eq = strchr(arg, '=');
+    size_t len = eq ? (size_t)(eq - arg) : strlen(arg);
+    const spec *s = find(arg, len);
+    if (!s)
+        return usage("unknown option '%s'%s", arg, "");
+    if (!(s->families & family))
+        return fprintf(stderr,
+                       "ferry bench: %s does not apply to --backend %s (it is an option of "
+                       "--backend %s)\n",
+                       s->name, o->backend_name,
+                       s->families == FAMILY_HOST ? "host" : "cuda_ipc and cuda_vmm"),
+               -1;
+    if (s->kind == K_FLAG) {
+        if (eq)
+            return usage("%s takes no value%s", s->name, "");
+        *(int *)((char *)o + s->offset) = 1;
+        return 0;
+    }
+    if (!eq && *i + 1 >= argc)
+        return usage("%s needs a value%s", s->name, "");
+    return store(s, eq ? eq + 1 : argv[++*i], family, o);
+}
+
+/* The value of --backend or --mode, looked for before the rest is parsed. */
+static const char *prescan(int argc, char **argv, const char *name, const char *fallback)
+{
+    size_t n = strlen(name);
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], name) == 0 && i + 1 < argc)
+            fallback = argv[++i];
+        else if (strncmp(argv[i], name, n) == 0 && argv[i][n] == '=')
+            fallback = argv[i] + n + 1;
+    }
+    return fallback;
+}
+
+static int pick_mode(bench_opts *o, unsigned family, const bench_mode *const *modes, size_t nmodes,
+                     const bench_mode **mode)
+{
+    const char *want = family == FAMILY_HOST ? "handover" : o->mode_name ? o->mode_name : "rtt";
+    for (size_t i = 0; i < nmodes; i++)
+        if (modes[i]->family == family && strcmp(modes[i]->name, want) == 0) {
+            *mode = modes[i];
+            return 0;
+        }
+    return usage("invalid --mode '%s': expected rtt, stream or cpu%s", want, "");
+}
+
+/* The options every mode hands to the library, named as the user typed them. */
+static int check_common(const bench_opts *o)
+{
+    const struct {
+        const char *name;
+        int64_t v;
+    } positive[] = {
+        {"--consumers", o->consumers},       {"--pool-size", o->pool_size},
+        {"--max-inflight", o->max_inflight}, {"--reclaim-interval-us", o->reclaim_interval_us},
+        {"--timeout-ms", o->timeout_ms},     {"--items", o->items}};
+    for (size_t i = 0; i < sizeof(positive) / sizeof(positive[0]); i++)
+        if (positive[i].v <= 0)
+            return usage("%s must be positive%s", positive[i].name, "");
+    if (o->consumers > BENCH_MAX_RANKS)
+        return fprintf(stderr, "ferry bench: --consumers must be at most %d\n", BENCH_MAX_RANKS),
+               -1;
+    return 0;
+}
+
+static void init(bench_opts *o)
+{
+    memset(o, 0, sizeof(*o));
+    int64_t *unset[] = {&o->consumers,    &o->items,           &o->iterations,
+                        &o->warmup,       &o->rounds,          &o->verify_every,
+                        &o->floor_copies, &o->producer_device, &o->consumer_device,
+                        &o->pool_size,    &o->max_inflight,    &o->reclaim_interval_us,
+                        &o->timeout_ms,   &o->reclaim_rounds};
+    for (size_t i = 0; i < sizeof(unset) / sizeof(unset[0]); i++)
+        *unset[i] = BENCH_UNSET;
+    o->seed = 1;
+    o->placements[0] = FERRY_CONTROL_HOST;
+    o->nplacements = 1;
+}
+
+int bench_parse_options(int argc, char **argv, const bench_mode *const *modes, size_t nmodes,
+                        bench_opts *o, const bench_mode **mode)
+{
+    init(o);
+    for (int i = 1; i < argc; i++)
+        if (cli_is_help(argv[i])) {
+            bench_help();
+            return -1;
+        }
+    o->backend_name = prescan(argc, argv, "--backend", "host");
+    o->mode_name = prescan(argc, argv, "--mode", NULL);
+    if (ferry_backend_parse(o->backend_name, &o->backend) != FERRY_OK) {
+        usage("--backend %s: %s", o->backend_name, ferry_last_error());
+        goto usage_error;
+    }
+    unsigned family = o->backend == FERRY_BACKEND_CUDA_IPC || o->backend == FERRY_BACKEND_CUDA_VMM
+                          ? FAMILY_GPU
+                          : FAMILY_HOST;
+    for (int i = 1; i < argc; i++)
+        if (parse_one(argc, argv, &i, family, o) != 0)
+            goto usage_error;
+    if (pick_mode(o, family, modes, nmodes, mode) != 0)
+        goto usage_error;
+    (*mode)->defaults(*mode, o);
+    if (check_common(o) != 0 || (*mode)->check(o) != 0)
+        return CLI_EXIT_USAGE;
+    return 0;
+usage_error:
+    fprintf(stderr, "Run 'ferry bench --help' for the options.\n");
+    return CLI_EXIT_USAGE;
+}

@@ -1,0 +1,424 @@
+/* --mode stream: items through the pool to N consumers as fast as they go.
+ *
+ * The producer publishes each item from one of its pre-filled device buffers
+ * (ferry_pool_publish_async, waiting up to --timeout-ms for space) and sends the descriptor
+ * to every consumer, which enqueues ferry_consumer_read_async into its own device buffer and
+ * copies the item's sampled spans into a device sample ring (checked on the host when the
+ * ring fills and at the end). Time: first publish to the last lease reclaimed, after
+ * --warmup items that are not timed. Bytes moved = the producer's copy plus every consumer's,
+ * each byte read and written: items * size * (1 + consumers) * 2.
+ *
+ * The floor: cuMemcpyAsync of the same size between two buffers of the producer's device,
+ * timed over many copies, read + written. The peer floor, for each consumer GPU other than
+ * the producer's (one after the other): its first consumer copies the item size from the
+ * producer's floor buffer, opened through CUDA IPC with lazy peer access the way the pool is,
+ * into its own buffer, back to back; bytes read per second. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu.h"
+
+#define FLOOR_BYTES  (4ull << 30) /* bytes copied by a floor, between FLOOR_MIN and MAX copies */
+#define FLOOR_MIN    8ull
+#define FLOOR_MAX    1000ull
+#define FLOOR_WARMUP 2 /* untimed copies before a floor's timed ones */
+#define SAMPLE       4096ull
+#define SAMPLE_CHUNK (8ull << 20)
+#define WHOLE_MAX    (1ull << 20)
+#define MAX_SPANS    258
+#define RING_MAX     (64ull << 20) /* device (and host) bytes of the sample ring */
+enum { MSG_STREAM = 8, MSG_PEER = 9 };
+enum { STAT_PEER_NS = 0, STAT_PEER_COPIES = 1 };
+
+typedef struct span {
+    uint64_t off, len;
+} span;
+
+/* The spans of an item a consumer checks: the whole item up to 1 MiB; else the first and last
+ * 4 KiB and one 4 KiB block per 8 MiB at a seeded offset. */
+static uint32_t sample_spans(uint64_t seed, uint64_t item, uint64_t size, span *spans)
+{
+    if (size <= WHOLE_MAX) {
+        spans[0] = (span){0, size};
+        return 1;
+    }
+    uint32_t n = 0, most = MAX_SPANS - 2;
+    uint64_t chunk = SAMPLE_CHUNK;
+    if ((size + chunk - 1) / chunk > most)
+        chunk = (size + most - 1) / most;
+    spans[n++] = (span){0, SAMPLE};
+    spans[n++] = (span){size - SAMPLE, SAMPLE};
+    for (uint64_t c = 0; c * chunk < size; c++) {
+        uint64_t start = c * chunk, room = size - start < chunk ? size - start : chunk;
+        if (room < SAMPLE)
+            break;
+        uint64_t r =
+            cli_mix64(seed ^ cli_mix64(item * 0x9e3779b97f4a7c15ull + c)) % (room - SAMPLE + 1);
+        spans[n++] = (span){start + (r & ~7ull), SAMPLE};
+    }
+    return n;
+}
+
+static uint64_t sample_bytes(uint64_t size)
+{
+    span spans[MAX_SPANS];
+    uint64_t total = 0;
+    for (uint32_t i = 0, n = sample_spans(0, 0, size, spans); i < n; i++)
+        total += spans[i].len;
+    return total;
+}
+
+static uint64_t floor_copies(const bench_opts *o, uint64_t size)
+{
+    uint64_t n = FLOOR_BYTES / size;
+    if (o->floor_copies > 0)
+        return (uint64_t)o->floor_copies;
+    return n < FLOOR_MIN ? FLOOR_MIN : n > FLOOR_MAX ? FLOOR_MAX : n;
+}
+
+/* ---- the producer ------------------------------------------------------------------------------
+ */
+
+static int copies(bench_run *run, uint64_t size, uint64_t n)
+{
+    gpu_run *g = GPU(run);
+    for (uint64_t i = 0; i < n; i++) {
+        CUresult rc = cu->cuMemcpyAsync(g->aux, g->src[0], size, g->stream);
+        if (rc != CUDA_SUCCESS)
+            return gpu_cu_fail(run, "the copy floor", "cuMemcpyAsync", rc);
+    }
+    return gpu_stream_drained(run, "the copy floor");
+}
+
+static int copy_floor(bench_run *run, gpu_row *row)
+{
+    uint64_t n = floor_copies(run->opt, row->size);
+    if (copies(run, row->size, FLOOR_WARMUP) != 0)
+        return -1;
+    uint64_t t0 = cli_now_ns();
+    if (copies(run, row->size, n) != 0)
+        return -1;
+    uint64_t ns = cli_now_ns() - t0;
+    row->floor_copies = n;
+    row->floor_seconds = (double)ns / 1e9;
+    row->floor_gbps = ns ? 2.0 * (double)row->size * (double)n / (double)ns : 0;
+    return 0;
+}
+
+/* Whether rank is the first one on a GPU other than the producer's. */
+static int times_peer_floor(const bench_opts *o, uint32_t rank)
+{
+    for (uint32_t r = 0; r < rank; r++)
+        if (o->devices[r] == o->devices[rank])
+            return 0;
+    return o->devices[rank] != o->producer_device;
+}
+
+static int peer_floors(bench_run *run, gpu_row *row)
+{
+    for (uint32_t r = 0; r < run->consumers; r++) {
+        bench_msg m;
+        if (!times_peer_floor(run->opt, r))
+            continue;
+        memset(&m, 0, sizeof(m));
+        m.type = MSG_PEER;
+        m.key = r;
+        m.item = floor_copies(run->opt, row->size);
+        m.size = row->size;
+        if (run_send(run, run->consumers, &m) != 0 ||
+            run_wait(run, 0, run->consumers, m.seq, NULL) != 0)
+            return -1;
+        const uint64_t *stat = run->region.ranks[r].stat;
+        gpu_peer *p = &row->peers[row->npeers++];
+        p->device = (int)run->opt->devices[r];
+        p->copies = stat[STAT_PEER_COPIES];
+        p->seconds = (double)stat[STAT_PEER_NS] / 1e9;
+        p->gbps = stat[STAT_PEER_NS]
+                      ? (double)row->size * (double)p->copies / (double)stat[STAT_PEER_NS]
+                      : 0;
+    }
+    return 0;
+}
+
+static int full_events(bench_run *run, uint64_t *events)
+{
+    ferry_pool_stats s;
+    if (run_pool_stats(GPU(run)->pool, &s) != FERRY_OK)
+        return run_fail(run, "reading the pool's statistics failed: %s", ferry_last_error());
+    *events = s.pool_full_events;
+    return 0;
+}
+
+static int publish_range(bench_run *run, uint64_t size, uint64_t first, uint64_t n)
+{
+    for (uint64_t i = first; i < first + n; i++) {
+        bench_msg m;
+        memset(&m, 0, sizeof(m));
+        m.type = MSG_STREAM;
+        m.item = i;
+        m.key = gpu_take_key(run, i);
+        m.size = size;
+        m.flags = i % (uint64_t)run->opt->verify_every == 0 ? MSG_F_VERIFY : 0;
+        if (gpu_publish(run, m.key, size, &m, "stream item") != 0 ||
+            run_send(run, run->consumers, &m) != 0 || run_check_often(run) != 0)
+            return -1;
+    }
+    return gpu_drain_pool(run);
+}
+
+/* --warmup items first (the consumers open the pool then), not timed. */
+static int handoff(bench_run *run, gpu_row *row)
+{
+    uint64_t items = (uint64_t)run->opt->items, warm = (uint64_t)run->opt->warmup, full0, full1;
+    if (publish_range(run, row->size, 0, warm) != 0 || full_events(run, &full0) != 0)
+        return -1;
+    uint64_t t0 = cli_now_ns();
+    if (publish_range(run, row->size, warm, items) != 0)
+        return -1;
+    double seconds = (double)(cli_now_ns() - t0) / 1e9;
+    if (full_events(run, &full1) != 0)
+        return -1;
+    row->seconds = seconds;
+    row->items_per_s = (double)items / seconds;
+    row->payload_gbps = (double)items * (double)row->size / seconds / 1e9;
+    row->effective_gbps = row->payload_gbps * 2.0 * (1.0 + (double)run->consumers);
+    row->read_gbps = row->payload_gbps * (double)run->consumers;
+    row->pool_full = full1 - full0;
+    return 0;
+}
+
+static int stream_row(bench_run *run, gpu_row *row)
+{
+    if (copy_floor(run, row) != 0 || peer_floors(run, row) != 0 ||
+        run_send_type(run, run->consumers, MSG_BEGIN) != 0 || handoff(run, row) != 0 ||
+        gpu_stream_drained(run, "the producer's stream") != 0)
+        return -1;
+    return run_phase_end(run, run->consumers);
+}
+
+static int stream_prepare(bench_run *run)
+{
+    for (uint32_t i = 0; i < run->opt->nsizes; i++)
+        if (sample_bytes(run->opt->sizes[i]) > run->params.sample_bytes)
+            run->params.sample_bytes = sample_bytes(run->opt->sizes[i]);
+    return gpu_prepare(run);
+}
+
+/* ---- reports --------------------------------------------------------------------------------- */
+
+/* Consumer read GB/s / the peer floor when every consumer is on one GPU other than the
+ * producer's; NAN otherwise. */
+static double peer_ratio(const bench_run *run, const gpu_row *r)
+{
+    for (uint32_t c = 1; c < run->consumers; c++)
+        if (run->opt->devices[c] != run->opt->devices[0])
+            return NAN;
+    return r->npeers == 1 ? gpu_ratio(r->read_gbps, r->peers[0].gbps) : NAN;
+}
+
+static void stream_text(const bench_run *run)
+{
+    const bench_opts *o = run->opt;
+    const gpu_run *g = GPU(run);
+    printf("%u consumer%s, %lld items after %lld warm-up, verify every %lld\n", run->consumers,
+           run->consumers > 1 ? "s" : "", (long long)o->items, (long long)o->warmup,
+           (long long)o->verify_every);
+    printf("\n%-8s %9s %9s %10s %11s %13s %11s %7s %9s %10s\n", "control", "size", "seconds",
+           "items/s", "payload GB/s", "effective GB/s", "floor GB/s", "ratio", "pool-full",
+           "read GB/s");
+    for (uint32_t i = 0; i < g->nrows; i++) {
+        const gpu_row *r = &g->rows[i];
+        char size[32];
+        cli_format_size(r->size, size, sizeof(size));
+        printf("%-8s %9s %9.4f %10.1f %11.2f %13.2f %11.2f %7.3f %9llu %10.2f\n",
+               gpu_placement(r->placement), size, r->seconds, r->items_per_s, r->payload_gbps,
+               r->effective_gbps, r->floor_gbps, gpu_ratio(r->effective_gbps, r->floor_gbps),
+               (unsigned long long)r->pool_full, r->read_gbps);
+        for (uint32_t p = 0; p < r->npeers; p++)
+            printf("%-8s %9s peer floor GPU %d: %.2f GB/s read (%llu copies)\n", "", "",
+                   r->peers[p].device, r->peers[p].gbps, (unsigned long long)r->peers[p].copies);
+        double pr = peer_ratio(run, r);
+        if (isfinite(pr))
+            printf("%-8s %9s consumer read / peer floor: %.3f\n", "", "", pr);
+    }
+    printf("\neffective = (producer copy + every consumer's copy), each byte read and written;\n"
+           "floor = device-to-device cuMemcpyAsync of the same size on the producer's GPU, read "
+           "+ written;\nratio = ferry effective copy bandwidth / device copy bandwidth;\n"
+           "read = bytes the consumers read (items * size * consumers) / s\n");
+    if (gpu_has_remote(o))
+        printf("peer floor = copies of the same size from the producer's GPU into that GPU "
+               "(consumer side,\nCUDA IPC mapping), bytes read; consumer read / peer floor "
+               "when every consumer is on that GPU\n");
+}
+
+static void stream_json_row(const bench_run *run, const gpu_row *r)
+{
+    cli_json_num("seconds", r->seconds, ", ");
+    cli_json_num("items_per_s", r->items_per_s, ", ");
+    cli_json_num("gbytes_per_s", r->payload_gbps, ", ");
+    cli_json_num("effective_gbytes_per_s", r->effective_gbps, ", ");
+    printf("\"pool_full\": %llu, \"floor\": {\"copies\": %llu, ", (unsigned long long)r->pool_full,
+           (unsigned long long)r->floor_copies);
+    cli_json_num("seconds", r->floor_seconds, ", ");
+    cli_json_num("gbytes_per_s", r->floor_gbps, "}, ");
+    cli_json_num("ratio_vs_floor", gpu_ratio(r->effective_gbps, r->floor_gbps), ", ");
+    cli_json_num("consumer_read_gbytes_per_s", r->read_gbps, ", ");
+    printf("\"peer_floor\": [");
+    for (uint32_t p = 0; p < r->npeers; p++) {
+        printf("%s{\"device\": %d, \"copies\": %llu, ", p ? ", " : "", r->peers[p].device,
+               (unsigned long long)r->peers[p].copies);
+        cli_json_num("seconds", r->peers[p].seconds, ", ");
+        cli_json_num("gbytes_per_s", r->peers[p].gbps, "}");
+    }
+    printf("], ");
+    cli_json_num("ratio_vs_peer_floor", peer_ratio(run, r), ", ");
+}
+
+/* ---- a consumer process -------------------------------------------------------------------------
+ */
+
+static int stream_worker_init(bench_worker *w)
+{
+    if (gpu_worker_init(w) != 0)
+        return -1;
+    gpu_worker *g = GW(w);
+    uint64_t per = w->p.sample_bytes ? w->p.sample_bytes : 1;
+    uint64_t want = per * (w->p.items ? w->p.items : 1);
+    g->ring_bytes = want < RING_MAX ? want : RING_MAX;
+    g->ring_bytes = g->ring_bytes < per ? per : g->ring_bytes;
+    g->max_pending = (uint32_t)(g->ring_bytes / per);
+    free(g->host);
+    g->host_bytes = g->ring_bytes;
+    g->host = malloc(g->host_bytes);
+    g->pending = calloc(g->max_pending, sizeof(*g->pending));
+    if (!g->host || !g->pending)
+        return worker_fail(w, "out of memory for the sample ring");
+    return gpu_worker_cu(w, "cuMemAlloc", cu->cuMemAlloc(&g->ring, g->ring_bytes));
+}
+
+static void check_pending(bench_worker *w, const gpu_pending *e)
+{
+    span spans[MAX_SPANS];
+    uint32_t n = sample_spans(w->p.seed, e->iter, e->size, spans);
+    const uint8_t *at = GW(w)->host + e->at;
+    uint8_t got, want;
+    for (uint32_t i = 0; i < n; at += spans[i].len, i++) {
+        int64_t off = pattern_check(at, spans[i].off, spans[i].len, w->p.seed, e->key, &got, &want);
+        if (off >= 0) {
+            worker_error(w, 0,
+                         "stream item %llu (%llu bytes, pattern %llu): byte %lld is 0x%02x, "
+                         "expected 0x%02x",
+                         (unsigned long long)e->iter, (unsigned long long)e->size,
+                         (unsigned long long)e->key, (long long)off, got, want);
+            return;
+        }
+    }
+    __atomic_add_fetch(&w->me->verified[0], 1, __ATOMIC_RELEASE);
+}
+
+/* Checks every item whose samples wait in the ring. */
+static int flush(bench_worker *w)
+{
+    gpu_worker *g = GW(w);
+    if (!g->npending)
+        return 0;
+    if (gpu_worker_sync(w, "the consumer's stream before checking samples") != 0 ||
+        gpu_worker_cu(w, "cuMemcpy",
+                      cu->cuMemcpy((CUdeviceptr)(uintptr_t)g->host, g->ring, g->ring_used)))
+        return -1;
+    for (uint32_t i = 0; i < g->npending; i++)
+        check_pending(w, &g->pending[i]);
+    g->npending = 0;
+    g->ring_used = 0;
+    return 0;
+}
+
+/* Enqueues the copies of m's sampled spans into the ring (after the read, on its stream). */
+static int keep_samples(bench_worker *w, const bench_msg *m)
+{
+    gpu_worker *g = GW(w);
+    span spans[MAX_SPANS];
+    uint32_t n = sample_spans(w->p.seed, m->item, m->size, spans);
+    uint64_t bytes = 0;
+    for (uint32_t i = 0; i < n; i++)
+        bytes += spans[i].len;
+    if (bytes > g->ring_bytes)
+        return worker_fail(w, "stream item %llu: %llu sampled bytes exceed the ring's %llu",
+                           (unsigned long long)m->item, (unsigned long long)bytes,
+                           (unsigned long long)g->ring_bytes);
+    if ((g->ring_used + bytes > g->ring_bytes || g->npending == g->max_pending) && flush(w) != 0)
+        return -1;
+    g->pending[g->npending++] = (gpu_pending){m->item, m->key, m->size, g->ring_used};
+    for (uint32_t i = 0; i < n; i++) {
+        if (gpu_worker_cu(w, "cuMemcpyAsync",
+                          cu->cuMemcpyAsync(g->ring + g->ring_used, g->dst + spans[i].off,
+                                            spans[i].len, g->stream)))
+            return -1;
+        g->ring_used += spans[i].len;
+    }
+    return 0;
+}
+
+static int peer_copies(bench_worker *w, uint64_t size, uint64_t n)
+{
+    gpu_worker *g = GW(w);
+    for (uint64_t i = 0; i < n; i++)
+        if (gpu_worker_cu(w, "cuMemcpyAsync", cu->cuMemcpyAsync(g->dst, g->peer, size, g->stream)))
+            return -1;
+    return gpu_worker_sync(w, "the peer floor");
+}
+
+static int on_peer(bench_worker *w, const bench_msg *m)
+{
+    gpu_worker *g = GW(w);
+    if (m->key != w->rank)
+        return 0;
+    if (!w->p.has_floor || g->consumer || m->size > w->p.max_item || m->item == 0)
+        return worker_fail(w, "a peer floor the run did not prepare for");
+    if ((!g->peer && gpu_worker_open_floor(w) != 0) || peer_copies(w, m->size, FLOOR_WARMUP) != 0)
+        return -1;
+    uint64_t t0 = cli_now_ns();
+    if (peer_copies(w, m->size, m->item) != 0)
+        return -1;
+    w->me->stat[STAT_PEER_NS] = cli_now_ns() - t0;
+    w->me->stat[STAT_PEER_COPIES] = m->item;
+    return 0;
+}
+
+static int stream_handle(bench_worker *w, const bench_msg *m)
+{
+    gpu_worker *g = GW(w);
+    ferry_descriptor d;
+    if (m->type == MSG_BEGIN || m->type == MSG_END)
+        return gpu_worker_phase(w, m, flush);
+    if (m->type == MSG_PEER)
+        return on_peer(w, m);
+    if (m->type != MSG_STREAM || !g->consumer || m->key >= GPU_KEYS)
+        return worker_fail(w, "a message the run did not prepare for (type %u)", m->type);
+    if (worker_decode(w, m, w->p.max_item, &d) != 0)
+        return -1;
+    if (ferry_consumer_read_async(g->consumer, &d, (void *)(uintptr_t)g->dst, w->p.max_item,
+                                  g->stream) != FERRY_OK)
+        return worker_fail(w, "stream item %llu: ferry_consumer_read_async: %s",
+                           (unsigned long long)m->item, ferry_last_error());
+    return m->flags & MSG_F_VERIFY ? keep_samples(w, m) : 0;
+}
+
+static const gpu_mode_ops stream_ops = {
+    .needs = NEED_AUX | NEED_EXPORT_REMOTE | NEED_QUIET_LIBRARY,
+    .defaults = {.pool_size = 1ll << 30,
+                 .item_size = 64ll << 20,
+                 .max_inflight = 64,
+                 .verify_every = 1,
+                 .iterations = 1000,
+                 .warmup = 8,
+                 .reclaim_interval_us = 1000},
+    .row = stream_row,
+    .text = stream_text,
+    .json_row = stream_json_row,
+};
+
+const bench_mode stream_mode =
+    GPU_MODE("stream", &stream_ops, gpu_check, stream_prepare, stream_worker_init, stream_handle);

@@ -1,0 +1,213 @@
+/* Helpers of the ferry tool: sizes and numbers on the command line, time, futex, statistics. */
+#include <errno.h>
+#include <linux/futex.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+static const struct {
+    const char *name;
+    uint64_t bytes;
+} units[] = {{"", 1},
+             {"b", 1},
+             {"kib", 1ull << 10},
+             {"mib", 1ull << 20},
+             {"gib", 1ull << 30},
+             {"kb", 1000ull},
+             {"mb", 1000000ull},
+             {"gb", 1000000000ull}};
+
+static int size_error(const char *cmd, const char *what, const char *text, const char *why)
+{
+    fprintf(stderr,
+            "ferry %s: invalid %s '%s': %s (a size such as 4096, 256KiB, 1.5MiB or 2GB; units "
+            "B, KiB, MiB, GiB, KB, MB, GB)\n",
+            cmd, what, text, why);
+    return -1;
+}
+
+/* Reads digits at *p (at most max of them when max > 0); -1 on overflow. */
+static int read_digits(const char **p, uint64_t *value, int *ndigits, int max)
+{
+    uint64_t v = 0;
+    int n = 0;
+    for (; **p >= '0' && **p <= '9'; (*p)++, n++) {
+        if ((max > 0 && n == max) || v > (UINT64_MAX - 9) / 10)
+            return -1;
+        v = v * 10 + (uint64_t)(**p - '0');
+    }
+    *value = v;
+    *ndigits = n;
+    return 0;
+}
+
+int cli_parse_size(const char *cmd, const char *what, const char *text, int64_t *out)
+{
+    const char *p = text + (text[0] == '-');
+    uint64_t whole = 0, frac = 0, mult = 0, scale = 1;
+    int nwhole = 0, nfrac = 0;
+    if (read_digits(&p, &whole, &nwhole, 0) != 0)
+        return size_error(cmd, what, text, "too large");
+    if (*p == '.' && (p++, read_digits(&p, &frac, &nfrac, 9) != 0 || nfrac == 0))
+        return size_error(cmd, what, text, "bad fraction");
+    if (nwhole == 0 && nfrac == 0)
+        return size_error(cmd, what, text, "no number");
+    for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++)
+        if (strcasecmp(p, units[i].name) == 0)
+            mult = units[i].bytes;
+    if (!mult)
+        return size_error(cmd, what, text, "unknown unit");
+    if (whole > (uint64_t)INT64_MAX / mult)
+        return size_error(cmd, what, text, "too large");
+    for (int i = 0; i < nfrac; i++)
+        scale *= 10;
+    if (frac * mult % scale != 0)
+        return size_error(cmd, what, text, "not a whole number of bytes");
+    uint64_t bytes = whole * mult + frac * mult / scale;
+    if (bytes > (uint64_t)INT64_MAX)
+        return size_error(cmd, what, text, "too large");
+    *out = text[0] == '-' ? -(int64_t)bytes : (int64_t)bytes;
+    return 0;
+}
+
+static int number_error(const char *cmd, const char *what, const char *text, const char *kind)
+{
+    fprintf(stderr, "ferry %s: invalid %s '%s': expected %s\n", cmd, what, text, kind);
+    return -1;
+}
+
+int cli_parse_int(const char *cmd, const char *what, const char *text, int64_t *out)
+{
+    char *end = NULL;
+    errno = 0;
+    long long v = strtoll(text, &end, 10);
+    if (errno || !text[0] || *end || text[0] == ' ' || text[0] == '+')
+        return number_error(cmd, what, text, "an integer");
+    *out = (int64_t)v;
+    return 0;
+}
+
+int cli_parse_u64(const char *cmd, const char *what, const char *text, uint64_t *out)
+{
+    char *end = NULL;
+    errno = 0;
+    unsigned long long v = strtoull(text, &end, 0);
+    if (errno || !text[0] || *end || text[0] == '-' || text[0] == ' ' || text[0] == '+')
+        return number_error(cmd, what, text, "an unsigned integer");
+    *out = (uint64_t)v;
+    return 0;
+}
+
+void cli_format_size(uint64_t bytes, char *buf, size_t size)
+{
+    static const char *const names[] = {"GiB", "MiB", "KiB"};
+    for (int exact = 1; exact >= 0; exact--)
+        for (int i = 0; i < 3; i++) {
+            uint64_t unit = 1ull << (10 * (3 - i));
+            if (bytes >= unit && (exact ? bytes % unit == 0 : 1)) {
+                if (exact)
+                    snprintf(buf, size, "%llu%s", (unsigned long long)(bytes / unit), names[i]);
+                else
+                    snprintf(buf, size, "%.2f%s", (double)bytes / (double)unit, names[i]);
+                return;
+            }
+        }
+    snprintf(buf, size, "%lluB", (unsigned long long)bytes);
+}
+
+int cli_is_help(const char *arg)
+{
+    return strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0;
+}
+
+/* ---- time and futex ------------------------------------------------------------------- */
+
+static uint64_t clock_ns(clockid_t id)
+{
+    struct timespec ts;
+    clock_gettime(id, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t cli_now_ns(void)
+{
+    return clock_ns(CLOCK_MONOTONIC);
+}
+
+uint64_t cli_thread_cpu_ns(void)
+{
+    return clock_ns(CLOCK_THREAD_CPUTIME_ID);
+}
+
+static struct timespec to_timespec(uint64_t ns)
+{
+    return (struct timespec){.tv_sec = (time_t)(ns / 1000000000ull),
+                             .tv_nsec = (long)(ns % 1000000000ull)};
+}
+
+void cli_sleep_ns(uint64_t ns)
+{
+    struct timespec ts = to_timespec(ns), rem;
+    while (nanosleep(&ts, &rem) != 0 && errno == EINTR)
+        ts = rem;
+}
+
+void cli_futex_wait(uint32_t *word, uint32_t expected, uint64_t timeout_ns)
+{
+    struct timespec ts = to_timespec(timeout_ns);
+    syscall(SYS_futex, word, FUTEX_WAIT, expected, &ts, NULL, 0);
+}
+
+void cli_futex_wake(uint32_t *word)
+{
+    syscall(SYS_futex, word, FUTEX_WAKE, 0x7fffffff, NULL, NULL, 0);
+}
+
+/* ---- numbers ---------------------------------------------------------------------------- */
+
+uint64_t cli_mix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+static int compare_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Nearest rank: the smallest sample with at least p% of the samples at or below it. */
+static double nearest_rank_us(const uint64_t *sorted, size_t n, double p)
+{
+    double rank = ceil(p / 100.0 * (double)n);
+    size_t idx = rank < 1.0 ? 0 : (size_t)rank - 1;
+    return (double)sorted[idx < n ? idx : n - 1] / 1e3;
+}
+
+void cli_p50_p99_us(uint64_t *ns_values, size_t n, double *p50_us, double *p99_us)
+{
+    *p50_us = *p99_us = NAN;
+    if (n == 0)
+        return;
+    qsort(ns_values, n, sizeof(*ns_values), compare_u64);
+    *p50_us = nearest_rank_us(ns_values, n, 50.0);
+    *p99_us = nearest_rank_us(ns_values, n, 99.0);
+}
+
+void cli_json_num(const char *key, double v, const char *after)
+{
+    if (isfinite(v))
+        printf("\"%s\": %.3f%s", key, v, after);
+    else
+        printf("\"%s\": null%s", key, after);
+}
