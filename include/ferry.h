@@ -20,7 +20,10 @@
  * wait, read, view and their stream-ordered forms) claim the consumer's rank for the calling
  * process; a second live process claiming it gets RANK_IN_USE, naming the holder's pid. A
  * rank whose process died may be claimed again (a restarted worker): the leases the dead
- * process held are acknowledged on its behalf first. Acknowledgements claim nothing, so any
+ * process held are acknowledged on its behalf first (those published before the new process
+ * started; later ones may be on their way to it). A process keeps its ranks until it exits,
+ * also after destroying its consumers: a restarted worker should claim its rank
+ * (ferry_consumer_open) before it is sent work. Acknowledgements claim nothing, so any
  * process (a group leader, the producer itself) may acknowledge on behalf of other ranks. A
  * consumer in the producer's own process works on every backend and placement.
  *

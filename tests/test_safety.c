@@ -279,9 +279,9 @@ static void test_restarted_rank_settles_orphans(void **state)
     ferry_descriptor last = first;
     for (int i = 0; i < 20; i++)
         last = publish_stamped(pool, 100, (uint64_t)i + 2);
-    usleep(20000); /* more than a /proc clock tick between the last lease and the new process */
+    usleep(100000); /* clear of /proc's 10 ms ticks between the last lease and the new process */
     th_helper again = th_spawn_helper("open", "open", "0");
-    usleep(20000);
+    usleep(100000);
     ferry_descriptor early[3];
     for (int i = 0; i < 3; i++)
         early[i] = publish_stamped(pool, 100, (uint64_t)i + 50);

@@ -26,7 +26,7 @@ _VENDOR = os.path.join(_HERE, "vendor", "ferry")
 
 # What add_subdirectory() of the repository root needs: its CMakeLists.txt and every path that
 # one refers to (missing ones are skipped: an older or newer tree may lack some).
-_PARTS = ["CMakeLists.txt", "LICENSE", "include", "src", "bench", "cmake"]
+_PARTS = ["CMakeLists.txt", "LICENSE", "include", "src", "bench", "cmake", "tools"]
 
 
 def _ignore(folder, names):

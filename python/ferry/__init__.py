@@ -166,15 +166,18 @@ def _ml_dtypes_array(x):
 
 
 class Pool(_ferry.Pool):
-    """Pool(size, consumers, *, backend="auto", device=0, max_inflight=4096,
+    """Pool(size, consumers, *, backend="auto", device=None, max_inflight=4096,
     reclaim_interval_us=1000, control="host", on_full="raise", timeout=None,
     vmm_handle="auto")
 
     A producer's pool: ``size`` bytes (control table and data; an int or a string such as
     ``"256MiB"``, ``"1GiB"``, ``"1.5GB"``) read by ``consumers`` ranks.
 
-    - ``backend``: ``"auto"`` (host unless a GPU backend is asked for), ``"host"``,
-      ``"cuda_ipc"`` or ``"cuda_vmm"``; ``device`` is the GPU of a GPU pool.
+    - ``backend``: ``"auto"``, ``"host"``, ``"cuda_ipc"`` or ``"cuda_vmm"``; ``device``: where
+      the tensors are, a GPU ordinal or -1 for host memory (None: host memory for
+      ``"auto"``, GPU 0 for a GPU backend). ``"auto"`` lets the library decide: a pool for a
+      GPU is ``"cuda_ipc"`` where the machine supports it, else ``"host"`` with the reason
+      logged; ``pool.backend`` says what it picked.
     - ``max_inflight``: rows of the control table (leases in flight at most);
       ``reclaim_interval_us``: period of the background reclaimer.
     - ``control``: where a GPU pool keeps its control words, ``"host"`` (faster) or
@@ -196,6 +199,8 @@ class Pool(_ferry.Pool):
 
     def __init__(self, size: "int | str", consumers: int, **options: _Any) -> None:
         size = parse_size(size)
+        if options.get("device", 0) is None:
+            del options["device"]  # where the backend puts a pool that names no device
         super().__init__(size, consumers, **options)
         self._size = size
         self._consumers = consumers

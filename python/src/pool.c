@@ -119,7 +119,7 @@ static int parse_pool_args(PyObject *args, PyObject *kwargs, pool_args *a)
     a->vmm_handle = "auto";
     a->timeout = Py_None;
     long long size, consumers, inflight = 4096, interval = 1000;
-    int device = 0, control = 0, handle = 0;
+    int device = init.device, control = 0, handle = 0; /* no device named: where AUTO says */
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LL|$siLLssOs:Pool", keywords, &size, &consumers,
                                      &a->backend, &device, &inflight, &interval, &a->control,
                                      &a->on_full, &a->timeout, &a->vmm_handle))

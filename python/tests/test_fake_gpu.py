@@ -228,3 +228,18 @@ def test_concurrent_exports_take_the_tensor_once(gpu):
 def test_pool_in_a_cycle_through_a_held_source(gpu, request):
     producer, _ = gpu
     assert producer.call("fake_pool_cycle", request.node.callspec.params["gpu"])
+
+
+def test_auto_backend_follows_the_data(fake_pair):
+    """backend="auto": a pool for a GPU is a CUDA IPC pool where the machine supports it; a
+    pool that names no device (or host memory) is a host pool."""
+    producer, _ = fake_pair
+    assert producer.call("fake_make_pool", "auto", 8 << 20, 1, device=1) == ("cuda_ipc", 1)
+    producer.call("fake_close")
+    assert producer.call("fake_make_pool", "auto", 8 << 20, 1) == ("host", -1)
+    producer.call("fake_close")
+    assert producer.call("fake_make_pool", "auto", 8 << 20, 1, device=-1) == ("host", -1)
+    producer.call("fake_close")
+    # A GPU backend that names no device is on GPU 0.
+    assert producer.call("fake_make_pool", "cuda_ipc", 8 << 20, 1) == ("cuda_ipc", 0)
+    producer.call("fake_close")

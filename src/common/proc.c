@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/proc.h"
 
 /* Reads /proc/<pid>/stat; the command name may hold spaces and parentheses, so fields are
@@ -91,23 +92,41 @@ int ferry__random_bytes(void *buf, size_t n)
     return 0;
 }
 
-static uint64_t clock_ns(clockid_t id)
+/* Seconds since boot as /proc counts them (the clock of a process's start time). */
+static uint64_t uptime_ns(void)
 {
-    struct timespec ts;
-    clock_gettime(id, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    char buf[64];
+    int fd = open("/proc/uptime", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    char *dot;
+    uint64_t sec = strtoull(buf, &dot, 10), frac = 0, scale = 1000000000ull;
+    if (*dot == '.')
+        for (char *c = dot + 1; *c >= '0' && *c <= '9' && scale > 1; c++)
+            frac += (uint64_t)(*c - '0') * (scale /= 10);
+    return sec * 1000000000ull + frac;
 }
 
+/* The process's age on /proc's own clock, carried over to CLOCK_MONOTONIC: the two clocks
+ * may differ by suspended (or, in a virtual machine, restored-from-snapshot) time. */
 uint64_t ferry__proc_start_ns(pid_t pid)
 {
     uint64_t ticks = ferry__proc_starttime(pid);
     long hz = sysconf(_SC_CLK_TCK);
-    if (!ticks || hz <= 0)
+    uint64_t up = uptime_ns();
+    if (!ticks || hz <= 0 || !up)
         return 0;
-    /* /proc counts from boot, suspended time included (CLOCK_BOOTTIME). */
     uint64_t tick = 1000000000ull / (uint64_t)hz;
-    uint64_t boot_ns = ticks * tick + tick;
-    uint64_t mono = clock_ns(CLOCK_MONOTONIC), boot = clock_ns(CLOCK_BOOTTIME);
-    uint64_t asleep = boot > mono ? boot - mono : 0;
-    return boot_ns > asleep ? boot_ns - asleep : 1;
+    uint64_t started = ticks * tick, now = ferry__now_ns();
+    if (started > up + tick)
+        return 0; /* inconsistent readings: unknown */
+    uint64_t age = started < up ? up - started : 0;
+    /* Rounded up by a tick each way (both /proc readings are truncated): anything stamped
+     * before the result surely came before the process. */
+    return age + 2 * tick < now ? now - age + 2 * tick : 0;
 }

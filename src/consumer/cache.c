@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "broker/broker.h"
@@ -154,12 +155,20 @@ static uint64_t remaining(uint64_t deadline)
     return deadline > now ? deadline - now : 0;
 }
 
+/* A broker whose table of waiting connections is full refuses at once (TIMEOUT): asked
+ * again, shortly, until the caller's deadline. */
 static ferry_status broker_ask(const uint8_t broker[16], const uint8_t pool_id[16],
                                uint32_t claim, uint64_t deadline, int *fd, uint64_t *size,
                                pid_t *ppid)
 {
-    return ferry__broker_request(broker, pool_id, claim, "pool broker", remaining(deadline), fd,
-                                 size, ppid);
+    for (;;) {
+        ferry_status st = ferry__broker_request(broker, pool_id, claim, "pool broker",
+                                                remaining(deadline), fd, size, ppid);
+        if (st != FERRY_TIMEOUT || remaining(deadline) < 2000000ull)
+            return st;
+        struct timespec pause = {0, 1000000};
+        nanosleep(&pause, NULL);
+    }
 }
 
 /* Maps the segment the broker sent and checks it; the fd is closed either way. */
