@@ -1,12 +1,6 @@
-/* `ferry bench`: one benchmark harness for every mode (docs/cli.md).
- *
- * The producer (the `ferry bench` process) starts one consumer process per rank by
- * re-executing itself (`/proc/self/exe bench-worker ...`), gives each an AF_UNIX
- * SOCK_SEQPACKET channel and maps, with them, one shared results region: the run's
- * parameters, two pages of 32-bit flag words (GPU modes register them with CUDA), one record
- * per rank (state, progress words, counters, first failure) and the mode's own tables.
- * harness.c is that layer (spawn, channel, region, liveness, progress, the end of a run);
- * a mode is a bench_mode ops table: handover (host), rtt, stream, cpu. */
+/* `ferry bench`: one harness (harness.c) for every mode, a bench_mode ops table: handover
+ * (host), rtt, stream, cpu. The producer re-executes itself once per consumer rank and
+ * shares a channel and a results region with each (docs/cli.md). */
 #ifndef FERRY_TOOL_BENCH_H
 #define FERRY_TOOL_BENCH_H
 
@@ -24,8 +18,6 @@
 
 enum { FAMILY_HOST = 1, FAMILY_GPU = 2 };
 
-/* ---- options (options.c) --------------------------------------------------------------- */
-
 typedef struct bench_opts {
     ferry_backend backend;
     const char *backend_name;
@@ -42,8 +34,6 @@ typedef struct bench_opts {
     uint32_t nplacements;
     int json, quiet, no_floor;
 } bench_opts;
-
-/* ---- the results region, the channel message ------------------------------------------- */
 
 typedef struct bench_params {
     uint64_t magic, region_bytes, table_bytes;
@@ -95,8 +85,6 @@ typedef struct bench_msg {
     uint8_t desc[FERRY_DESCRIPTOR_SIZE];
 } bench_msg;
 
-/* ---- the producer ----------------------------------------------------------------------- */
-
 typedef struct bench_mode bench_mode;
 
 typedef struct bench_child {
@@ -139,6 +127,8 @@ int run_phase_end(bench_run *run, uint32_t nranks);
 /* Sums of the ranks' verified and error counters over every phase. */
 void run_counters(const bench_run *run, uint64_t *verified, uint64_t *errors);
 ferry_status run_pool_stats(ferry_pool *pool, ferry_pool_stats *s);
+/* The pool's pool_full_events, or the run failed. */
+int run_full_events(bench_run *run, ferry_pool *pool, uint64_t *events);
 /* A library log sink: lines on stderr as "ferry bench: library: ...", warnings muted while
  * *muted is set. */
 void run_library_log(int level, const char *message, void *muted);
@@ -152,8 +142,6 @@ int harness_start(bench_run *run);
 int harness_finish(bench_run *run);
 void harness_kill(bench_run *run);
 void harness_close(bench_run *run);
-
-/* ---- a consumer process ------------------------------------------------------------------ */
 
 typedef struct bench_worker {
     uint32_t rank;
@@ -174,8 +162,6 @@ int worker_decode(bench_worker *w, const bench_msg *m, uint64_t room, ferry_desc
 void worker_progress(bench_worker *w, int phase, uint32_t value);
 /* Maps the region (w->region.fd), runs the mode's worker until DONE: the exit status. */
 int worker_serve(bench_worker *w, const bench_mode *const *modes, size_t nmodes);
-
-/* ---- the modes ----------------------------------------------------------------------------- */
 
 struct bench_mode {
     const char *name;
@@ -204,5 +190,7 @@ extern const bench_mode handover_mode, rtt_mode, stream_mode, cpu_mode;
 int bench_parse_options(int argc, char **argv, const bench_mode *const *modes, size_t nmodes,
                         bench_opts *o, const bench_mode **mode);
 void bench_help(void);
+/* Sets *v to value unless the user gave it. */
+void bench_default(int64_t *v, int64_t value);
 
 #endif

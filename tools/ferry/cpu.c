@@ -1,13 +1,5 @@
-/* --mode cpu: ferry's own CPU cost per stream-ordered call, without the driver's.
- *
- * Thread CPU time over --iterations ferry_pool_publish_async calls of small items, minus the
- * same count of the driver calls a publish makes (cuMemcpyAsync into a slice of the pool +
- * cuStreamWriteValue32 of a word of the same kind: registered host memory, or device memory
- * with --control device), made on the same thread and stream. The consumer does the same for
- * ferry_consumer_read_async against cuStreamWaitValue32 + cuMemcpyAsync +
- * cuStreamWriteValue32, and times ferry_descriptor_decode on its own. Calls run in batches the
- * pool holds at once; between batches, untimed, the streams drain, the consumer acknowledges
- * and the producer reclaims. The two sides of a batch alternate which goes first. */
+/* --mode cpu: ferry's own CPU cost per stream-ordered call, without the driver calls it
+ * makes (docs/cli.md). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,9 +15,6 @@
 #define F_WARMUP    0x4u
 enum { MSG_CPU = 8 };
 enum { STAT_READ_NS = 0, STAT_RAW_NS = 1, STAT_DECODE_NS = 2, STAT_CALLS = 3 };
-
-/* ---- the producer ------------------------------------------------------------------------------
- */
 
 static uint32_t batch_size(bench_run *run, uint64_t size)
 {
@@ -166,18 +155,6 @@ static int cpu_row(bench_run *run, gpu_row *row)
     return 0;
 }
 
-static int cpu_check(const bench_opts *o)
-{
-    if (o->consumers != 1) {
-        fprintf(stderr, "ferry bench: --mode cpu runs one consumer (--consumers 1)\n");
-        return -1;
-    }
-    return gpu_check(o);
-}
-
-/* ---- reports ------------------------------------------------------------------------------------
- */
-
 static void cpu_text(const bench_run *run)
 {
     const gpu_run *g = GPU(run);
@@ -220,7 +197,7 @@ static void cpu_json_row(const bench_run *run, const gpu_row *r)
     cli_json_num("context_ns", r->context_ns, ", ");
 }
 
-/* ---- the consumer
+/* The consumer:
  * --------------------------------------------------------------------------------- */
 
 static int cpu_worker_init(bench_worker *w)
@@ -341,5 +318,4 @@ static const gpu_mode_ops cpu_ops = {
     .json_row = cpu_json_row,
 };
 
-const bench_mode cpu_mode =
-    GPU_MODE("cpu", &cpu_ops, cpu_check, gpu_prepare, cpu_worker_init, cpu_handle);
+const bench_mode cpu_mode = GPU_MODE("cpu", &cpu_ops, gpu_prepare, cpu_worker_init, cpu_handle);

@@ -16,8 +16,6 @@
 
 const cu_api *cu;
 
-/* ---- the CUDA driver ------------------------------------------------------------------------ */
-
 typedef CUresult (*get_proc_fn)(const char *, void **, int, uint64_t, int *);
 
 static cu_api api;
@@ -125,9 +123,6 @@ CUresult cu_register_flags(bench_region *r, CUdeviceptr *dev)
     return rc;
 }
 
-/* ---- patterns ----------------------------------------------------------------------------------
- */
-
 static uint64_t pattern_word(uint64_t seed, uint64_t key, uint64_t index)
 {
     return cli_mix64(cli_mix64(seed ^ cli_mix64(key + 0x6b657967707531ull)) + index * GOLDEN);
@@ -172,30 +167,21 @@ uint64_t gpu_take_key(bench_run *run, uint64_t item)
     return g->key;
 }
 
-/* ---- options ------------------------------------------------------------------------------------
- */
-
-static void set(int64_t *v, int64_t value)
-{
-    if (*v == BENCH_UNSET)
-        *v = value;
-}
-
 void gpu_defaults(const bench_mode *mode, bench_opts *o)
 {
     const gpu_mode_ops *ops = mode->family_ops;
-    set(&o->iterations, ops->defaults.iterations);
-    set(&o->warmup, ops->defaults.warmup);
-    set(&o->rounds, 4);
-    set(&o->items, 200);
-    set(&o->verify_every, ops->defaults.verify_every);
-    set(&o->floor_copies, 0); /* 0: about 4 GiB worth, 8 to 1000 copies */
-    set(&o->producer_device, 0);
-    set(&o->consumer_device, 0);
-    set(&o->pool_size, ops->defaults.pool_size);
-    set(&o->max_inflight, ops->defaults.max_inflight);
-    set(&o->reclaim_interval_us, ops->defaults.reclaim_interval_us);
-    set(&o->timeout_ms, 10000);
+    bench_default(&o->iterations, ops->defaults.iterations);
+    bench_default(&o->warmup, ops->defaults.warmup);
+    bench_default(&o->rounds, 4);
+    bench_default(&o->items, 200);
+    bench_default(&o->verify_every, ops->defaults.verify_every);
+    bench_default(&o->floor_copies, 0); /* 0: about 4 GiB worth, 8 to 1000 copies */
+    bench_default(&o->producer_device, 0);
+    bench_default(&o->consumer_device, 0);
+    bench_default(&o->pool_size, ops->defaults.pool_size);
+    bench_default(&o->max_inflight, ops->defaults.max_inflight);
+    bench_default(&o->reclaim_interval_us, ops->defaults.reclaim_interval_us);
+    bench_default(&o->timeout_ms, 10000);
     if (o->nsizes == 0) {
         o->sizes[o->nsizes++] = (uint64_t)ops->defaults.item_size;
         if (ops->defaults.item_size2)
@@ -203,7 +189,7 @@ void gpu_defaults(const bench_mode *mode, bench_opts *o)
     }
     /* --consumer-devices with several GPUs implies one consumer each; --consumer-device D is
      * the shorthand of --consumer-devices D. */
-    set(&o->consumers, o->ndevices > 1 ? o->ndevices : 1);
+    bench_default(&o->consumers, o->ndevices > 1 ? o->ndevices : 1);
     if (o->ndevices == 0)
         o->devices[o->ndevices++] = o->consumer_device;
     if (o->ndevices == 1)
@@ -222,6 +208,10 @@ static int check_range(const char *name, int64_t v, int64_t lo, int64_t hi)
 
 int gpu_check(const bench_opts *o)
 {
+    if (o->mode_name && strcmp(o->mode_name, "cpu") == 0 && o->consumers != 1) {
+        fprintf(stderr, "ferry bench: --mode cpu runs one consumer (--consumers 1)\n");
+        return -1;
+    }
     if (check_range("--iterations", o->iterations, 1, 100000000) ||
         check_range("--warmup", o->warmup, 0, 100000000) ||
         check_range("--rounds", o->rounds, 1,
@@ -244,9 +234,6 @@ int gpu_check(const bench_opts *o)
             return -1;
     return 0;
 }
-
-/* ---- the producer -----------------------------------------------------------------------------
- */
 
 static const gpu_mode_ops *ops_of(const bench_run *run)
 {
@@ -497,9 +484,6 @@ void gpu_release(bench_run *run, int failed)
     run->state = NULL;
 }
 
-/* ---- the report's frame ------------------------------------------------------------------------
- */
-
 static void totals(const bench_run *run, uint64_t *verified, uint64_t *errors)
 {
     const gpu_run *g = GPU(run);
@@ -557,9 +541,6 @@ void gpu_json(const bench_run *run)
     printf("], \"verified\": %llu, \"errors\": %llu}\n", (unsigned long long)verified,
            (unsigned long long)errors);
 }
-
-/* ---- a consumer process ------------------------------------------------------------------------
- */
 
 int gpu_worker_cu(bench_worker *w, const char *call, CUresult rc)
 {

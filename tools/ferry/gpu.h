@@ -7,8 +7,6 @@
 
 #include "bench.h"
 
-/* ---- the CUDA driver (the slice of its API the benchmarks call) ------------------------------ */
-
 typedef int CUresult;
 typedef int CUdevice;
 typedef unsigned long long CUdeviceptr;
@@ -73,8 +71,6 @@ CUresult cu_register_flags(bench_region *r, CUdeviceptr *dev);
 
 extern const cu_api *cu;
 
-/* ---- patterns ----------------------------------------------------------------------------- */
-
 #define GPU_KEYS 4 /* pre-filled source buffers, each with its own pattern */
 
 /* Byte off of pattern key is byte off % 8 of word off / 8 of a splitmix64 stream keyed by
@@ -83,9 +79,6 @@ void pattern_fill(uint8_t *buf, uint64_t off, uint64_t len, uint64_t seed, uint6
 /* -1 when buf matches bytes [off, off + len) of the pattern, else the first offset that differs. */
 int64_t pattern_check(const uint8_t *buf, uint64_t off, uint64_t len, uint64_t seed, uint64_t key,
                       uint8_t *got, uint8_t *want);
-
-/* ---- the producer -----------------------------------------------------------------------------
- */
 
 typedef struct gpu_lat {
     uint64_t samples;
@@ -170,16 +163,14 @@ const char *gpu_placement(int placement);
 int gpu_has_remote(const bench_opts *o);
 
 /* A GPU mode's bench_mode: the slots every GPU mode shares, and its own. */
-#define GPU_MODE(mode_name, ops, check_fn, prepare_fn, init_fn, handle_fn)                         \
+#define GPU_MODE(mode_name, ops, prepare_fn, init_fn, handle_fn)                                   \
     {                                                                                              \
         .name = mode_name, .family = FAMILY_GPU, .progress_by_seq = 1, .family_ops = ops,          \
-        .defaults = gpu_defaults, .check = check_fn, .prepare = prepare_fn,                        \
+        .defaults = gpu_defaults, .check = gpu_check, .prepare = prepare_fn,                       \
         .measure = gpu_measure, .report_text = gpu_text, .report_json = gpu_json,                  \
         .release = gpu_release, .worker_init = init_fn, .worker_handle = handle_fn,                \
         .worker_release = gpu_worker_release,                                                      \
     }
-
-/* ---- a consumer process ---------------------------------------------------------------------- */
 
 typedef struct gpu_pending {
     uint64_t iter, key, size, at; /* at: offset of its samples in the ring */

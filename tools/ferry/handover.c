@@ -1,10 +1,5 @@
-/* The handover mode of `ferry bench` (--backend host): items through the pool to every
- * consumer process, every byte checked; the floor (the same processes, channel, messages and
- * checks, with a plain shared ring of fixed slots instead of the pool); the reclaim delay.
- *
- * Payload: item i uses base pattern i % R (R splitmix64 streams keyed by the seed, at most 8,
- * generated once by every process) and carries one stamp word keyed by (seed, i) at the start
- * of every 4 KiB, so that bytes of another item, or of a stale slice, never verify. */
+/* The host mode of `ferry bench`: items through the pool, or through a plain shared ring
+ * (the floor), to every consumer, every byte checked; the reclaim delay (docs/cli.md). */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -27,8 +22,6 @@ enum { PH_FERRY = 0, PH_FLOOR = 1, PH_RECLAIM = 2 };
 enum { MSG_FERRY = 8, MSG_FLOOR = 9, MSG_RECLAIM = 10 };
 
 static const char *const phase_names[] = {"ferry", "floor", "reclaim"};
-
-/* ---- the payload ------------------------------------------------------------------------- */
 
 static uint64_t item_size(const bench_params *p, uint64_t item)
 {
@@ -122,8 +115,6 @@ static void patterns_destroy(uint8_t **ring)
     free(ring);
 }
 
-/* ---- the producer's state and the shared tables -------------------------------------------- */
-
 typedef struct phase_result {
     int ran;
     uint64_t items, bytes, full_events, verified_items, errors;
@@ -162,25 +153,17 @@ static uint64_t chunk_begin(const bench_run *run, uint64_t c)
     return run->params.items * c / (uint64_t)run->opt->rounds;
 }
 
-/* ---- options ------------------------------------------------------------------------------ */
-
-static void set(int64_t *v, int64_t value)
-{
-    if (*v == BENCH_UNSET)
-        *v = value;
-}
-
 static void handover_defaults(const bench_mode *mode, bench_opts *o)
 {
     (void)mode;
-    set(&o->consumers, 4);
-    set(&o->items, 2000);
-    set(&o->pool_size, 256ll << 20);
-    set(&o->max_inflight, 4096);
-    set(&o->reclaim_interval_us, 1000);
-    set(&o->timeout_ms, 10000);
-    set(&o->reclaim_rounds, 300);
-    set(&o->rounds, 4);
+    bench_default(&o->consumers, 4);
+    bench_default(&o->items, 2000);
+    bench_default(&o->pool_size, 256ll << 20);
+    bench_default(&o->max_inflight, 4096);
+    bench_default(&o->reclaim_interval_us, 1000);
+    bench_default(&o->timeout_ms, 10000);
+    bench_default(&o->reclaim_rounds, 300);
+    bench_default(&o->rounds, 4);
     if (!o->nsizes) {
         o->sizes[0] = 256ull << 10;
         o->sizes[1] = 4ull << 20;
@@ -199,8 +182,6 @@ static int handover_check(const bench_opts *o)
         fprintf(stderr, "ferry bench: %s\n", bad);
     return bad ? -1 : 0;
 }
-
-/* ---- preparing ------------------------------------------------------------------------------ */
 
 /* The library's checks and the pool, before any worker exists. */
 static int create_pool(bench_run *run, handover *h)
@@ -284,9 +265,6 @@ static void handover_release(bench_run *run, int failed)
     run->state = NULL;
 }
 
-/* ---- handing items over -----------------------------------------------------------------------
- */
-
 /* Counts one item and prints a progress line about once a second on long runs. */
 static void progress(bench_run *run, int phase, uint64_t bytes)
 {
@@ -324,46 +302,47 @@ static const uint8_t *stage(bench_run *run, uint64_t item, bench_msg *m, uint32_
     return buf;
 }
 
-static int publish_item(bench_run *run, uint64_t item)
+/* Publishes m's bytes from src and encodes the descriptor; *t_ret (may be NULL) gets the
+ * moment the publish returned. */
+static int publish(bench_run *run, ferry_pool *pool, const uint8_t *src, bench_msg *m,
+                   uint64_t *t_ret)
 {
-    handover *h = run->state;
-    bench_msg m;
+    ferry_tensor t = ferry_tensor_bytes(m->size);
     ferry_descriptor d;
-    const uint8_t *src = stage(run, item, &m, MSG_FERRY);
-    ferry_tensor t = ferry_tensor_bytes(m.size);
-    uint64_t t0 = cli_now_ns(); /* the item's bytes are ready: the handoff starts here */
-    if (ferry_pool_publish(h->pool, &t, src, run->params.timeout_ns, &d) != FERRY_OK)
-        return run_fail(run, "publishing item %llu (%llu bytes) failed: %s",
-                        (unsigned long long)item, (unsigned long long)m.size, ferry_last_error());
-    if (ferry_descriptor_encode(&d, m.desc) != FERRY_OK)
-        return run_fail(run, "encoding the descriptor of item %llu failed: %s",
-                        (unsigned long long)item, ferry_last_error());
-    h->publish_ns[PH_FERRY][item] = t0;
-    if (run_send(run, run->consumers, &m) != 0)
-        return -1;
-    progress(run, PH_FERRY, m.size);
+    ferry_status st = ferry_pool_publish(pool, &t, src, run->params.timeout_ns, &d);
+    if (t_ret)
+        *t_ret = cli_now_ns();
+    if (st != FERRY_OK || ferry_descriptor_encode(&d, m->desc) != FERRY_OK)
+        return run_fail(run, "%s item %llu (%llu bytes): publishing failed: %s",
+                        phase_names[m->phase], (unsigned long long)m->item,
+                        (unsigned long long)m->size, ferry_last_error());
     return 0;
 }
 
-/* The floor: item i goes to slot i % K once every consumer is done with item i - K. */
-static int floor_item(bench_run *run, uint64_t item)
+/* One item of phase PH_FERRY (through the pool) or PH_FLOOR (into slot item % K of the ring,
+ * once every consumer is done with item - K), sent to every consumer. */
+static int hand_item(bench_run *run, int phase, uint64_t item)
 {
     handover *h = run->state;
     const bench_params *p = &run->params;
     bench_msg m;
     int waited = 0;
-    const uint8_t *src = stage(run, item, &m, MSG_FLOOR);
-    m.key = item % p->floor_slots;
-    uint64_t t0 = cli_now_ns();
-    if (item >= p->floor_slots &&
-        run_wait(run, PH_FLOOR, run->consumers, item - p->floor_slots + 1, &waited) != 0)
+    const uint8_t *src = stage(run, item, &m, MSG_FERRY + (uint32_t)phase);
+    uint64_t t0 = cli_now_ns(); /* the item's bytes are ready: the handoff starts here */
+    if (phase == PH_FERRY && publish(run, h->pool, src, &m, NULL) != 0)
         return -1;
-    memcpy(h->floor_ring + m.key * p->floor_slot_bytes, src, m.size);
-    h->publish_ns[PH_FLOOR][item] = t0;
+    if (phase == PH_FLOOR) {
+        m.key = item % p->floor_slots;
+        if (item >= p->floor_slots &&
+            run_wait(run, PH_FLOOR, run->consumers, item - p->floor_slots + 1, &waited) != 0)
+            return -1;
+        memcpy(h->floor_ring + m.key * p->floor_slot_bytes, src, m.size);
+    }
+    h->publish_ns[phase][item] = t0;
     h->floor_waits += (uint64_t)waited;
     if (run_send(run, run->consumers, &m) != 0)
         return -1;
-    progress(run, PH_FLOOR, m.size);
+    progress(run, phase, m.size);
     return 0;
 }
 
@@ -372,8 +351,7 @@ static int chunk(bench_run *run, int phase, uint64_t begin, uint64_t end)
     handover *h = run->state;
     h->chunk_start_ns = cli_now_ns();
     for (uint64_t i = begin; i < end; i++) {
-        int rc = phase == PH_FERRY ? publish_item(run, i) : floor_item(run, i);
-        if (rc != 0 || run_check_often(run) != 0)
+        if (hand_item(run, phase, i) != 0 || run_check_often(run) != 0)
             return -1;
     }
     if (run_wait(run, phase, run->consumers, end, NULL) != 0)
@@ -381,17 +359,6 @@ static int chunk(bench_run *run, int phase, uint64_t begin, uint64_t end)
     h->tally_ns[phase] += cli_now_ns() - h->chunk_start_ns;
     return 0;
 }
-
-static int full_events(bench_run *run, ferry_pool *pool, uint64_t *events)
-{
-    ferry_pool_stats s;
-    if (run_pool_stats(pool, &s) != FERRY_OK)
-        return run_fail(run, "reading the pool's statistics failed: %s", ferry_last_error());
-    *events = s.pool_full_events;
-    return 0;
-}
-
-/* ---- metrics ------------------------------------------------------------------------------ */
 
 /* Latest ack of item over all ranks; 0 if some rank has none. */
 static uint64_t last_ack(const bench_run *run, int phase, uint64_t item)
@@ -444,7 +411,7 @@ static int handoff_phases(bench_run *run)
 {
     handover *h = run->state;
     uint64_t before, after;
-    if (full_events(run, h->pool, &before) != 0)
+    if (run_full_events(run, h->pool, &before) != 0)
         return -1;
     h->run_start_ns = h->last_progress_ns = cli_now_ns();
     for (uint64_t c = 0; c < (uint64_t)run->opt->rounds; c++) {
@@ -453,7 +420,7 @@ static int handoff_phases(bench_run *run)
             (run->params.floor_slots && chunk(run, PH_FLOOR, begin, end) != 0))
             return -1;
     }
-    if (full_events(run, h->pool, &after) != 0)
+    if (run_full_events(run, h->pool, &after) != 0)
         return -1;
     phase_metrics(run, PH_FERRY, &h->ferry);
     h->ferry.full_events = after - before;
@@ -464,7 +431,7 @@ static int handoff_phases(bench_run *run)
     return 0;
 }
 
-/* ---- the reclaim delay ---------------------------------------------------------------------
+/* The reclaim delay:
  * A pool of one slot and one consumer (rank 0): the producer publishes round k, sends it and
  * at once publishes round k + 1, which must wait for the ack of k. Rank 0 reads k, sleeps
  * 0-200 us, notes t_ack and acknowledges. Delay = the blocked publish's return - t_ack;
@@ -476,27 +443,19 @@ static int reclaim_round(bench_run *run, ferry_pool *pool, uint64_t round, uint6
                          int *blocked, uint64_t *t_ret)
 {
     bench_msg m;
-    ferry_descriptor d;
     uint64_t after = 0;
     const uint8_t *src = stage(run, round, &m, MSG_RECLAIM);
-    ferry_tensor t = ferry_tensor_bytes(m.size);
-    if (ferry_pool_publish(pool, &t, src, run->params.timeout_ns, &d) != FERRY_OK)
-        return run_fail(run, "reclaim round %llu: publish failed: %s", (unsigned long long)round,
-                        ferry_last_error());
-    *t_ret = cli_now_ns();
-    if (full_events(run, pool, &after) != 0)
+    if (publish(run, pool, src, &m, t_ret) != 0 || run_full_events(run, pool, &after) != 0)
         return -1;
     *blocked = after > *full;
     *full = after;
-    if (ferry_descriptor_encode(&d, m.desc) != FERRY_OK)
-        return run_fail(run, "encoding a reclaim descriptor failed: %s", ferry_last_error());
     return run_send(run, 1, &m);
 }
 
 static int reclaim_rounds(bench_run *run, ferry_pool *pool, uint64_t *delays, size_t *n)
 {
     uint64_t rounds = run->params.reclaim_rounds, full = 0;
-    if (full_events(run, pool, &full) != 0)
+    if (run_full_events(run, pool, &full) != 0)
         return -1;
     for (uint64_t r = 0; r <= rounds; r++) {
         int blocked = 0;
@@ -549,8 +508,6 @@ static int handover_measure(bench_run *run)
         return -1;
     return run->params.reclaim_rounds ? reclaim_phase(run) : 0;
 }
-
-/* ---- reports -------------------------------------------------------------------------------- */
 
 static double ratio(const handover *h)
 {
@@ -646,8 +603,6 @@ static void handover_json(const bench_run *run)
            (unsigned long long)o->sizes[0], (unsigned long long)o->sizes[1],
            (long long)o->pool_size, (long long)o->max_inflight);
 }
-
-/* ---- a consumer process ------------------------------------------------------------------- */
 
 typedef struct hworker {
     const uint8_t *floor;

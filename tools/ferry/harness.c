@@ -38,8 +38,6 @@ int run_fail(bench_run *run, const char *fmt, ...)
     return -1;
 }
 
-/* ---- the region: parameters, flag words, one record per rank, the mode's tables ---------- */
-
 static size_t tables_at(uint32_t consumers)
 {
     return RANKS_AT + (size_t)consumers * sizeof(bench_rank);
@@ -115,8 +113,6 @@ static void region_unmap(bench_region *r)
     r->fd = -1;
 }
 
-/* ---- starting the workers ------------------------------------------------------------------ */
-
 static int spawn_one(bench_run *run, uint32_t rank, int child_sock)
 {
     char rank_text[16];
@@ -172,8 +168,6 @@ static int spawn_workers(bench_run *run)
     }
     return 0;
 }
-
-/* ---- liveness ------------------------------------------------------------------------------- */
 
 static const char *rank_message(const bench_run *run, uint32_t rank)
 {
@@ -248,8 +242,6 @@ int harness_start(bench_run *run)
         return -1;
     return wait_ready(run);
 }
-
-/* ---- the channel and progress ------------------------------------------------------------ */
 
 static int channel_broken(bench_run *run, uint32_t rank, int err)
 {
@@ -386,6 +378,15 @@ void run_library_log(int level, const char *message, void *muted)
         fprintf(stderr, "ferry bench: library: %s\n", message);
 }
 
+int run_full_events(bench_run *run, ferry_pool *pool, uint64_t *events)
+{
+    ferry_pool_stats s;
+    if (run_pool_stats(pool, &s) != FERRY_OK)
+        return run_fail(run, "reading the pool's statistics failed: %s", ferry_last_error());
+    *events = s.pool_full_events;
+    return 0;
+}
+
 ferry_pool_config run_pool_config(const bench_opts *o)
 {
     ferry_pool_config c = FERRY_POOL_CONFIG_INIT;
@@ -413,8 +414,6 @@ int run_check_fits(bench_run *run, ferry_pool *pool, uint64_t max_item)
                     "--item-size",
                     item, (unsigned long long)max_item, size, (unsigned long long)s.usable_bytes);
 }
-
-/* ---- the end -------------------------------------------------------------------------------- */
 
 int harness_finish(bench_run *run)
 {
@@ -455,8 +454,6 @@ void harness_close(bench_run *run)
             close(run->children[r].sock);
     region_unmap(&run->region);
 }
-
-/* ---- the worker's side ---------------------------------------------------------------------- */
 
 static void note(bench_worker *w, const char *fmt, va_list ap)
 {

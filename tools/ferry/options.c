@@ -85,6 +85,12 @@ void bench_help(void)
     }
 }
 
+void bench_default(int64_t *v, int64_t value)
+{
+    if (*v == BENCH_UNSET)
+        *v = value;
+}
+
 static int usage(const char *fmt, const char *a, const char *b)
     __attribute__((format(printf, 1, 0)));
 

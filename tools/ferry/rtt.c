@@ -1,21 +1,5 @@
-/* --mode rtt: the round trip of one item through the pool to every consumer (one per GPU in a
- * tensor-parallel run), against a floor with no pool logic in the same processes over the
- * same channels.
- *
- * ferry: the producer publishes from a pre-filled device buffer (ferry_pool_publish_async on
- * its stream), encodes the descriptor and sends it to every consumer; each enqueues
- * ferry_consumer_read_async (wait ready, copy, ack) on its stream; the producer calls
- * ferry_pool_reclaim until it reports the lease reclaimed, which takes every consumer's
- * acknowledgement. Round trip = start of the publish to that moment.
- *
- * floor: the producer enqueues cuMemcpyAsync into a fixed device buffer (which every consumer
- * opened once through CUDA IPC) and cuStreamWriteValue32(ready = n), and sends a message of
- * the same size; each consumer enqueues cuStreamWaitValue32(ready >= n), cuMemcpyAsync into
- * its own buffer and cuStreamWriteValue32(its ack word = n); the producer spins until every
- * ack word reached n (acquire loads of the shared flag pages, one word per cache line).
- *
- * Every --verify-every-th iteration (counting the warm-up) every consumer checks its copy,
- * after the producer has stopped the clock and before the next iteration starts. */
+/* --mode rtt: the round trip of one item through the pool to every consumer, against a
+ * floor without pool logic in the same processes over the same channels (docs/cli.md). */
 #include <math.h>
 #include <sched.h>
 #include <stdio.h>
@@ -51,7 +35,8 @@ static void fill_msg(bench_msg *m, uint32_t type, uint64_t iter, uint64_t key, u
     m->flags = iter % (uint64_t)run->opt->verify_every == 0 ? MSG_F_VERIFY : 0;
 }
 
-/* Spins until done(run, arg) or the timeout; every LOOK_PERIOD_NS, look() may end it. */
+/* Spins until done(run, arg) or the timeout; every LOOK_PERIOD_NS, look() (may be NULL) may
+ * end it. */
 static int spin(bench_run *run, int (*done)(bench_run *, uint64_t), uint64_t arg,
                 int (*look)(bench_run *, uint64_t), const char *what, uint64_t iter)
 {
@@ -63,7 +48,7 @@ static int spin(bench_run *run, int (*done)(bench_run *, uint64_t), uint64_t arg
         if (now < next_look)
             continue;
         next_look = now + LOOK_PERIOD_NS;
-        if ((rc = look(run, arg)) != 0)
+        if (look && (rc = look(run, arg)) != 0)
             return rc < 0 ? -1 : 0;
         if (run_check(run) != 0)
             return -1;
@@ -122,13 +107,6 @@ static int acked(bench_run *run, uint64_t value)
     return 1;
 }
 
-static int nothing(bench_run *run, uint64_t arg)
-{
-    (void)run;
-    (void)arg;
-    return 0;
-}
-
 static int floor_once(bench_run *run, uint64_t size, uint64_t iter, uint64_t *ns, uint64_t *check)
 {
     gpu_run *g = GPU(run);
@@ -145,7 +123,7 @@ static int floor_once(bench_run *run, uint64_t size, uint64_t iter, uint64_t *ns
         CUDA_SUCCESS)
         return gpu_cu_fail(run, "rtt floor", "cuStreamWriteValue32", rc);
     if (run_send(run, run->consumers, &m) != 0 ||
-        spin(run, acked, value, nothing, "floor iteration", iter) != 0)
+        spin(run, acked, value, NULL, "floor iteration", iter) != 0)
         return -1;
     *ns = cli_now_ns() - t0;
     *check = m.flags & MSG_F_VERIFY ? m.seq : 0;
@@ -222,9 +200,6 @@ static int rtt_row(bench_run *run, gpu_row *row)
     return rc;
 }
 
-/* ---- reports ----------------------------------------------------------------------------------
- */
-
 static void rtt_text(const bench_run *run)
 {
     const bench_opts *o = run->opt;
@@ -269,9 +244,6 @@ static void rtt_json_row(const bench_run *run, const gpu_row *r)
     json_lat("floor", &r->floor);
     cli_json_num("ratio_vs_floor", gpu_ratio(r->ferry.mean_us, r->floor.mean_us), ", ");
 }
-
-/* ---- a consumer process -------------------------------------------------------------------------
- */
 
 static int rtt_handle(bench_worker *w, const bench_msg *m)
 {
@@ -327,5 +299,4 @@ static const gpu_mode_ops rtt_ops = {
     .json_row = rtt_json_row,
 };
 
-const bench_mode rtt_mode =
-    GPU_MODE("rtt", &rtt_ops, gpu_check, gpu_prepare, gpu_worker_init, rtt_handle);
+const bench_mode rtt_mode = GPU_MODE("rtt", &rtt_ops, gpu_prepare, gpu_worker_init, rtt_handle);

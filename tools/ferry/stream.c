@@ -1,18 +1,5 @@
-/* --mode stream: items through the pool to N consumers as fast as they go.
- *
- * The producer publishes each item from one of its pre-filled device buffers
- * (ferry_pool_publish_async, waiting up to --timeout-ms for space) and sends the descriptor
- * to every consumer, which enqueues ferry_consumer_read_async into its own device buffer and
- * copies the item's sampled spans into a device sample ring (checked on the host when the
- * ring fills and at the end). Time: first publish to the last lease reclaimed, after
- * --warmup items that are not timed. Bytes moved = the producer's copy plus every consumer's,
- * each byte read and written: items * size * (1 + consumers) * 2.
- *
- * The floor: cuMemcpyAsync of the same size between two buffers of the producer's device,
- * timed over many copies, read + written. The peer floor, for each consumer GPU other than
- * the producer's (one after the other): its first consumer copies the item size from the
- * producer's floor buffer, opened through CUDA IPC with lazy peer access the way the pool is,
- * into its own buffer, back to back; bytes read per second. */
+/* --mode stream: items through the pool to N consumers as fast as they go, against a
+ * device copy floor and, for consumers on other GPUs, a peer copy floor (docs/cli.md). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,9 +65,6 @@ static uint64_t floor_copies(const bench_opts *o, uint64_t size)
     return n < FLOOR_MIN ? FLOOR_MIN : n > FLOOR_MAX ? FLOOR_MAX : n;
 }
 
-/* ---- the producer ------------------------------------------------------------------------------
- */
-
 static int copies(bench_run *run, uint64_t size, uint64_t n)
 {
     gpu_run *g = GPU(run);
@@ -142,15 +126,6 @@ static int peer_floors(bench_run *run, gpu_row *row)
     return 0;
 }
 
-static int full_events(bench_run *run, uint64_t *events)
-{
-    ferry_pool_stats s;
-    if (run_pool_stats(GPU(run)->pool, &s) != FERRY_OK)
-        return run_fail(run, "reading the pool's statistics failed: %s", ferry_last_error());
-    *events = s.pool_full_events;
-    return 0;
-}
-
 static int publish_range(bench_run *run, uint64_t size, uint64_t first, uint64_t n)
 {
     for (uint64_t i = first; i < first + n; i++) {
@@ -172,13 +147,14 @@ static int publish_range(bench_run *run, uint64_t size, uint64_t first, uint64_t
 static int handoff(bench_run *run, gpu_row *row)
 {
     uint64_t items = (uint64_t)run->opt->items, warm = (uint64_t)run->opt->warmup, full0, full1;
-    if (publish_range(run, row->size, 0, warm) != 0 || full_events(run, &full0) != 0)
+    if (publish_range(run, row->size, 0, warm) != 0 ||
+        run_full_events(run, GPU(run)->pool, &full0) != 0)
         return -1;
     uint64_t t0 = cli_now_ns();
     if (publish_range(run, row->size, warm, items) != 0)
         return -1;
     double seconds = (double)(cli_now_ns() - t0) / 1e9;
-    if (full_events(run, &full1) != 0)
+    if (run_full_events(run, GPU(run)->pool, &full1) != 0)
         return -1;
     row->seconds = seconds;
     row->items_per_s = (double)items / seconds;
@@ -205,8 +181,6 @@ static int stream_prepare(bench_run *run)
             run->params.sample_bytes = sample_bytes(run->opt->sizes[i]);
     return gpu_prepare(run);
 }
-
-/* ---- reports --------------------------------------------------------------------------------- */
 
 /* Consumer read GB/s / the peer floor when every consumer is on one GPU other than the
  * producer's; NAN otherwise. */
@@ -275,9 +249,6 @@ static void stream_json_row(const bench_run *run, const gpu_row *r)
     printf("], ");
     cli_json_num("ratio_vs_peer_floor", peer_ratio(run, r), ", ");
 }
-
-/* ---- a consumer process -------------------------------------------------------------------------
- */
 
 static int stream_worker_init(bench_worker *w)
 {
@@ -421,4 +392,4 @@ static const gpu_mode_ops stream_ops = {
 };
 
 const bench_mode stream_mode =
-    GPU_MODE("stream", &stream_ops, gpu_check, stream_prepare, stream_worker_init, stream_handle);
+    GPU_MODE("stream", &stream_ops, stream_prepare, stream_worker_init, stream_handle);

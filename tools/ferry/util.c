@@ -127,8 +127,6 @@ int cli_is_help(const char *arg)
     return strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0;
 }
 
-/* ---- time and futex ------------------------------------------------------------------- */
-
 static uint64_t clock_ns(clockid_t id)
 {
     struct timespec ts;
@@ -169,8 +167,6 @@ void cli_futex_wake(uint32_t *word)
 {
     syscall(SYS_futex, word, FUTEX_WAKE, 0x7fffffff, NULL, NULL, 0);
 }
-
-/* ---- numbers ---------------------------------------------------------------------------- */
 
 uint64_t cli_mix64(uint64_t x)
 {
