@@ -209,7 +209,9 @@ static void test_read_not_torn_by_ack_on_behalf(void **state)
 static void test_rank_held_by_one_live_process(void **state)
 {
     (void)state;
-    ferry_pool *pool = make_pool(host_config(1 << 20, 2, 16));
+    ferry_pool_config cfg = host_config(1 << 20, 2, 16);
+    cfg.reclaim_interval_us = 3600ll * 1000000; /* the takeover alone decides, not the reaper */
+    ferry_pool *pool = make_pool(cfg);
     ferry_descriptor d = publish_stamped(pool, 1000, 7);
     th_helper h = spawn_claimer("claim", "0", &d);
     ferry_consumer *c = consumer(0);
