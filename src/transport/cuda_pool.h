@@ -92,7 +92,14 @@ ferry_status ferry__cuda_view_enqueue_copy(ferry__mapped_pool *p, int device, ui
 ferry_status ferry__cuda_view_enqueue_store(ferry__mapped_pool *p, int device, uint64_t word,
                                             uint32_t value, void *stream);
 
-/* The consumer side's entries of a GPU transport's ops table. */
+/* The entries every GPU transport's ops table shares: the producer's data path and the
+ * whole consumer side. */
+#define FERRY_CUDA_SHARED_OPS                                                                      \
+    .device_placement = 1, .space_poll_ns = 20000ull, .copy_in = ferry__cuda_copy_in,             \
+    .mark_ready = ferry__cuda_mark_ready, .write_words = ferry__cuda_write_words,                 \
+    .sync_control = ferry__cuda_sync_control, .slice_ptr = ferry__cuda_slice_ptr,                 \
+    FERRY_CUDA_VIEW_OPS
+
 #define FERRY_CUDA_VIEW_OPS                                                                        \
     .ready_poll_ns = 20000ull, .ready_spin_ns = 100000ull, .view_check = ferry__cuda_view_check, \
     .view_placement = ferry__cuda_view_placement, .view_attach = ferry__cuda_view_attach,         \

@@ -306,19 +306,12 @@ const ferry__transport_ops ferry__cuda_vmm_transport = {
     .name = "CUDA VMM",
     .pool_name = "CUDA VMM multimodal",
     .backend = FERRY_BACKEND_CUDA_VMM,
-    .device_placement = 1,
     .rounds_size = 1,
-    .space_poll_ns = 20000ull,
     .create = vmm_create,
     .destroy = vmm_destroy,
     .forget = vmm_forget,
     .check = vmm_check,
-    .copy_in = ferry__cuda_copy_in,
-    .mark_ready = ferry__cuda_mark_ready,
-    .write_words = ferry__cuda_write_words,
-    .sync_control = ferry__cuda_sync_control,
-    .slice_ptr = ferry__cuda_slice_ptr,
-    FERRY_CUDA_VIEW_OPS,
+    FERRY_CUDA_SHARED_OPS,
 };
 
 int ferry__vmm_break_broker_for_tests(ferry_pool *pool)
