@@ -621,9 +621,8 @@ static ferry_status ack_ranks(ferry_consumer *c, ferry__mapped_pool *p, const fe
     if (ferry__load_acquire32(&p->generations[d->slot]) != d->generation) {
         for (uint32_t r = first; r < first + count; r++)
             view_end(p, d->slot, r, d->generation); /* the slot moved on: the views ended */
-    }
-    if (ferry__load_acquire32(&p->generations[d->slot]) != d->generation)
         return stale(p, d, first);
+    }
     uint32_t written = 0, taken = 0;
     for (uint32_t r = first; r < first + count && st == FERRY_OK; r++) {
         int wrote;
