@@ -134,7 +134,7 @@ static void print_footprint(const char *who, const char *what, const footprint *
 {
     print_message("soak: %s %s fds %ld->%ld maps %ld->%ld rss %.1f->%.1f MiB%s\n", who, what,
                   a->fds, b->fds, a->maps, b->maps, (double)a->rss / MIB, (double)b->rss / MIB,
-                  footprint_flat(a, b) ? (SOAK_CHECK_RSS ? "" : " (RSS not checked under ASan)")
+                  footprint_flat(a, b) ? (SOAK_CHECK_RSS ? "" : " (RSS not checked under a sanitizer)")
                                        : "  (NOT FLAT)");
 }
 
