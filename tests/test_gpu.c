@@ -896,7 +896,11 @@ static void test_publish_failures(void **state)
     fake_control f;
     if (!fake_of(&f))
         skip();
-    ferry_pool *pool = make_pool(4 << 20, 1, FERRY_CONTROL_DEVICE);
+    /* No background reclaim: it reads the device's control words with cuMemcpyAsync on
+     * ferry's own stream, and would take the failure injected for the publish's copy. */
+    ferry_pool_config cfg = pool_config(4 << 20, 1, FERRY_CONTROL_DEVICE);
+    cfg.reclaim_interval_us = 3600ll * 1000000;
+    ferry_pool *pool = create_pool(&cfg);
     source src = make_source();
     ferry_tensor t = ferry_tensor_bytes(4096);
     ferry_descriptor d;
