@@ -233,14 +233,7 @@ void ferry__cuda_pool_release(ferry__cuda_pool *c, ferry__pool_memory *mem)
     if (c->registered && ferry__cuda_pool_use_device(c) == FERRY_OK)
         c->cuda->cuMemHostUnregister(c->segment);
     c->registered = 0;
-    if (c->segment)
-        munmap(c->segment, mem->shared_size);
-    c->segment = NULL;
-    if (mem->shared_fd >= 0)
-        close(mem->shared_fd);
-    mem->shared_fd = -1;
-    free(c->mirror);
-    c->mirror = NULL;
+    ferry__cuda_pool_forget(c, mem); /* what is left is the process's own: mapping, fd, mirror */
 }
 
 ferry_status ferry__cuda_copy_in(ferry__pool_memory *mem, uint64_t offset, const void *src,
