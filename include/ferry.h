@@ -218,7 +218,7 @@ FERRY_API ferry_status ferry_descriptor_decode(const void *buf, size_t len, ferr
 
 typedef struct ferry_pool ferry_pool;
 
-#define FERRY_POOL_CONFIG_VERSION 1
+#define FERRY_POOL_CONFIG_VERSION 2
 
 typedef struct ferry_pool_config {
     uint32_t struct_size;        /* sizeof(ferry_pool_config), set by the initialiser */
@@ -234,6 +234,12 @@ typedef struct ferry_pool_config {
                                   * host memory for AUTO */
     int32_t control_placement;   /* ferry_control_placement, GPU backends (default HOST) */
     int32_t vmm_handle;          /* ferry_vmm_handle, CUDA VMM only (default AUTO) */
+    /* version 2 */
+    int64_t channel_depth;    /* descriptors each rank's ring holds (ferry_pool_send): a power
+                               * of two, default 64; the rings live in the shared host segment,
+                               * consumer_count * (192 + 256 * channel_depth) bytes */
+    int64_t drain_timeout_us; /* close first waits up to this long for every published lease
+                               * to be acknowledged (ferry_pool_drain); default 0: no wait */
 } ferry_pool_config;
 
 /* How a CUDA VMM pool is shared. */
@@ -265,7 +271,7 @@ typedef enum ferry_control_placement {
 #define FERRY_POOL_CONFIG_INIT                                                                     \
     {                                                                                              \
         sizeof(ferry_pool_config), FERRY_POOL_CONFIG_VERSION, FERRY_BACKEND_AUTO, 0, 1, 4096,      \
-            1000, 0, FERRY_DEVICE_DEFAULT, FERRY_CONTROL_HOST, FERRY_VMM_HANDLE_AUTO               \
+            1000, 0, FERRY_DEVICE_DEFAULT, FERRY_CONTROL_HOST, FERRY_VMM_HANDLE_AUTO, 64, 0        \
     }
 
 /* Validates a configuration without creating anything; the messages are those of
@@ -374,6 +380,54 @@ FERRY_API ferry_status ferry_pool_describe(ferry_pool *pool, ferry_descriptor *d
  * many. Also acknowledges on behalf of consumers whose process died. */
 FERRY_API ferry_status ferry_pool_reclaim(ferry_pool *pool, uint64_t *reclaimed);
 
+/* Waits until every published lease (committed, not cancelled) is acknowledged by all its
+ * ranks, or acknowledged on their behalf because their process died: FERRY_OK then. TIMEOUT
+ * after timeout_ns, naming the slowest rank, whether it is alive and what it holds; CLOSING
+ * once close began. Outstanding reservations are not waited for. ferry_pool_close drains
+ * first when the config's drain_timeout_us is set. */
+FERRY_API ferry_status ferry_pool_drain(ferry_pool *pool, uint64_t timeout_ns);
+
+/* ------------------------------------------------------------------------------------
+ * Channels: connect by address, send and receive without a channel of your own
+ *
+ * Every pool has an address, a short printable string ("ferry:" and 32 hex digits, the name
+ * of its broker on this machine) that a server passes in a flag, an environment variable or
+ * its config. Consumers connect to it (ferry_consumer_connect) and receive what the producer
+ * sends (ferry_pool_send) from their rank's descriptor ring, which lives in the pool's shared
+ * host segment (channel_depth entries per rank): no socket on the way. The descriptor API
+ * above stays as it is; the two mix freely.
+ * ---------------------------------------------------------------------------------- */
+
+/* Bytes an address needs, NUL included. */
+#define FERRY_ADDRESS_SIZE 40
+
+/* The pool's address into buf (size >= FERRY_ADDRESS_SIZE). */
+FERRY_API ferry_status ferry_pool_address(ferry_pool *pool, char *buf, size_t size);
+
+/* The ranks a send goes to: the list of count ranks, or when list is NULL the range
+ * [first, first + count). A NULL ferry_ranks pointer means every rank. */
+typedef struct ferry_ranks {
+    const uint32_t *list;
+    uint32_t first;
+    uint32_t count;
+} ferry_ranks;
+
+/* Publishes count tensors (1 to channel_depth) into one lease, as ferry_pool_publish_many_async
+ * (stream NULL: a synchronous copy, as ferry_pool_publish_many), and queues its descriptors
+ * in the ring of each chosen rank. The ranks not chosen are acknowledged for at once, so the
+ * lease is recycled once the chosen ones acknowledged it; so are chosen ranks whose process
+ * died (their queued descriptors are dropped: those leases are acknowledged on their behalf).
+ * A rank that never connected gets its descriptors queued for when it does. A chosen rank
+ * whose ring has no room follows the full policy: with timeout_ns == 0 POOL_FULL at once,
+ * naming the rank behind ("the descriptor ring of rank 3 is full ... rank 3 is behind (pid
+ * P, alive)"); otherwise the send waits up to timeout_ns for room and for pool space, then
+ * fails POOL_FULL. A send that fails has queued and leased nothing. descs (may be NULL)
+ * gets the count descriptors. Sends from several threads are serialised. */
+FERRY_API ferry_status ferry_pool_send(ferry_pool *pool, const ferry_tensor *tensors,
+                                       const void *const *srcs, size_t count,
+                                       const ferry_ranks *ranks, void *stream, uint64_t timeout_ns,
+                                       ferry_descriptor *descs);
+
 #define FERRY_POOL_STATS_VERSION 3
 
 typedef struct ferry_pool_stats {
@@ -461,6 +515,34 @@ FERRY_API ferry_status ferry_consumer_create_on(uint32_t rank, int32_t device,
 
 /* Frees the context. NULL is a no-op. */
 FERRY_API void ferry_consumer_destroy(ferry_consumer *consumer);
+
+/* Connects to the pool at address (ferry_pool_address) as rank, GPU work on device (-1 for a
+ * consumer of host pools only): opens the pool and claims the rank for this process (one
+ * live process per rank: RANK_IN_USE otherwise), before the first tensor is sent. The
+ * consumer keeps the pool mapped until it is destroyed. PRODUCER_GONE if nobody serves the
+ * address, INVALID_ARGUMENT for a malformed address or rank, TIMEOUT after 5 s. The consumer
+ * works with every call above; ferry_consumer_recv and ferry_consumer_fd need it. */
+FERRY_API ferry_status ferry_consumer_connect(const char *address, uint32_t rank, int32_t device,
+                                              ferry_consumer **consumer);
+
+/* Takes the next lease sent to this rank from its ring: descs[0, *count) are its descriptors
+ * (one, or a packed lease's parts), to be read and acknowledged as any other. Leases that
+ * are no longer current for this rank (acknowledged on its behalf, cancelled, recycled) are
+ * skipped. Waits up to timeout_ns (0: do not wait) for one: TIMEOUT if none came,
+ * PRODUCER_GONE once the producer closed the pool or died (within 10 ms of it),
+ * INVALID_ARGUMENT if the lease has more parts than max (it stays queued), or if the
+ * consumer was not made by ferry_consumer_connect. Receives from several threads of the
+ * process each get different leases. */
+FERRY_API ferry_status ferry_consumer_recv(ferry_consumer *consumer, uint64_t timeout_ns,
+                                           ferry_descriptor *descs, size_t max, size_t *count);
+
+/* A file descriptor that becomes readable when this rank's ring may hold a lease, and when
+ * the producer closes the pool or dies: for poll/epoll/select and event loops (asyncio), one
+ * per connected pool. Use it as: ferry_consumer_recv with timeout 0 until it answers TIMEOUT,
+ * then poll the fd (a TIMEOUT answer re-arms it; it may wake without a lease). The fd is
+ * the consumer's (closed by ferry_consumer_destroy); the first call registers it with the
+ * producer. */
+FERRY_API ferry_status ferry_consumer_fd(ferry_consumer *consumer, int *fd);
 
 /* Opens (or finds in the cache) the pool a descriptor names and claims this rank for the
  * calling process, before the first tensor must be read. Fails with MISMATCH if the

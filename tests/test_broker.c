@@ -115,7 +115,7 @@ static int make_memfd(size_t size, uint64_t seed)
 static ferry__broker_config fixture_config(fixture *f)
 {
     ferry__broker_config config = {f->pool_id, f->memfd,      POOL_SIZE, CONSUMERS,
-                                   LABEL,      record_attach, &f->log};
+                                   LABEL,      record_attach, &f->log, NULL, NULL};
     return config;
 }
 
@@ -799,7 +799,7 @@ static void test_start_validation(void **state)
     uint8_t pool_id[16] = {0}, name[16];
     ferry__broker *sentinel = (ferry__broker *)(uintptr_t)0x1;
     ferry__broker *b = sentinel;
-    ferry__broker_config good = {pool_id, 0, 4096, 1, LABEL, NULL, NULL};
+    ferry__broker_config good = {pool_id, 0, 4096, 1, LABEL, NULL, NULL, NULL, NULL};
     ferry__broker_config c;
 
     assert_int_equal(ferry__broker_start(NULL, &b, name), FERRY_INVALID_ARGUMENT);
@@ -831,7 +831,7 @@ static void test_stop_idle_and_null(void **state)
     (void)state;
     uint8_t pool_id[16] = {0}, name[16];
     ferry__broker *b = NULL;
-    ferry__broker_config config = {pool_id, 0, 4096, 1, LABEL, NULL, NULL};
+    ferry__broker_config config = {pool_id, 0, 4096, 1, LABEL, NULL, NULL, NULL, NULL};
     char buf[64] = "x";
 
     assert_int_equal(ferry__broker_start(&config, &b, name), FERRY_OK);

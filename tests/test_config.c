@@ -80,12 +80,32 @@ static void test_struct_and_limits(void **state)
     /* A caller built against another header: the fields of its version are read, no more
      * (a larger struct of the same version is read as far as this library knows). */
     c = base_config();
+    c.version = 1;
     c.struct_size = (uint32_t)(offsetof(ferry_pool_config, vmm_handle) + sizeof(int32_t));
+    c.channel_depth = 3; /* beyond a version 1 struct: not read, the default is taken */
     assert_int_equal(ferry_pool_config_check(&c), FERRY_OK);
     c.struct_size += 64;
     assert_int_equal(ferry_pool_config_check(&c), FERRY_OK);
     c.struct_size = (uint32_t)offsetof(ferry_pool_config, vmm_handle);
     assert_int_equal(ferry_pool_config_check(&c), FERRY_INVALID_ARGUMENT);
+    /* Version 2 needs its own fields. */
+    c = base_config();
+    c.struct_size = (uint32_t)(offsetof(ferry_pool_config, vmm_handle) + sizeof(int32_t));
+    assert_int_equal(ferry_pool_config_check(&c), FERRY_INVALID_ARGUMENT);
+    c = base_config();
+    c.channel_depth = 3;
+    expect_invalid(c, "channel_depth=3 must be a power of two from 1 to 65536");
+    c.channel_depth = 0;
+    expect_invalid(c, "channel_depth=0 must be a power of two from 1 to 65536");
+    c.channel_depth = 1 << 17;
+    expect_invalid(c, "channel_depth=131072 must be a power of two from 1 to 65536");
+    c.channel_depth = 1 << 16;
+    c.consumer_count = 64;
+    assert_int_equal(ferry_pool_config_check(&c), FERRY_INVALID_ARGUMENT);
+    assert_non_null(strstr(ferry_last_error(), "lower channel_depth"));
+    c = base_config();
+    c.drain_timeout_us = -1;
+    expect_invalid(c, "drain_timeout_us=-1 is negative");
     c = base_config();
     c.consumer_count = 70000;
     assert_int_equal(ferry_pool_config_check(&c), FERRY_INVALID_ARGUMENT);

@@ -5,17 +5,21 @@
  *   request, 32 bytes, consumer -> broker
  *     0  u32  magic     "FRYB"
  *     4  u16  version   2
- *     6  u16  type      1 (OPEN)
- *     8  u8[16] pool_id
- *     24 u32  rank      < consumer_count, or 0xFFFFFFFF (FERRY__RANK_NONE: claim no rank)
+ *     6  u16  type      1 (OPEN), 2 (DESCRIBE) or 3 (NOTIFY)
+ *     8  u8[16] pool_id  zero for DESCRIBE (the peer knows only the broker's name)
+ *     24 u32  rank      < consumer_count, or 0xFFFFFFFF (FERRY__RANK_NONE: claim no rank;
+ *                       always for DESCRIBE, never for NOTIFY)
  *     28 u32  reserved  0
+ *   NOTIFY carries one eventfd in SCM_RIGHTS (the rank's poll fd), the others none.
  *
- *   reply, 24 bytes, broker -> consumer (one fd in SCM_RIGHTS iff status is OK)
+ *   reply, 24 bytes, broker -> consumer (OPEN: one fd in SCM_RIGHTS iff status is OK)
  *     0  u32  magic     "FRYR"
  *     4  u16  version   2
  *     6  u16  status    ferry_status (0 = OK)
- *     8  u64  size      shared_size (0 in a refusal)
+ *     8  u64  size      OPEN: shared_size; otherwise 0 (0 in a refusal)
  *     16 u64  detail    RANK_IN_USE: the holder's pid (1..INT32_MAX); otherwise 0
+ *   followed, for a DESCRIBE whose status is OK, by the pool's encoded pool-only descriptor
+ *   (FERRY_DESCRIPTOR_SIZE bytes).
  *
  * Version 1 had no RANK_NONE and a reserved zero where version 2 has detail; neither side
  * accepts the other's version.
@@ -51,8 +55,11 @@
 #define BROKER_REPLY_MAGIC   0x52595246u /* bytes "FRYR" read as a little-endian u32 */
 #define BROKER_VERSION       2u
 #define BROKER_TYPE_OPEN     1u
+#define BROKER_TYPE_DESCRIBE 2u
+#define BROKER_TYPE_NOTIFY   3u
 #define BROKER_REQUEST_SIZE  32
 #define BROKER_REPLY_SIZE    24
+#define BROKER_DESCRIBE_SIZE (BROKER_REPLY_SIZE + FERRY_DESCRIPTOR_SIZE)
 #define BROKER_ID_SIZE       16
 #define BROKER_NAME_PREFIX   "ferry."
 #define BROKER_HEX_SIZE      (2 * BROKER_ID_SIZE + 1)
@@ -104,6 +111,8 @@ struct ferry__broker {
     uint64_t shared_size;
     uint32_t consumer_count;
     ferry__broker_attach_fn on_attach;
+    ferry__broker_describe_fn on_describe;
+    ferry__broker_notify_fn on_notify;
     void *user;
     int listen_fd; /* atomic: -1 once the thread closed it after a latched error */
     int stop_fd;   /* eventfd: readable once ferry__broker_stop was called */
@@ -125,13 +134,16 @@ typedef union broker_control {
     char buf[CMSG_SPACE(sizeof(int) * BROKER_MAX_FDS)];
 } broker_control;
 
-/* One client call: what the steps of ferry__broker_request share. */
+/* One client call: what the steps of a request share. */
 typedef struct broker_call {
     int sock;
     const char *label;
+    uint16_t type;
     uint32_t rank;
     uint64_t deadline;
     uint64_t timeout_ns;
+    int send_fd;      /* NOTIFY: the fd to hand over */
+    uint8_t *payload; /* DESCRIBE: FERRY_DESCRIPTOR_SIZE bytes out */
     char hex[BROKER_HEX_SIZE];
 } broker_call;
 
@@ -191,12 +203,7 @@ static void decode_reply(const uint8_t in[BROKER_REPLY_SIZE], broker_reply *rep)
 
 static void format_hex(const uint8_t id[BROKER_ID_SIZE], char out[BROKER_HEX_SIZE])
 {
-    static const char digits[] = "0123456789abcdef";
-    for (int i = 0; i < BROKER_ID_SIZE; i++) {
-        out[2 * i] = digits[id[i] >> 4];
-        out[2 * i + 1] = digits[id[i] & 0x0f];
-    }
-    out[2 * BROKER_ID_SIZE] = '\0';
+    ferry__hex_put(id, BROKER_ID_SIZE, out);
 }
 
 unsigned ferry__broker_address(const uint8_t name[16], void *addr)
@@ -344,21 +351,25 @@ static void release_listener(ferry__broker *b)
     close(fd);
 }
 
-/* Sends a reply, with fd in SCM_RIGHTS when fd >= 0. Never blocks and never raises SIGPIPE;
- * a peer that cannot take the reply simply does not get it. */
-static void send_reply(int conn, ferry_status status, uint64_t size, uint64_t detail, int fd)
+/* Sends a reply, with fd in SCM_RIGHTS when fd >= 0 and payload (FERRY_DESCRIPTOR_SIZE
+ * bytes) after it when not NULL. Never blocks and never raises SIGPIPE; a peer that cannot
+ * take the reply simply does not get it. */
+static void send_reply(int conn, ferry_status status, uint64_t size, uint64_t detail, int fd,
+                       const uint8_t *payload)
 {
     broker_reply rep = {BROKER_REPLY_MAGIC, BROKER_VERSION, (uint16_t)status, size, detail};
-    uint8_t buf[BROKER_REPLY_SIZE];
+    uint8_t buf[BROKER_DESCRIBE_SIZE];
     union {
         struct cmsghdr align;
         char buf[CMSG_SPACE(sizeof(int))];
     } control;
-    struct iovec iov = {buf, sizeof(buf)};
+    struct iovec iov = {buf, payload ? BROKER_DESCRIBE_SIZE : BROKER_REPLY_SIZE};
     struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
     ssize_t n;
 
     encode_reply(&rep, buf);
+    if (payload)
+        memcpy(buf + BROKER_REPLY_SIZE, payload, FERRY_DESCRIPTOR_SIZE);
     if (fd >= 0) {
         memset(&control, 0, sizeof(control));
         msg.msg_control = control.buf;
@@ -378,27 +389,33 @@ static void send_reply(int conn, ferry_status status, uint64_t size, uint64_t de
 static void refuse(ferry__broker *b, int conn, ferry_status status, pid_t detail)
 {
     __atomic_fetch_add(&b->refused, 1, __ATOMIC_RELAXED);
-    send_reply(conn, status, 0, (uint64_t)detail, -1);
+    send_reply(conn, status, 0, (uint64_t)detail, -1, NULL);
 }
 
-static ferry_status check_request(const ferry__broker *b, const uint8_t *buf, uint32_t *rank)
+static ferry_status check_request(const ferry__broker *b, const uint8_t *buf, broker_request *req)
 {
-    broker_request req;
-    decode_request(buf, &req);
-    if (req.magic != BROKER_REQUEST_MAGIC || req.version != BROKER_VERSION ||
-        req.type != BROKER_TYPE_OPEN || req.reserved != 0)
+    static const uint8_t zero[BROKER_ID_SIZE];
+    decode_request(buf, req);
+    if (req->magic != BROKER_REQUEST_MAGIC || req->version != BROKER_VERSION ||
+        req->type < BROKER_TYPE_OPEN || req->type > BROKER_TYPE_NOTIFY || req->reserved != 0)
         return FERRY_INVALID_ARGUMENT;
-    if (memcmp(req.pool_id, b->pool_id, BROKER_ID_SIZE) != 0)
+    if (req->type == BROKER_TYPE_DESCRIBE)
+        return memcmp(req->pool_id, zero, BROKER_ID_SIZE) == 0 && req->rank == FERRY__RANK_NONE
+                   ? FERRY_OK
+                   : FERRY_INVALID_ARGUMENT;
+    if (memcmp(req->pool_id, b->pool_id, BROKER_ID_SIZE) != 0)
         return FERRY_MISMATCH;
-    if (req.rank != FERRY__RANK_NONE && req.rank >= b->consumer_count)
+    if (req->type == BROKER_TYPE_NOTIFY && req->rank == FERRY__RANK_NONE)
         return FERRY_INVALID_ARGUMENT;
-    *rank = req.rank;
+    if (req->rank != FERRY__RANK_NONE && req->rank >= b->consumer_count)
+        return FERRY_INVALID_ARGUMENT;
     return FERRY_OK;
 }
 
 /* Reads and validates the one request of a connection. A message of any other length, or
- * carrying control data (its descriptors are closed), is invalid. */
-static ferry_status read_request(const ferry__broker *b, int conn, uint32_t *rank)
+ * carrying control data (its descriptors are closed), is invalid; a NOTIFY must carry
+ * exactly one descriptor, which lands in *fd (the caller's from then on). */
+static ferry_status read_request(const ferry__broker *b, int conn, broker_request *req, int *fd)
 {
     uint8_t buf[BROKER_REQUEST_SIZE + 1]; /* one more byte to see a longer message */
     broker_control control;
@@ -410,10 +427,17 @@ static ferry_status read_request(const ferry__broker *b, int conn, uint32_t *ran
     ssize_t n = receive_message(conn, buf, sizeof(buf), &msg, &control, fds, &nfds, &other);
     if (n < 0)
         return FERRY_INVALID_ARGUMENT;
+    ferry_status status = FERRY_INVALID_ARGUMENT;
+    if (!other && !(msg.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) && n == BROKER_REQUEST_SIZE)
+        status = check_request(b, buf, req);
+    if (status == FERRY_OK && (req->type == BROKER_TYPE_NOTIFY) != (nfds == 1))
+        status = FERRY_INVALID_ARGUMENT;
+    if (status == FERRY_OK && nfds == 1) {
+        *fd = fds[0];
+        return FERRY_OK;
+    }
     close_fds(fds, nfds);
-    if (nfds > 0 || other || (msg.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) || n != BROKER_REQUEST_SIZE)
-        return FERRY_INVALID_ARGUMENT;
-    return check_request(b, buf, rank);
+    return status;
 }
 
 /* Asks on_attach whether pid may hold rank. Returns FERRY_OK, or the refusal to send:
@@ -445,19 +469,37 @@ static void conn_close(ferry__broker *b, broker_conn *c)
     b->pending_count--;
 }
 
+/* A callback's status as the broker may send it: SYSTEM for one outside the status list. */
+static ferry_status sendable(ferry_status status)
+{
+    return known_status((unsigned)status) ? status : FERRY_SYSTEM;
+}
+
 /* Serves a connection whose request has arrived (or that hung up), then closes it. */
 static void conn_serve(ferry__broker *b, broker_conn *c)
 {
-    uint32_t rank = FERRY__RANK_NONE;
+    broker_request req = {0};
+    uint8_t desc[FERRY_DESCRIPTOR_SIZE];
     pid_t holder = 0;
+    int fd = -1;
 
-    ferry_status status = read_request(b, c->fd, &rank);
-    if (status == FERRY_OK && rank != FERRY__RANK_NONE)
-        status = claim_rank(b, rank, c->pid, &holder);
-    if (status == FERRY_OK)
-        send_reply(c->fd, FERRY_OK, b->shared_size, 0, b->shared_fd);
-    else
+    ferry_status status = read_request(b, c->fd, &req, &fd);
+    if (status == FERRY_OK && req.type == BROKER_TYPE_OPEN && req.rank != FERRY__RANK_NONE)
+        status = claim_rank(b, req.rank, c->pid, &holder);
+    if (status == FERRY_OK && req.type == BROKER_TYPE_DESCRIBE)
+        status = b->on_describe ? sendable(b->on_describe(b->user, desc)) : FERRY_NOT_SUPPORTED;
+    if (status == FERRY_OK && req.type == BROKER_TYPE_NOTIFY) {
+        status = b->on_notify ? sendable(b->on_notify(b->user, req.rank, c->pid, fd))
+                              : FERRY_NOT_SUPPORTED;
+        if (!b->on_notify)
+            close(fd);
+    }
+    if (status != FERRY_OK)
         refuse(b, c->fd, status, holder);
+    else if (req.type == BROKER_TYPE_OPEN)
+        send_reply(c->fd, FERRY_OK, b->shared_size, 0, b->shared_fd, NULL);
+    else
+        send_reply(c->fd, FERRY_OK, 0, 0, -1, req.type == BROKER_TYPE_DESCRIBE ? desc : NULL);
     conn_close(b, c);
 }
 
@@ -670,6 +712,8 @@ static ferry__broker *broker_new(const ferry__broker_config *config)
     b->shared_size = config->shared_size;
     b->consumer_count = config->consumer_count;
     b->on_attach = config->on_attach;
+    b->on_describe = config->on_describe;
+    b->on_notify = config->on_notify;
     b->user = config->user;
     b->listen_fd = -1;
     b->stop_fd = -1;
@@ -905,16 +949,34 @@ static ferry_status call_check_owner(const broker_call *c, const struct ucred *c
                        c->label, (unsigned)cred->uid, (unsigned)geteuid());
 }
 
-/* Sends the request, waiting (until the deadline) for room if the socket has none. */
+/* Sends the request (with c->send_fd in SCM_RIGHTS when it is one), waiting (until the
+ * deadline) for room if the socket has none. */
 static ferry_status call_send(const broker_call *c, const uint8_t pool_id[16])
 {
-    broker_request req = {BROKER_REQUEST_MAGIC, BROKER_VERSION, BROKER_TYPE_OPEN, {0}, c->rank, 0};
+    broker_request req = {BROKER_REQUEST_MAGIC, BROKER_VERSION, c->type, {0}, c->rank, 0};
     uint8_t buf[BROKER_REQUEST_SIZE];
+    union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } control;
+    struct iovec iov = {buf, sizeof(buf)};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
 
-    memcpy(req.pool_id, pool_id, BROKER_ID_SIZE);
+    if (pool_id)
+        memcpy(req.pool_id, pool_id, BROKER_ID_SIZE);
     encode_request(&req, buf);
+    if (c->send_fd >= 0) {
+        memset(&control, 0, sizeof(control));
+        msg.msg_control = control.buf;
+        msg.msg_controllen = sizeof(control.buf);
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(cm), &c->send_fd, sizeof(int));
+    }
     for (;;) {
-        ssize_t n = send(c->sock, buf, sizeof(buf), MSG_NOSIGNAL);
+        ssize_t n = sendmsg(c->sock, &msg, MSG_NOSIGNAL);
         if (n == (ssize_t)sizeof(buf))
             return FERRY_OK;
         int err = n < 0 ? errno : EMSGSIZE;
@@ -988,6 +1050,11 @@ static ferry_status check_fields(const broker_call *c, const uint8_t *buf, size_
         return malformed_reply(c, "a refusal carrying file descriptors");
     if (rep.status != FERRY_OK)
         return refusal(c, &rep);
+    if (c->type != BROKER_TYPE_OPEN) {
+        if (nfds != 0 || rep.size != 0)
+            return malformed_reply(c, "file descriptors or a size in a reply that has none");
+        return FERRY_OK;
+    }
     if (nfds == 0)
         return ferry__fail(FERRY_SYSTEM, "%s returned no file descriptor", c->label);
     if (nfds > 1)
@@ -1006,14 +1073,20 @@ static ferry_status check_reply(const broker_call *c, const struct msghdr *msg, 
     if (n == 0 && nfds == 0)
         return ferry__fail(FERRY_PRODUCER_GONE, "%s closed the connection without replying",
                            c->label);
-    if ((msg->msg_flags & MSG_TRUNC) || n != BROKER_REPLY_SIZE)
+    /* Only a DESCRIBE granted carries the descriptor after the reply. */
+    int described = c->type == BROKER_TYPE_DESCRIBE && n >= 8 && get_le16(buf + 6) == FERRY_OK;
+    if ((msg->msg_flags & MSG_TRUNC) ||
+        n != (described ? BROKER_DESCRIBE_SIZE : BROKER_REPLY_SIZE))
         return malformed_reply(c, "wrong length");
-    return check_fields(c, buf, nfds, size);
+    ferry_status status = check_fields(c, buf, nfds, size);
+    if (status == FERRY_OK && described)
+        memcpy(c->payload, buf + BROKER_REPLY_SIZE, FERRY_DESCRIPTOR_SIZE);
+    return status;
 }
 
 static ferry_status call_receive(const broker_call *c, int *fd, uint64_t *size)
 {
-    uint8_t buf[BROKER_REPLY_SIZE + 1]; /* one more byte to see a longer message */
+    uint8_t buf[BROKER_DESCRIBE_SIZE + 1]; /* one more byte to see a longer message */
     broker_control control;
     struct msghdr msg;
     int fds[BROKER_MAX_FDS];
@@ -1036,7 +1109,7 @@ static ferry_status call_receive(const broker_call *c, int *fd, uint64_t *size)
         close_fds(fds, nfds);
         return status;
     }
-    *fd = fds[0];
+    *fd = nfds ? fds[0] : -1;
     return FERRY_OK;
 }
 
@@ -1054,9 +1127,22 @@ static ferry_status call_exchange(const broker_call *c, const uint8_t name[16],
     if (status == FERRY_OK)
         status = call_receive(c, fd, size);
     if (status == FERRY_OK)
-        status = call_check_owner(c, &cred, *fd);
+        status = call_check_owner(c, &cred, *fd); /* closes *fd when it refuses */
     if (status == FERRY_OK)
         *pid = cred.pid;
+    return status;
+}
+
+/* One request of any type on a fresh connection. */
+static ferry_status call_run(broker_call *call, const uint8_t name[16], const uint8_t pool_id[16],
+                             int *fd, uint64_t *size, pid_t *pid)
+{
+    format_hex(name, call->hex);
+    call->sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (call->sock < 0)
+        return ferry__fail_errno(FERRY_SYSTEM, errno, "%s: socket", call->label);
+    ferry_status status = call_exchange(call, name, pool_id, fd, size, pid);
+    close(call->sock);
     return status;
 }
 
@@ -1064,23 +1150,40 @@ ferry_status ferry__broker_request(const uint8_t name[16], const uint8_t pool_id
                                    const char *label, uint64_t timeout_ns, int *fd, uint64_t *size,
                                    pid_t *producer_pid)
 {
-    broker_call call = {-1, label, rank, ferry__deadline(timeout_ns), timeout_ns, {0}};
+    broker_call call = {-1,         label, BROKER_TYPE_OPEN, rank, ferry__deadline(timeout_ns),
+                        timeout_ns, -1,    NULL,             {0}};
     int got_fd = -1;
     uint64_t got_size = 0;
     pid_t got_pid = 0;
 
     if (!name || !pool_id || !label || !fd || !size || !producer_pid)
         return ferry__fail(FERRY_INVALID_ARGUMENT, "broker request: NULL argument");
-    format_hex(name, call.hex);
-    call.sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (call.sock < 0)
-        return ferry__fail_errno(FERRY_SYSTEM, errno, "%s: socket", label);
-    ferry_status status = call_exchange(&call, name, pool_id, &got_fd, &got_size, &got_pid);
-    close(call.sock);
+    ferry_status status = call_run(&call, name, pool_id, &got_fd, &got_size, &got_pid);
     if (status != FERRY_OK)
         return status;
     *fd = got_fd;
     *size = got_size;
     *producer_pid = got_pid;
     return FERRY_OK;
+}
+
+ferry_status ferry__broker_describe(const uint8_t name[16], const char *label, uint64_t timeout_ns,
+                                    uint8_t desc[FERRY_DESCRIPTOR_SIZE], pid_t *producer_pid)
+{
+    broker_call call = {-1,         label, BROKER_TYPE_DESCRIBE, FERRY__RANK_NONE,
+                        ferry__deadline(timeout_ns), timeout_ns, -1, desc, {0}};
+    int fd = -1;
+    uint64_t size = 0;
+    return call_run(&call, name, NULL, &fd, &size, producer_pid);
+}
+
+ferry_status ferry__broker_notify(const uint8_t name[16], const uint8_t pool_id[16], uint32_t rank,
+                                  const char *label, uint64_t timeout_ns, int event_fd)
+{
+    broker_call call = {-1,         label,    BROKER_TYPE_NOTIFY, rank, ferry__deadline(timeout_ns),
+                        timeout_ns, event_fd, NULL,               {0}};
+    int fd = -1;
+    uint64_t size = 0;
+    pid_t pid = 0;
+    return call_run(&call, name, pool_id, &fd, &size, &pid);
 }

@@ -28,6 +28,15 @@ typedef struct ferry__broker ferry__broker;
 typedef ferry_status (*ferry__broker_attach_fn)(void *user, uint32_t rank, pid_t pid,
                                                 pid_t *holder);
 
+/* Called on the broker thread for a DESCRIBE request (a consumer connecting by address):
+ * writes the pool's encoded pool-only descriptor into out. Must not block. */
+typedef ferry_status (*ferry__broker_describe_fn)(void *user, uint8_t out[FERRY_DESCRIPTOR_SIZE]);
+
+/* Called on the broker thread for a NOTIFY request: pid hands over fd (an eventfd) to be
+ * signalled when rank's ring gets descriptors. Takes fd in every case (closes it on
+ * failure). Returns FERRY_OK, or the refusal to send. Must not block. */
+typedef ferry_status (*ferry__broker_notify_fn)(void *user, uint32_t rank, pid_t pid, int fd);
+
 typedef struct ferry__broker_config {
     const uint8_t *pool_id;            /* 16 bytes: requests must name it */
     int shared_fd;                     /* the fd handed to consumers (the broker does not own it) */
@@ -36,6 +45,8 @@ typedef struct ferry__broker_config {
     const char *label;                 /* prefix of messages, e.g. "host pool broker" */
     ferry__broker_attach_fn on_attach; /* may be NULL */
     void *user;
+    ferry__broker_describe_fn on_describe; /* may be NULL: DESCRIBE gets NOT_SUPPORTED */
+    ferry__broker_notify_fn on_notify;     /* may be NULL: NOTIFY gets NOT_SUPPORTED */
 } ferry__broker_config;
 
 /* Starts a broker thread on a fresh random name (written to name_out, 16 bytes). On failure
@@ -79,6 +90,17 @@ ferry_status ferry__broker_error(const ferry__broker *broker, char *buf, size_t 
 ferry_status ferry__broker_request(const uint8_t name[16], const uint8_t pool_id[16], uint32_t rank,
                                    const char *label, uint64_t timeout_ns, int *fd, uint64_t *size,
                                    pid_t *producer_pid);
+
+/* Client side, by the broker's name alone (a pool's address): the pool's encoded pool-only
+ * descriptor into desc, and the producer's pid as seen from this process. Errors as for
+ * ferry__broker_request. */
+ferry_status ferry__broker_describe(const uint8_t name[16], const char *label, uint64_t timeout_ns,
+                                    uint8_t desc[FERRY_DESCRIPTOR_SIZE], pid_t *producer_pid);
+
+/* Client side: hands event_fd (the caller keeps its own copy) to the broker, to be signalled
+ * when rank's descriptor ring gets entries. The calling process must hold rank. */
+ferry_status ferry__broker_notify(const uint8_t name[16], const uint8_t pool_id[16], uint32_t rank,
+                                  const char *label, uint64_t timeout_ns, int event_fd);
 
 /* The abstract socket address of a broker name (for tests that connect by hand): writes
  * the sockaddr_un into addr (a struct sockaddr_un *) and returns its length. */

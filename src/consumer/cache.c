@@ -74,7 +74,9 @@ static void unmap_pool(ferry__mapped_pool *pool)
 
 static const char *layout_mismatch(const ferry__shm_header *h)
 {
-    if (h->header_bytes != ferry__header_bytes(h->max_inflight) ||
+    if (h->ring_depth == 0 || (h->ring_depth & (h->ring_depth - 1)) != 0 ||
+        h->ring_offset != ferry__ring_offset(h->max_inflight) ||
+        h->header_bytes != ferry__header_bytes(h->max_inflight, h->consumer_count, h->ring_depth) ||
         h->gen_offset != FERRY_GEN_TABLE_OFFSET ||
         h->extent_offset != ferry__extent_offset(h->max_inflight) ||
         h->data_start != ferry__data_start(h->max_inflight, h->consumer_count) ||

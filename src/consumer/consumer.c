@@ -21,21 +21,10 @@
 #include "consumer/consumer.h"
 #include "transport/transport.h"
 
-/* How often a waiting consumer checks that the producer lives: the bound on noticing a dead
- * producer. (How long each sleep lasts and whether it yields first is the transport's:
- * GPU streams write ready words without waking anybody, and usually within microseconds.) */
-#define FERRY_READY_WAIT_SLICE_NS 10000000ull
-/* How long calls without a timeout of their own (acknowledgements, stream-ordered calls) may
- * wait for a pool's broker when they open the pool. */
-#define FERRY_OPEN_TIMEOUT_NS 5000000000ull
-/* The least time a call with a shorter timeout (0 included) gives the broker on first use. */
+/* (How long each sleep of a waiting consumer lasts and whether it yields first is the
+ * transport's: GPU streams write ready words without waking anybody, and usually within
+ * microseconds.) The least time a call with a shorter timeout (0 included) gives the broker on first use. */
 #define FERRY_OPEN_MIN_NS 100000000ull
-
-struct ferry_consumer {
-    uint32_t rank;
-    int32_t device; /* for GPU pools; -1 for host pools only */
-    pid_t pid;      /* the process that created it */
-};
 
 ferry_status ferry_consumer_create_on(uint32_t rank, int32_t device, ferry_consumer **out)
 {
@@ -51,6 +40,8 @@ ferry_status ferry_consumer_create_on(uint32_t rank, int32_t device, ferry_consu
     c->rank = rank;
     c->device = device;
     c->pid = ferry__proc_self();
+    c->event_fd = c->poll_fd = c->pid_fd = -1;
+    pthread_mutex_init(&c->fd_lock, NULL);
     *out = c;
     ferry__clear_error();
     return FERRY_OK;
@@ -63,6 +54,10 @@ ferry_status ferry_consumer_create(uint32_t rank, ferry_consumer **out)
 
 void ferry_consumer_destroy(ferry_consumer *c)
 {
+    if (!c)
+        return;
+    ferry__consumer_unbind(c);
+    pthread_mutex_destroy(&c->fd_lock);
     free(c);
 }
 
@@ -240,7 +235,7 @@ static ferry_status check_extent(const ferry__mapped_pool *p, const ferry_descri
                        d->generation, (unsigned long long)off, (unsigned long long)len);
 }
 
-static int producer_gone(ferry__mapped_pool *p)
+int ferry__producer_gone(ferry__mapped_pool *p)
 {
     if (ferry__load_acquire32(&p->gone) || ferry__load_acquire32(&p->header->closing) ||
         !ferry__proc_alive(p->producer_pid, p->producer_start)) {
@@ -292,7 +287,7 @@ static ferry_status wait_ready(ferry_consumer *c, ferry__mapped_pool *p, const f
             next_check = now + FERRY_READY_WAIT_SLICE_NS;
         } else if (now >= next_check) {
             /* /proc is read at most every slice, however short the sleeps. */
-            if (producer_gone(p))
+            if (ferry__producer_gone(p))
                 return gone_error(p, d);
             next_check = now + FERRY_READY_WAIT_SLICE_NS;
         }

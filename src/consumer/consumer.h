@@ -9,6 +9,31 @@
 #include "ferry.h"
 #include "transport/mapping.h"
 
+/* How long calls without a timeout of their own may wait for a pool's broker. */
+#define FERRY_OPEN_TIMEOUT_NS 5000000000ull
+/* How often a waiting consumer checks that the producer lives: the bound on noticing a dead
+ * producer. */
+#define FERRY_READY_WAIT_SLICE_NS 10000000ull
+
+struct ferry_consumer {
+    uint32_t rank;
+    int32_t device; /* for GPU pools; -1 for host pools only */
+    pid_t pid;      /* the process that created it */
+    /* ferry_consumer_connect (receive.c): the pool it holds a reference on, else NULL. */
+    ferry__mapped_pool *bound;
+    pthread_mutex_t fd_lock; /* guards the fds below, made by the first ferry_consumer_fd */
+    int event_fd;            /* signalled by the producer (-1 until asked for) */
+    int poll_fd;             /* epoll set of event_fd and the producer's pidfd */
+    int pid_fd;              /* the producer's pidfd, -1 where the kernel has none */
+    uint64_t alive_ns;       /* atomic: when a recv last looked at the producer's process */
+};
+
+/* 1 if the pool's producer closed it or died (the pool is then evicted from the cache). */
+int ferry__producer_gone(ferry__mapped_pool *p);
+
+/* Frees what ferry_consumer_connect and ferry_consumer_fd made (receive.c). */
+void ferry__consumer_unbind(struct ferry_consumer *c);
+
 /* Finds or opens the pool a descriptor names and, unless claim is FERRY__RANK_NONE, makes
  * sure this process holds rank claim of it (RANK_IN_USE if another live process does).
  * Opening waits for the producer's broker until deadline (ferry__now_ns clock) at most. A pool

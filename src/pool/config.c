@@ -9,6 +9,9 @@
 
 #define FERRY_MAX_CONSUMERS 65535
 #define FERRY_MAX_INFLIGHT  (1 << 24)
+#define FERRY_MAX_DEPTH     (1 << 16)
+/* The most bytes of descriptor rings a pool may ask for in its shared host segment. */
+#define FERRY_MAX_RING_BYTES (256ull << 20)
 
 static ferry_status check_positive(int64_t value, const char *name)
 {
@@ -20,7 +23,14 @@ static ferry_status check_positive(int64_t value, const char *name)
 /* Bytes of each version of ferry_pool_config (a new version appends fields). */
 static size_t config_size(uint32_t version)
 {
-    return version == 1 ? offsetof(ferry_pool_config, vmm_handle) + sizeof(int32_t) : 0;
+    switch (version) {
+    case 1:
+        return offsetof(ferry_pool_config, vmm_handle) + sizeof(int32_t);
+    case 2:
+        return offsetof(ferry_pool_config, drain_timeout_us) + sizeof(int64_t);
+    default:
+        return 0;
+    }
 }
 
 static ferry_status check_struct(const ferry_pool_config *config)
@@ -53,6 +63,21 @@ static ferry_status check_limits(const ferry_pool_config *config)
         config->vmm_handle > FERRY_VMM_HANDLE_POSIX_FD)
         return ferry__fail(FERRY_INVALID_ARGUMENT, "vmm_handle=%d is not a handle type",
                            (int)config->vmm_handle);
+    int64_t depth = config->channel_depth;
+    if (depth < 1 || depth > FERRY_MAX_DEPTH || (depth & (depth - 1)) != 0)
+        return ferry__fail(FERRY_INVALID_ARGUMENT,
+                           "channel_depth=%lld must be a power of two from 1 to %d",
+                           (long long)depth, FERRY_MAX_DEPTH);
+    uint64_t rings = (uint64_t)config->consumer_count * ferry__ring_stride((uint64_t)depth);
+    if (rings > FERRY_MAX_RING_BYTES)
+        return ferry__fail(FERRY_INVALID_ARGUMENT,
+                           "descriptor rings of consumer_count=%lld x channel_depth=%lld need "
+                           "%llu bytes, more than %llu: lower channel_depth",
+                           (long long)config->consumer_count, (long long)depth,
+                           (unsigned long long)rings, FERRY_MAX_RING_BYTES);
+    if (config->drain_timeout_us < 0)
+        return ferry__fail(FERRY_INVALID_ARGUMENT, "drain_timeout_us=%lld is negative",
+                           (long long)config->drain_timeout_us);
     if (config->initial_generation >= FERRY_GENERATION_MAX)
         return ferry__fail(FERRY_INVALID_ARGUMENT,
                            "initial_generation=%u leaves no generation to lease (max %u)",
@@ -63,7 +88,9 @@ static ferry_status check_limits(const ferry_pool_config *config)
 void ferry__config_normalize(const ferry_pool_config *in, ferry_pool_config *out)
 {
     ferry_pool_config defaults = FERRY_POOL_CONFIG_INIT;
-    size_t n = in->struct_size < sizeof(*out) ? in->struct_size : sizeof(*out);
+    size_t n = config_size(in->version); /* the fields of the caller's version, no more */
+    if (in->struct_size < n)
+        n = in->struct_size;
     *out = defaults;
     memcpy(out, in, n);
     out->struct_size = sizeof(*out);

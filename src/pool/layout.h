@@ -1,7 +1,8 @@
 /* The shared segment every process of a pool maps: header, slot generations, pool region.
  *
  *   segment:  [ header | slot generations (u32 x max_inflight) | pad to 8 |
- *               slot extents (u64 offset, u64 length) x max_inflight | pad to page ]  header_bytes
+ *               slot extents (u64 offset, u64 length) x max_inflight | pad to 64 |
+ *               descriptor rings, one per rank | pad to page ]                     header_bytes
  *             [ pool region: control table | pad to 256 | data ]                     memory_size
  *
  * The pool region is laid out as BRIEF.md describes: a control table of max_inflight rows
@@ -10,7 +11,12 @@
  * written by the producer before anything else of a new lease, so that consumers can tell
  * a reused slot from the one their descriptor names; the slot's extent (the bytes of the data
  * region its lease holds) follows, so that consumers refuse a descriptor whose range is not
- * inside its own lease. */
+ * inside its own lease.
+ *
+ * Each rank's descriptor ring (ferry_pool_send / ferry_consumer_recv) is a ferry__ring of
+ * counters followed by ring_depth entries of FERRY_DESCRIPTOR_SIZE bytes, each an encoded
+ * descriptor. The producer alone writes tail and the entries; the rank's process advances
+ * head. Entry i lives at index i % ring_depth; the entries [head, tail) are queued. */
 #ifndef FERRY_POOL_LAYOUT_H
 #define FERRY_POOL_LAYOUT_H
 
@@ -19,7 +25,7 @@
 #include "ferry.h"
 
 #define FERRY_SHM_MAGIC      0x4d485346u /* "FSHM" */
-#define FERRY_SHM_VERSION    2u
+#define FERRY_SHM_VERSION    3u
 #define FERRY_DATA_ALIGN     256u
 #define FERRY_GENERATION_MAX 0x7fffffffu
 /* Set in a slot's generation word when its lease was cancelled: generations never use the top
@@ -48,7 +54,24 @@ typedef struct ferry__shm_header {
     uint32_t desc_flags;       /* FERRY_DESC_FLAG_DEVICE_CONTROL when control is on the GPU */
     int32_t device;            /* the pool's device, -1 for host memory */
     uint64_t extent_offset;    /* offset of the slot extent table in the segment */
+    uint64_t ring_offset;      /* offset of rank 0's descriptor ring in the segment */
+    uint32_t ring_depth;       /* entries of each ring */
+    uint32_t reserved;
 } ferry__shm_header;
+
+/* One rank's descriptor ring: counters on their own cache lines, then the entries. The
+ * counters only grow (mod 2^32); tail - head is the number of queued entries. */
+typedef struct ferry__ring {
+    uint32_t tail; /* entries ever enqueued (producer); receivers sleep on it */
+    uint32_t pad0[15];
+    uint32_t head; /* entries ever dequeued (the rank's process); full senders sleep on it */
+    uint32_t pad1[15];
+    uint32_t receivers; /* receivers sleeping on tail */
+    uint32_t senders;   /* senders sleeping on head */
+    uint32_t armed;     /* 1: the rank's poll fd asks for a signal at the next enqueue */
+    uint32_t pad2[13];
+} ferry__ring;
+_Static_assert(sizeof(ferry__ring) == 192, "ring counters are three cache lines");
 
 /* One slot's extent: written by the producer after the slot's generation word and before
  * its ready word; read by consumers through ferry__load_relaxed64. */
@@ -71,7 +94,7 @@ static inline uint64_t ferry__data_start(uint64_t max_inflight, uint64_t consume
 }
 
 /* The slot generation table follows the header at this offset. */
-#define FERRY_GEN_TABLE_OFFSET 128u
+#define FERRY_GEN_TABLE_OFFSET 256u
 _Static_assert(sizeof(ferry__shm_header) <= FERRY_GEN_TABLE_OFFSET, "header too large");
 
 /* The slot extent table follows the generations, 8-byte aligned. */
@@ -81,11 +104,44 @@ static inline uint64_t ferry__extent_offset(uint64_t max_inflight)
     return (b + 7) & ~(uint64_t)7;
 }
 
-/* Bytes of the segment before the pool region (page multiple). */
-static inline uint64_t ferry__header_bytes(uint64_t max_inflight)
+/* The descriptor rings follow the extents, 64-byte aligned. */
+static inline uint64_t ferry__ring_offset(uint64_t max_inflight)
 {
     uint64_t b = ferry__extent_offset(max_inflight) + max_inflight * sizeof(ferry__extent);
+    return (b + 63) & ~(uint64_t)63;
+}
+
+/* Bytes of one rank's ring: counters and depth entries (a multiple of 64). */
+static inline uint64_t ferry__ring_stride(uint64_t depth)
+{
+    return sizeof(ferry__ring) + depth * FERRY_DESCRIPTOR_SIZE;
+}
+
+/* Bytes of the segment before the pool region (page multiple) for a configuration. */
+static inline uint64_t ferry__header_bytes_of(const ferry_pool_config *config)
+{
+    uint64_t b = ferry__ring_offset((uint64_t)config->max_inflight_slices) +
+                 (uint64_t)config->consumer_count * ferry__ring_stride((uint64_t)config->channel_depth);
     return (b + 4095) & ~(uint64_t)4095;
+}
+
+static inline uint64_t ferry__header_bytes(uint64_t max_inflight, uint64_t consumers,
+                                           uint64_t depth)
+{
+    uint64_t b = ferry__ring_offset(max_inflight) + consumers * ferry__ring_stride(depth);
+    return (b + 4095) & ~(uint64_t)4095;
+}
+
+/* Rank r's ring in a segment laid out as header h says. */
+static inline ferry__ring *ferry__ring_of(const ferry__shm_header *h, uint32_t r)
+{
+    return (ferry__ring *)((uint8_t *)h + h->ring_offset + r * ferry__ring_stride(h->ring_depth));
+}
+
+/* Entry i of a ring of depth entries. */
+static inline uint8_t *ferry__ring_entry(ferry__ring *ring, uint32_t depth, uint32_t i)
+{
+    return (uint8_t *)(ring + 1) + (uint64_t)(i % depth) * FERRY_DESCRIPTOR_SIZE;
 }
 
 static inline uint32_t *ferry__row(uint32_t *control, uint32_t row_words, uint32_t slot)

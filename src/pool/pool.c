@@ -37,7 +37,7 @@ static void init_shared(ferry_pool *pool)
     ferry__shm_header *h = pool->mem.header;
     uint32_t g = pool->config.initial_generation;
     h->version = FERRY_SHM_VERSION;
-    h->header_bytes = ferry__header_bytes(pool->max_inflight);
+    h->header_bytes = ferry__header_bytes_of(&pool->config);
     memcpy(h->pool_id, pool->pool_id, 16);
     h->backend = (uint32_t)pool->ops->backend;
     h->consumer_count = pool->consumers;
@@ -48,6 +48,8 @@ static void init_shared(ferry_pool *pool)
     h->data_size = pool->data_size;
     h->gen_offset = FERRY_GEN_TABLE_OFFSET;
     h->extent_offset = ferry__extent_offset(pool->max_inflight);
+    h->ring_offset = ferry__ring_offset(pool->max_inflight);
+    h->ring_depth = (uint32_t)pool->config.channel_depth;
     h->desc_flags = pool->mem.flags;
     h->device = pool->mem.device;
     ferry__fill_words(pool->mem.generations, pool->max_inflight, g);
@@ -91,6 +93,8 @@ static ferry_status init_sync(ferry_pool *pool)
     pthread_condattr_init(&attr);
     pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
     pthread_mutex_init(&pool->lock, NULL);
+    pthread_mutex_init(&pool->send_lock, NULL);
+    pthread_mutex_init(&pool->notify_lock, NULL);
     pthread_cond_init(&pool->reclaimer_cv, &attr);
     pthread_cond_init(&pool->idle_cv, &attr);
     pthread_condattr_destroy(&attr);
@@ -101,6 +105,8 @@ static void fini_sync(ferry_pool *pool)
 {
     pthread_cond_destroy(&pool->idle_cv);
     pthread_cond_destroy(&pool->reclaimer_cv);
+    pthread_mutex_destroy(&pool->notify_lock);
+    pthread_mutex_destroy(&pool->send_lock);
     pthread_mutex_destroy(&pool->lock);
 }
 
@@ -114,6 +120,8 @@ static ferry_status start_broker(ferry_pool *pool)
         .consumer_count = pool->consumers,
         .label = pool->broker_label,
         .on_attach = ferry__rank_attached,
+        .on_describe = ferry__channel_describe,
+        .on_notify = ferry__channel_notify,
         .user = pool,
     };
     return ferry__broker_start(&bc, &pool->broker, pool->broker_name);
@@ -181,7 +189,9 @@ ferry_status ferry_pool_create(const ferry_pool_config *config, ferry_pool **out
     if (st != FERRY_OK)
         goto destroy_memory;
     init_shared(pool);
-    st = start_broker(pool);
+    st = ferry__channel_init(pool);
+    if (st == FERRY_OK)
+        st = start_broker(pool);
     if (st != FERRY_OK)
         goto destroy_memory;
     st = ferry__reclaimer_start(pool);
@@ -194,6 +204,7 @@ stop_broker:
     ferry__broker_stop(pool->broker);
 destroy_memory:
     pool->ops->destroy(&pool->mem);
+    ferry__channel_fini(pool);
     free_tables(pool);
 fini_sync:
     fini_sync(pool);
@@ -247,6 +258,9 @@ void ferry_pool_close(ferry_pool *pool)
     FERRY_CUDA_BOUNDARY;
     if (!pool || forked(pool))
         return;
+    if (pool->config.drain_timeout_us > 0 &&
+        ferry_pool_drain(pool, (uint64_t)pool->config.drain_timeout_us * 1000u) == FERRY_TIMEOUT)
+        ferry__log(FERRY_LOG_WARN, "%s; closing anyway", ferry_last_error());
     pthread_mutex_lock(&pool->lock);
     if (pool->closing) {
         while (!pool->closed)
@@ -257,6 +271,7 @@ void ferry_pool_close(ferry_pool *pool)
     pool->closing = 1;
     pthread_mutex_unlock(&pool->lock);
     ferry__signal_space(pool); /* publishers waiting for space see the pool closing */
+    ferry__channel_wake(pool); /* and so do senders waiting for room in a ring */
     pthread_mutex_lock(&pool->lock);
     while (pool->active)
         pthread_cond_wait(&pool->idle_cv, &pool->lock);
@@ -264,6 +279,7 @@ void ferry_pool_close(ferry_pool *pool)
     pthread_mutex_unlock(&pool->lock);
     ferry__store_seqcst32(&pool->mem.header->closing, 1);
     wake_all_ready(pool);
+    ferry__channel_wake(pool); /* receivers, and their poll fds, see it */
     ferry__reclaimer_stop(pool);
     ferry__broker_stop(pool->broker);
     pool->broker = NULL;
@@ -282,6 +298,7 @@ static void forget_in_child(ferry_pool *pool)
 {
     ferry__broker_forget(pool->broker);
     pool->ops->forget(&pool->mem);
+    ferry__channel_fini(pool);
     free_tables(pool);
     free(pool);
 }
@@ -298,6 +315,7 @@ void ferry_pool_destroy(ferry_pool *pool)
     ferry_pool_close(pool);
     if (pool->release_at_destroy)
         pool->ops->destroy(&pool->mem);
+    ferry__channel_fini(pool);
     free_tables(pool);
     fini_sync(pool);
     free(pool);
@@ -601,6 +619,31 @@ static ferry_status check_pool_arg(ferry_pool *pool, const void *ptr, const char
     return FERRY_OK;
 }
 
+ferry_status ferry__pool_check(ferry_pool *pool, const void *ptr, const char *what)
+{
+    return check_pool_arg(pool, ptr, what);
+}
+
+ferry_status ferry__pool_closing_error(ferry_pool *pool)
+{
+    return closing_error(pool);
+}
+
+ferry_status ferry__pool_enter(ferry_pool *pool)
+{
+    pthread_mutex_lock(&pool->lock);
+    ferry_status st = usable_locked(pool);
+    if (st == FERRY_OK)
+        pool->active++;
+    pthread_mutex_unlock(&pool->lock);
+    return st;
+}
+
+void ferry__pool_leave(ferry_pool *pool)
+{
+    lease_done(pool);
+}
+
 ferry_status ferry_pool_publish(ferry_pool *pool, const ferry_tensor *tensor, const void *src,
                                 uint64_t timeout_ns, ferry_descriptor *desc)
 {
@@ -645,10 +688,26 @@ static ferry_status pack_layout(const ferry_tensor *tensors, const void *const *
 
 #define FERRY_PACK_STACK 16
 
+/* Acknowledges the lease for the ranks r with preack[r] set, run by run. */
+static ferry_status preack_ranks(ferry_pool *pool, const lease *l, const uint8_t *preack)
+{
+    ferry_status st = FERRY_OK;
+    for (uint32_t r = 0; r < pool->consumers && st == FERRY_OK;) {
+        uint32_t end = r;
+        while (end < pool->consumers && preack[end])
+            end++;
+        if (end > r)
+            st = pool->ops->write_words(&pool->mem, row_word(pool, l->slot) + 1 + r, end - r,
+                                        l->generation);
+        r = end + 1;
+    }
+    return st;
+}
+
 static ferry_status publish_packed(ferry_pool *pool, const ferry_tensor *tensors,
                                    const void *const *srcs, size_t count, void *stream,
                                    uint64_t timeout_ns, ferry_descriptor *descs, uint64_t *offsets,
-                                   uint64_t *lengths)
+                                   uint64_t *lengths, const uint8_t *preack)
 {
     uint64_t total = 0;
     lease l;
@@ -660,6 +719,8 @@ static ferry_status publish_packed(ferry_pool *pool, const ferry_tensor *tensors
     for (size_t i = 0; i < count && st == FERRY_OK; i++)
         if (lengths[i])
             st = pool->ops->copy_in(&pool->mem, l.offset + offsets[i], srcs[i], lengths[i], stream);
+    if (st == FERRY_OK && preack)
+        st = preack_ranks(pool, &l, preack);
     if (st == FERRY_OK)
         st = pool->ops->mark_ready(&pool->mem, row_word(pool, l.slot), l.generation, stream);
     if (st != FERRY_OK) {
@@ -685,6 +746,13 @@ ferry_status ferry_pool_publish_many_async(ferry_pool *pool, const ferry_tensor 
                                            uint64_t timeout_ns, ferry_descriptor *descs)
 {
     FERRY_CUDA_BOUNDARY;
+    return ferry__publish(pool, tensors, srcs, count, stream, timeout_ns, descs, NULL);
+}
+
+ferry_status ferry__publish(ferry_pool *pool, const ferry_tensor *tensors, const void *const *srcs,
+                            size_t count, void *stream, uint64_t timeout_ns,
+                            ferry_descriptor *descs, const uint8_t *preack)
+{
     ferry_status st = check_pool_arg(pool, tensors, "tensors");
     if (st == FERRY_OK)
         st = check_pool_arg(pool, srcs, "sources");
@@ -707,7 +775,8 @@ ferry_status ferry_pool_publish_many_async(ferry_pool *pool, const ferry_tensor 
             goto free_layout;
         }
     }
-    st = publish_packed(pool, tensors, srcs, count, stream, timeout_ns, descs, offsets, lengths);
+    st = publish_packed(pool, tensors, srcs, count, stream, timeout_ns, descs, offsets, lengths,
+                        preack);
 free_layout:
     if (offsets != stack_off) {
         free(offsets);

@@ -68,6 +68,12 @@ struct ferry_pool {
     uint32_t active;     /* publishers inside a publish */
     pthread_cond_t idle_cv;
 
+    /* Descriptor channels (channel.c). */
+    pthread_mutex_t send_lock;   /* one sender at a time writes the rings */
+    pthread_mutex_t notify_lock; /* guards notify_fds */
+    int *notify_fds;             /* by rank: the eventfd its poll fd waits on, or -1 */
+    uint32_t channel_depth;
+
     ferry__broker *broker;
     pthread_t reclaimer;
     pthread_cond_t reclaimer_cv;
@@ -96,6 +102,30 @@ typedef struct ferry__pool_snapshot {
 ferry_status ferry__pool_snapshot_take(ferry_pool *pool, ferry__pool_snapshot *snap);
 
 #endif
+
+/* Publishes count tensors into one lease (ferry_pool_publish_many_async); when preack is not
+ * NULL, the ranks r with preack[r] set are acknowledged for before the lease is marked ready
+ * (a send to other ranks, or to dead ones). */
+ferry_status ferry__publish(ferry_pool *pool, const ferry_tensor *tensors, const void *const *srcs,
+                            size_t count, void *stream, uint64_t timeout_ns,
+                            ferry_descriptor *descs, const uint8_t *preack);
+
+/* The pool's entry checks (pool.c): FERRY_OK and one more active caller (close waits for it)
+ * if the pool takes new work; ferry__pool_leave ends it. */
+ferry_status ferry__pool_enter(ferry_pool *pool);
+void ferry__pool_leave(ferry_pool *pool);
+ferry_status ferry__pool_check(ferry_pool *pool, const void *ptr, const char *what);
+ferry_status ferry__pool_closing_error(ferry_pool *pool);
+
+/* channel.c */
+ferry_status ferry__channel_init(ferry_pool *pool);
+/* Wakes every sender and receiver of the rings (close: they see the pool closing). */
+void ferry__channel_wake(ferry_pool *pool);
+/* Closes the notify fds (destroy, and a forked child's copies). */
+void ferry__channel_fini(ferry_pool *pool);
+/* Broker callbacks. */
+ferry_status ferry__channel_describe(void *pool, uint8_t out[FERRY_DESCRIPTOR_SIZE]);
+ferry_status ferry__channel_notify(void *pool, uint32_t rank, pid_t pid, int fd);
 
 /* Latches the pool's first background failure (every later publish fails POOL_FAILED). */
 void ferry__latch_locked(ferry_pool *pool, ferry_status status, const char *cause);

@@ -159,7 +159,7 @@ ferry_status ferry__cuda_pool_init(ferry__cuda_pool *c, const char *transport,
     c->control_words =
         (uint64_t)config->max_inflight_slices * (1 + (uint64_t)config->consumer_count);
     mem->shared_fd = -1;
-    mem->shared_size = ferry__header_bytes((uint64_t)config->max_inflight_slices) +
+    mem->shared_size = ferry__header_bytes_of(config) +
                        (c->device_control ? 0 : data_start);
     mem->data_start = data_start;
     mem->device = config->device;
@@ -208,7 +208,7 @@ ferry_status ferry__cuda_pool_place(ferry__cuda_pool *c, const ferry_pool_config
         ferry__segment_create(c->transport, mem->shared_size, &mem->shared_fd, &c->segment);
     if (st != FERRY_OK)
         return st;
-    ferry__segment_layout(mem, c->segment, (uint64_t)config->max_inflight_slices);
+    ferry__segment_layout(mem, c->segment, config);
     return c->device_control ? control_on_device(c, mem, config->initial_generation)
                              : control_on_host(c, mem, config->initial_generation);
 }

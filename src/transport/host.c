@@ -43,12 +43,13 @@ close_fd:
     return st;
 }
 
-void ferry__segment_layout(ferry__pool_memory *mem, void *base, uint64_t max_inflight)
+void ferry__segment_layout(ferry__pool_memory *mem, void *base, const ferry_pool_config *config)
 {
+    uint64_t max_inflight = (uint64_t)config->max_inflight_slices;
     mem->header = base;
     mem->generations = (uint32_t *)((uint8_t *)base + FERRY_GEN_TABLE_OFFSET);
     mem->extents = (ferry__extent *)((uint8_t *)base + ferry__extent_offset(max_inflight));
-    mem->control = (uint32_t *)((uint8_t *)base + ferry__header_bytes(max_inflight));
+    mem->control = (uint32_t *)((uint8_t *)base + ferry__header_bytes_of(config));
 }
 
 void ferry__fill_words(uint32_t *words, uint64_t count, uint32_t value)
@@ -75,12 +76,12 @@ static ferry_status host_create(const ferry_pool_config *config, uint64_t data_s
                                 ferry__pool_memory *mem)
 {
     uint64_t max_inflight = (uint64_t)config->max_inflight_slices;
-    uint64_t size = ferry__header_bytes(max_inflight) + (uint64_t)config->memory_size;
+    uint64_t size = ferry__header_bytes_of(config) + (uint64_t)config->memory_size;
     void *base = NULL;
     ferry_status st = ferry__segment_create("host", size, &mem->shared_fd, &base);
     if (st != FERRY_OK)
         return st;
-    ferry__segment_layout(mem, base, max_inflight);
+    ferry__segment_layout(mem, base, config);
     ferry__fill_words(mem->control, max_inflight * (1 + (uint64_t)config->consumer_count),
                       config->initial_generation);
     mem->data_start = data_start;

@@ -126,7 +126,7 @@ ferry_status ferry__transport_of(uint32_t backend, const ferry__transport_ops **
 
 /* Shared pieces of the transports that keep control words in host memory. */
 ferry_status ferry__segment_create(const char *transport, uint64_t size, int *fd, void **base);
-void ferry__segment_layout(ferry__pool_memory *mem, void *base, uint64_t max_inflight);
+void ferry__segment_layout(ferry__pool_memory *mem, void *base, const ferry_pool_config *config);
 ferry_status ferry__host_write_words(ferry__pool_memory *mem, uint64_t first, uint32_t count,
                                      uint32_t value);
 ferry_status ferry__host_sync_control(ferry__pool_memory *mem);

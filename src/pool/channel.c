@@ -1,0 +1,419 @@
+/* Descriptor channels, producer side: the pool's address, ferry_pool_send into the ranks'
+ * rings in the shared segment (layout.h), the poll fds consumers hand over, and drain.
+ *
+ * One sender at a time (send_lock) writes a ring's entries and its tail; the rank's process
+ * advances its head. A send first makes room in every chosen ring (waiting as the full
+ * policy says), then publishes the lease, acknowledging it at once for the ranks it is not
+ * sent to and for dead ones, then enqueues its descriptors and wakes the receivers: a send
+ * that fails changes nothing. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/atomic.h"
+#include "common/clock.h"
+#include "common/error.h"
+#include "common/futex.h"
+#include "common/proc.h"
+#include "driver/driver.h"
+#include "pool/pool.h"
+#include "wire/wire.h"
+
+#define FERRY_ADDRESS_PREFIX "ferry:"
+/* The longest a sender waiting for room sleeps between looks (a dead receiver is noticed by
+ * the liveness checks, which no wake-up announces). */
+#define FERRY_SEND_SLICE_NS 2000000ull
+
+ferry_status ferry__channel_init(ferry_pool *pool)
+{
+    pool->channel_depth = (uint32_t)pool->config.channel_depth;
+    pool->notify_fds = malloc(pool->consumers * sizeof(int));
+    if (!pool->notify_fds)
+        return ferry__fail(FERRY_NO_MEMORY, "%s pool: out of memory for the channels",
+                           pool->ops->name);
+    for (uint32_t r = 0; r < pool->consumers; r++)
+        pool->notify_fds[r] = -1;
+    return FERRY_OK;
+}
+
+void ferry__channel_fini(ferry_pool *pool)
+{
+    if (!pool->notify_fds)
+        return;
+    for (uint32_t r = 0; r < pool->consumers; r++)
+        if (pool->notify_fds[r] >= 0)
+            close(pool->notify_fds[r]);
+    free(pool->notify_fds);
+    pool->notify_fds = NULL;
+}
+
+static ferry__ring *ring_of(ferry_pool *pool, uint32_t rank)
+{
+    return ferry__ring_of(pool->mem.header, rank);
+}
+
+static void signal_fd(int fd)
+{
+    uint64_t one = 1;
+    ssize_t n;
+    do
+        n = write(fd, &one, sizeof(one));
+    while (n < 0 && errno == EINTR);
+}
+
+/* Wakes rank's receivers: those asleep on the tail, and its poll fd if it asked for it. */
+static void wake_receivers(ferry_pool *pool, uint32_t rank, int force_fd)
+{
+    ferry__ring *ring = ring_of(pool, rank);
+    if (ferry__load_seqcst32(&ring->receivers))
+        ferry__futex_wake_all(&ring->tail);
+    if (!ferry__exchange_seqcst32(&ring->armed, 0) && !force_fd)
+        return;
+    pthread_mutex_lock(&pool->notify_lock);
+    if (pool->notify_fds[rank] >= 0)
+        signal_fd(pool->notify_fds[rank]);
+    pthread_mutex_unlock(&pool->notify_lock);
+}
+
+void ferry__channel_wake(ferry_pool *pool)
+{
+    for (uint32_t r = 0; r < pool->consumers; r++) {
+        ferry__ring *ring = ring_of(pool, r);
+        if (ferry__load_seqcst32(&ring->senders))
+            ferry__futex_wake_all(&ring->head);
+        if (ferry__load_seqcst32(&pool->mem.header->closing))
+            wake_receivers(pool, r, 1);
+    }
+}
+
+/* ---- the address ---------------------------------------------------------------------- */
+
+ferry_status ferry_pool_address(ferry_pool *pool, char *buf, size_t size)
+{
+    ferry_status st = ferry__pool_check(pool, buf, "address buffer");
+    if (st != FERRY_OK)
+        return st;
+    if (size < FERRY_ADDRESS_SIZE)
+        return ferry__fail(FERRY_INVALID_ARGUMENT,
+                           "address buffer of %zu bytes is too small (FERRY_ADDRESS_SIZE is %d)",
+                           size, FERRY_ADDRESS_SIZE);
+    char hex[33];
+    pthread_mutex_lock(&pool->lock);
+    int closing = pool->closing;
+    pthread_mutex_unlock(&pool->lock);
+    if (closing)
+        return ferry__pool_closing_error(pool);
+    ferry__hex_put(pool->broker_name, sizeof(pool->broker_name), hex);
+    snprintf(buf, size, FERRY_ADDRESS_PREFIX "%s", hex);
+    ferry__clear_error();
+    return FERRY_OK;
+}
+
+ferry_status ferry__channel_describe(void *arg, uint8_t out[FERRY_DESCRIPTOR_SIZE])
+{
+    ferry_pool *pool = arg;
+    ferry_descriptor d;
+    ferry_status st = ferry_pool_describe(pool, &d);
+    if (st == FERRY_OK)
+        st = ferry_descriptor_encode(&d, out);
+    return st;
+}
+
+ferry_status ferry__channel_notify(void *arg, uint32_t rank, pid_t pid, int fd)
+{
+    ferry_pool *pool = arg;
+    pthread_mutex_lock(&pool->lock);
+    /* Only the process holding the rank may be signalled for it. */
+    int holds = pool->ranks[rank].pid == pid && !pool->ranks[rank].dead;
+    pthread_mutex_unlock(&pool->lock);
+    if (!holds) {
+        close(fd);
+        return FERRY_PERMISSION;
+    }
+    pthread_mutex_lock(&pool->notify_lock);
+    int old = pool->notify_fds[rank];
+    pool->notify_fds[rank] = fd;
+    pthread_mutex_unlock(&pool->notify_lock);
+    if (old >= 0)
+        close(old);
+    /* Whatever was queued before the fd arrived is announced too. */
+    ferry__ring *ring = ring_of(pool, rank);
+    if (ferry__load_seqcst32(&ring->tail) != ferry__load_seqcst32(&ring->head))
+        signal_fd(fd);
+    return FERRY_OK;
+}
+
+/* ---- send ------------------------------------------------------------------------------- */
+
+/* The chosen ranks as one byte each (1 = send to it). */
+static ferry_status pick_ranks(ferry_pool *pool, const ferry_ranks *ranks, uint8_t *chosen)
+{
+    if (!ranks) {
+        memset(chosen, 1, pool->consumers);
+        return FERRY_OK;
+    }
+    memset(chosen, 0, pool->consumers);
+    if (ranks->count == 0)
+        return ferry__fail(FERRY_INVALID_ARGUMENT, "send to no rank: ranks.count is 0");
+    for (uint32_t i = 0; i < ranks->count; i++) {
+        uint64_t r = ranks->list ? ranks->list[i] : (uint64_t)ranks->first + i;
+        if (r >= pool->consumers)
+            return ferry__fail(FERRY_INVALID_ARGUMENT,
+                               "send to rank %llu: the pool has ranks 0 to %u",
+                               (unsigned long long)r, pool->consumers - 1);
+        chosen[r] = 1;
+    }
+    return FERRY_OK;
+}
+
+/* Entries queued in rank's ring (the sender's view: its own tail, the receiver's head). */
+static uint32_t queued(ferry__ring *ring)
+{
+    return ferry__load_relaxed32(&ring->tail) - ferry__load_acquire32(&ring->head);
+}
+
+/* A dead rank's process reads nothing any more: its queued entries are dropped (their leases
+ * are acknowledged on its behalf), and the lease being sent is acknowledged for it at once.
+ * The caller holds the pool lock (a successor's claim clears dead under it). */
+static void drop_dead_locked(ferry_pool *pool, uint32_t rank)
+{
+    ferry__ring *ring = ring_of(pool, rank);
+    uint32_t head = ferry__load_acquire32(&ring->head);
+    ferry__cas_acqrel32(&ring->head, &head, ferry__load_relaxed32(&ring->tail));
+}
+
+static ferry_status ring_full(ferry_pool *pool, uint32_t rank, uint32_t need)
+{
+    const ferry__rank *rk = &pool->ranks[rank];
+    const char *state = !rk->pid ? "not connected yet" : rk->dead ? "dead" : "alive";
+    return ferry__fail(FERRY_POOL_FULL,
+                       "%s pool: the descriptor ring of rank %u is full (%u of %u queued, %u "
+                       "more needed): rank %u is behind (pid %d, %s)",
+                       pool->ops->name, rank, queued(ring_of(pool, rank)), pool->channel_depth,
+                       need, rank, (int)rk->pid, state);
+}
+
+/* One look under the pool lock: dead chosen ranks get their rings emptied and are marked in
+ * preack; returns the first chosen live rank without room for need entries, or -1. */
+static int64_t find_full_locked(ferry_pool *pool, const uint8_t *chosen, uint8_t *preack,
+                                uint32_t need)
+{
+    ferry__reap_dead_locked(pool); /* marks dead ranks (when a look at /proc is due) */
+    for (uint32_t r = 0; r < pool->consumers; r++) {
+        if (!chosen[r])
+            continue;
+        if (pool->ranks[r].dead) {
+            drop_dead_locked(pool, r);
+            preack[r] = 1;
+            continue;
+        }
+        preack[r] = 0;
+        if (pool->channel_depth - queued(ring_of(pool, r)) < need)
+            return r;
+    }
+    return -1;
+}
+
+/* Waits until every chosen live rank's ring has room for need entries: POOL_FULL naming the
+ * rank behind at once when timeout_ns is 0, or at the deadline. */
+static ferry_status make_room(ferry_pool *pool, const uint8_t *chosen, uint8_t *preack,
+                              uint32_t need, uint64_t timeout_ns, uint64_t deadline)
+{
+    for (;;) {
+        pthread_mutex_lock(&pool->lock);
+        int closing = pool->closing;
+        int64_t full = closing ? -1 : find_full_locked(pool, chosen, preack, need);
+        ferry_status st = closing ? ferry__pool_closing_error(pool)
+                          : full < 0 ? FERRY_OK
+                                     : ring_full(pool, (uint32_t)full, need);
+        if (full >= 0 && !timeout_ns) {
+            pool->stats.pool_full_events++;
+            if (!pool->warned_full) {
+                pool->warned_full = 1;
+                ferry__log(FERRY_LOG_WARN, "%s (senders get POOL_FULL or wait; warned once)",
+                           ferry_last_error());
+                ring_full(pool, (uint32_t)full, need);
+            }
+        }
+        pthread_mutex_unlock(&pool->lock);
+        uint64_t now = ferry__now_ns();
+        if (full < 0 || now >= deadline)
+            return st;
+        ferry__ring *ring = ring_of(pool, (uint32_t)full);
+        uint32_t head = ferry__load_acquire32(&ring->head);
+        ferry__fetch_add_seqcst32(&ring->senders, 1);
+        if (pool->channel_depth - queued(ring) < need) {
+            uint64_t left = deadline - now;
+            ferry__futex_wait(&ring->head, head,
+                              left < FERRY_SEND_SLICE_NS ? left : FERRY_SEND_SLICE_NS);
+        }
+        ferry__fetch_add_seqcst32(&ring->senders, (uint32_t)-1);
+    }
+}
+
+/* Copies an encoded descriptor into a ring entry, word by word (the receiver may read an
+ * entry it lost to another thread while a later send rewrites it: both sides use atomics). */
+static void entry_store(uint8_t *entry, const uint8_t *bytes)
+{
+    for (size_t i = 0; i < FERRY_DESCRIPTOR_SIZE; i += 8) {
+        uint64_t w;
+        memcpy(&w, bytes + i, 8);
+        ferry__store_relaxed64((uint64_t *)(entry + i), w);
+    }
+}
+
+/* Queues the encoded descriptors for every chosen rank not acknowledged for, then wakes. */
+static void enqueue(ferry_pool *pool, const uint8_t *chosen, const uint8_t *preack,
+                    const uint8_t *encoded, uint32_t count)
+{
+    for (uint32_t r = 0; r < pool->consumers; r++) {
+        if (!chosen[r] || preack[r])
+            continue;
+        ferry__ring *ring = ring_of(pool, r);
+        uint32_t tail = ferry__load_relaxed32(&ring->tail);
+        for (uint32_t i = 0; i < count; i++)
+            entry_store(ferry__ring_entry(ring, pool->channel_depth, tail + i),
+                        encoded + (size_t)i * FERRY_DESCRIPTOR_SIZE);
+        ferry__store_seqcst32(&ring->tail, tail + count);
+        wake_receivers(pool, r, 0);
+    }
+}
+
+static ferry_status send_checked(ferry_pool *pool, const ferry_tensor *tensors,
+                                 const void *const *srcs, uint32_t count, uint8_t *chosen,
+                                 uint8_t *preack, void *stream, uint64_t timeout_ns,
+                                 ferry_descriptor *descs, uint8_t *encoded)
+{
+    uint64_t deadline = ferry__deadline(timeout_ns);
+    ferry_status st = make_room(pool, chosen, preack, count, timeout_ns, deadline);
+    if (st != FERRY_OK)
+        return st;
+    uint64_t dead = 0;
+    for (uint32_t r = 0; r < pool->consumers; r++) {
+        dead += chosen[r] && preack[r];
+        preack[r] = preack[r] || !chosen[r];
+    }
+    uint64_t now = ferry__now_ns();
+    uint64_t left = deadline == UINT64_MAX ? UINT64_MAX : deadline > now ? deadline - now : 0;
+    st = ferry__publish(pool, tensors, srcs, count, stream, left, descs, preack);
+    if (st != FERRY_OK)
+        return st;
+    for (uint32_t i = 0; i < count; i++)
+        ferry_descriptor_encode(&descs[i], encoded + (size_t)i * FERRY_DESCRIPTOR_SIZE);
+    enqueue(pool, chosen, preack, encoded, count);
+    if (dead) {
+        pthread_mutex_lock(&pool->lock);
+        pool->stats.acked_for_dead += dead;
+        pthread_mutex_unlock(&pool->lock);
+    }
+    return FERRY_OK;
+}
+
+#define FERRY_SEND_STACK 4
+
+ferry_status ferry_pool_send(ferry_pool *pool, const ferry_tensor *tensors,
+                             const void *const *srcs, size_t count, const ferry_ranks *ranks,
+                             void *stream, uint64_t timeout_ns, ferry_descriptor *descs)
+{
+    FERRY_CUDA_BOUNDARY;
+    ferry_status st = ferry__pool_check(pool, tensors, "tensors");
+    if (st == FERRY_OK)
+        st = ferry__pool_check(pool, srcs, "sources");
+    if (st == FERRY_OK && count == 0)
+        st = ferry__fail(FERRY_INVALID_ARGUMENT, "send needs at least one tensor");
+    if (st == FERRY_OK && count > pool->channel_depth)
+        st = ferry__fail(FERRY_INVALID_ARGUMENT,
+                         "a send of %zu tensors needs rings of at least %zu entries "
+                         "(channel_depth=%u)",
+                         count, count, pool->channel_depth);
+    if (st != FERRY_OK)
+        return st;
+    ferry_descriptor stack_descs[FERRY_SEND_STACK];
+    uint8_t stack_enc[FERRY_SEND_STACK * FERRY_DESCRIPTOR_SIZE];
+    ferry_descriptor *out = descs ? descs : count <= FERRY_SEND_STACK ? stack_descs : NULL;
+    uint8_t *encoded = count <= FERRY_SEND_STACK ? stack_enc : NULL;
+    uint8_t *chosen = calloc(2, pool->consumers);
+    if (!out)
+        out = malloc(count * sizeof(*out));
+    if (!encoded)
+        encoded = malloc(count * FERRY_DESCRIPTOR_SIZE);
+    if (!out || !encoded || !chosen) {
+        st = ferry__fail(FERRY_NO_MEMORY, "out of memory for a send of %zu tensors", count);
+        goto done;
+    }
+    st = pick_ranks(pool, ranks, chosen);
+    if (st == FERRY_OK)
+        st = ferry__pool_enter(pool); /* close waits for the send to leave the rings */
+    if (st != FERRY_OK)
+        goto done;
+    pthread_mutex_lock(&pool->send_lock);
+    st = send_checked(pool, tensors, srcs, (uint32_t)count, chosen, chosen + pool->consumers,
+                      stream, timeout_ns, out, encoded);
+    pthread_mutex_unlock(&pool->send_lock);
+    ferry__pool_leave(pool);
+    if (st == FERRY_OK)
+        ferry__clear_error();
+done:
+    if (out != descs && out != stack_descs)
+        free(out);
+    if (encoded != stack_enc)
+        free(encoded);
+    free(chosen);
+    return st;
+}
+
+/* ---- drain ------------------------------------------------------------------------------ */
+
+/* Leases published (committed, not cancelled) and still in flight after a reclaim. */
+static uint32_t unsettled_locked(ferry_pool *pool)
+{
+    ferry__reap_dead_locked(pool);
+    ferry__reclaim_locked(pool);
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < pool->inflight_count; i++) {
+        const ferry__slot *s = &pool->slots[pool->inflight[i]];
+        n += s->committed && !s->cancelled;
+    }
+    return n;
+}
+
+ferry_status ferry_pool_drain(ferry_pool *pool, uint64_t timeout_ns)
+{
+    FERRY_CUDA_BOUNDARY;
+    ferry_status st = ferry__pool_check(pool, pool, "pool");
+    if (st == FERRY_OK)
+        st = ferry__pool_enter(pool);
+    if (st != FERRY_OK)
+        return st;
+    ferry__shm_header *h = pool->mem.header;
+    uint64_t deadline = ferry__deadline(timeout_ns);
+    ferry__fetch_add_seqcst32(&h->producer_waiters, 1);
+    for (;;) {
+        uint32_t seq = ferry__load_seqcst32(&h->ack_seq);
+        pthread_mutex_lock(&pool->lock);
+        uint32_t left = pool->closing ? 0 : unsettled_locked(pool);
+        uint64_t now = ferry__now_ns();
+        if (pool->closing)
+            st = ferry__pool_closing_error(pool);
+        else if (left && now >= deadline) {
+            char backlog[256];
+            ferry__describe_backlog_locked(pool, backlog, sizeof(backlog));
+            st = ferry__fail(FERRY_TIMEOUT,
+                             "%s pool did not drain within %.3f ms: %u published leases are "
+                             "not acknowledged; %s",
+                             pool->ops->name, (double)timeout_ns / 1e6, left, backlog);
+        }
+        pthread_mutex_unlock(&pool->lock);
+        if (st != FERRY_OK || !left)
+            break;
+        uint64_t wait = deadline - now, slice = pool->ops->space_poll_ns;
+        ferry__futex_wait(&h->ack_seq, seq, wait < slice ? wait : slice);
+    }
+    ferry__fetch_add_seqcst32(&h->producer_waiters, (uint32_t)-1);
+    ferry__pool_leave(pool);
+    if (st == FERRY_OK)
+        ferry__clear_error();
+    return st;
+}
