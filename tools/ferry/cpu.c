@@ -13,7 +13,6 @@
 #define DEVICE_WORD 256 /* bytes of a consumer's device words */
 #define F_BATCH_END 0x2u
 #define F_WARMUP    0x4u
-enum { MSG_CPU = 8 };
 enum { STAT_READ_NS = 0, STAT_RAW_NS = 1, STAT_DECODE_NS = 2, STAT_CALLS = 3 };
 
 static uint32_t batch_size(bench_run *run, uint64_t size)
@@ -48,11 +47,10 @@ static int hand_over(bench_run *run, const ferry_descriptor *d, uint32_t n, uint
 {
     bench_msg m;
     for (uint32_t j = 0; j < n; j++) {
-        memset(&m, 0, sizeof(m));
-        m.type = MSG_CPU;
-        m.item = j;
-        m.size = size;
-        m.flags = flags | (j + 1 == n ? F_BATCH_END : 0);
+        m = (bench_msg){.type = MSG_ITEM,
+                        .flags = flags | (j + 1 == n ? F_BATCH_END : 0),
+                        .item = j,
+                        .size = size};
         if (ferry_descriptor_encode(&d[j], m.desc) != FERRY_OK)
             return run_fail(run, "encoding a descriptor failed: %s", ferry_last_error());
         if (run_send(run, 1, &m) != 0)
@@ -290,9 +288,7 @@ static int run_batch(bench_worker *w)
 static int cpu_handle(bench_worker *w, const bench_msg *m)
 {
     gpu_worker *g = GW(w);
-    if (m->type == MSG_BEGIN || m->type == MSG_END)
-        return gpu_worker_phase(w, m, NULL);
-    if (m->type != MSG_CPU || !g->consumer)
+    if (m->type != MSG_ITEM)
         return worker_fail(w, "a message the run did not prepare for (type %u)", m->type);
     if (g->nbatch == BATCH)
         return worker_fail(w, "cpu: a batch of more than %d descriptors", BATCH);
@@ -316,6 +312,7 @@ static const gpu_mode_ops cpu_ops = {
     .row = cpu_row,
     .text = cpu_text,
     .json_row = cpu_json_row,
+    .handle = cpu_handle,
 };
 
-const bench_mode cpu_mode = GPU_MODE("cpu", &cpu_ops, gpu_prepare, cpu_worker_init, cpu_handle);
+const bench_mode cpu_mode = GPU_MODE("cpu", &cpu_ops, gpu_prepare, cpu_worker_init);

@@ -57,7 +57,7 @@ static int load(void)
     return 0;
 }
 
-const cu_api *cu_get(char *why, size_t size)
+static const cu_api *cu_get(char *why, size_t size)
 {
     static int state; /* 0: not tried, 1: loaded, -1: failed */
     if (!state)
@@ -79,7 +79,7 @@ const char *cu_error(const char *call, CUresult rc)
     return text;
 }
 
-CUresult cu_use_device(int device)
+static CUresult cu_use_device(int device)
 {
     static CUcontext primary[BENCH_MAX_RANKS];
     CUdevice dev;
@@ -91,7 +91,7 @@ CUresult cu_use_device(int device)
     return rc == CUDA_SUCCESS ? cu->cuCtxSetCurrent(primary[device]) : rc;
 }
 
-int cu_stream_wait(CUstream s, uint64_t timeout_ns, const char *what, char *why, size_t size)
+static int cu_stream_wait(CUstream s, uint64_t timeout_ns, const char *what, char *why, size_t size)
 {
     uint64_t start = cli_now_ns();
     for (unsigned spins = 0;; spins++) {
@@ -111,7 +111,7 @@ int cu_stream_wait(CUstream s, uint64_t timeout_ns, const char *what, char *why,
     }
 }
 
-CUresult cu_register_flags(bench_region *r, CUdeviceptr *dev)
+static CUresult cu_register_flags(bench_region *r, CUdeviceptr *dev)
 {
     CUresult rc = cu->cuMemHostRegister(r->flags, BENCH_FLAG_BYTES,
                                         CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
@@ -128,7 +128,7 @@ static uint64_t pattern_word(uint64_t seed, uint64_t key, uint64_t index)
     return cli_mix64(cli_mix64(seed ^ cli_mix64(key + 0x6b657967707531ull)) + index * GOLDEN);
 }
 
-void pattern_fill(uint8_t *buf, uint64_t off, uint64_t len, uint64_t seed, uint64_t key)
+static void pattern_fill(uint8_t *buf, uint64_t off, uint64_t len, uint64_t seed, uint64_t key)
 {
     for (uint64_t i = 0; i < len;) {
         uint64_t at = off + i, w = pattern_word(seed, key, at / 8), skip = at % 8;
@@ -632,9 +632,24 @@ void gpu_worker_release(bench_worker *w, int clean)
     }
 }
 
-int gpu_worker_phase(bench_worker *w, const bench_msg *m, int (*end)(bench_worker *w))
+int gpu_worker_read(bench_worker *w, const bench_msg *m)
 {
     gpu_worker *g = GW(w);
+    ferry_descriptor d;
+    if (worker_decode(w, m, w->p.max_item, &d) != 0)
+        return -1;
+    if (ferry_consumer_read_async(g->consumer, &d, (void *)(uintptr_t)g->dst, w->p.max_item,
+                                  g->stream) != FERRY_OK)
+        return worker_fail(w, "%s item %llu: ferry_consumer_read_async: %s", w->mode->name,
+                           (unsigned long long)m->item, ferry_last_error());
+    return 0;
+}
+
+/* BEGIN and END, and the consumer in between; the mode's messages. */
+int gpu_worker_handle(bench_worker *w, const bench_msg *m)
+{
+    gpu_worker *g = GW(w);
+    int (*flush)(bench_worker *) = ((const gpu_mode_ops *)w->mode->family_ops)->flush;
     if (m->type == MSG_BEGIN) {
         if (g->consumer)
             return worker_fail(w, "BEGIN inside a phase");
@@ -646,10 +661,15 @@ int gpu_worker_phase(bench_worker *w, const bench_msg *m, int (*end)(bench_worke
                                ferry_last_error());
         return 0;
     }
-    if (gpu_worker_sync(w, "the consumer's stream at the end of a phase") != 0 ||
-        (end && end(w) != 0))
-        return -1;
-    ferry_consumer_destroy(g->consumer);
-    g->consumer = NULL;
-    return 0;
+    if (m->type == MSG_END) {
+        if (gpu_worker_sync(w, "the consumer's stream at the end of a phase") != 0 ||
+            (flush && flush(w) != 0))
+            return -1;
+        ferry_consumer_destroy(g->consumer);
+        g->consumer = NULL;
+        return 0;
+    }
+    if (m->type == MSG_ITEM && (!g->consumer || m->key >= GPU_KEYS || m->size > w->p.max_item))
+        return worker_fail(w, "a message the run did not prepare for (type %u)", m->type);
+    return ((const gpu_mode_ops *)w->mode->family_ops)->handle(w, m);
 }

@@ -58,25 +58,16 @@ typedef struct cu_api {
 #undef CU_SLOT_
 } cu_api;
 
-/* The driver ferry loads (libcuda.so.1 or $FERRY_CUDA_DRIVER), once: NULL with why. */
-const cu_api *cu_get(char *why, size_t size);
 /* "call failed: CUDA_ERROR_X (text, N)", in a thread-local buffer. */
 const char *cu_error(const char *call, CUresult rc);
-/* Makes device's primary context current. */
-CUresult cu_use_device(int device);
-/* Waits at most timeout_ns for the stream (cuStreamQuery polling): 0, or -1 with why. */
-int cu_stream_wait(CUstream s, uint64_t timeout_ns, const char *what, char *why, size_t size);
-/* The flag pages registered with CUDA (current context) and their device address. */
-CUresult cu_register_flags(bench_region *r, CUdeviceptr *dev);
 
 extern const cu_api *cu;
 
 #define GPU_KEYS 4 /* pre-filled source buffers, each with its own pattern */
 
 /* Byte off of pattern key is byte off % 8 of word off / 8 of a splitmix64 stream keyed by
- * (seed, key): any range can be generated or checked on its own. */
-void pattern_fill(uint8_t *buf, uint64_t off, uint64_t len, uint64_t seed, uint64_t key);
-/* -1 when buf matches bytes [off, off + len) of the pattern, else the first offset that differs. */
+ * (seed, key): -1 when buf matches bytes [off, off + len) of it, else the first offset that
+ * differs. */
 int64_t pattern_check(const uint8_t *buf, uint64_t off, uint64_t len, uint64_t seed, uint64_t key,
                       uint8_t *got, uint8_t *want);
 
@@ -130,17 +121,24 @@ enum {
     NEED_QUIET_LIBRARY = 32, /* a full pool is the steady state: no library warnings */
 };
 
-/* The mode's part of a GPU mode (bench_mode.family_ops): what it needs, one row, its report. */
+/* The mode's part of a GPU mode (bench_mode.family_ops): what it needs, the defaults of the
+ * options the user did not give, one row, its report; a consumer's messages other than BEGIN
+ * and END (MSG_ITEM: an item of the pool, checked against the run first) and its drain at the
+ * end of a phase (may be NULL). */
 typedef struct gpu_mode_ops {
     unsigned needs;
-    struct { /* the defaults of the options the user did not give */
+    struct {
         int64_t pool_size, item_size, item_size2, max_inflight, verify_every, iterations, warmup;
         int64_t reclaim_interval_us;
     } defaults;
     int (*row)(bench_run *run, gpu_row *row);
     void (*text)(const bench_run *run);
     void (*json_row)(const bench_run *run, const gpu_row *row);
+    int (*handle)(bench_worker *w, const bench_msg *m);
+    int (*flush)(bench_worker *w);
 } gpu_mode_ops;
+
+enum { MSG_ITEM = 8 }; /* the modes' other messages are 9 and up */
 
 /* The bench_mode slots every GPU mode shares. */
 void gpu_defaults(const bench_mode *mode, bench_opts *o);
@@ -150,6 +148,20 @@ int gpu_measure(bench_run *run);
 void gpu_release(bench_run *run, int failed);
 void gpu_text(const bench_run *run);
 void gpu_json(const bench_run *run);
+int gpu_worker_init(bench_worker *w);
+int gpu_worker_handle(bench_worker *w, const bench_msg *m);
+void gpu_worker_release(bench_worker *w, int clean);
+
+/* A GPU mode's bench_mode: the slots every GPU mode shares, and its own. */
+#define GPU_MODE(mode_name, ops, prepare_fn, init_fn)                                              \
+    {                                                                                              \
+        .name = mode_name, .family = FAMILY_GPU, .progress_by_seq = 1, .family_ops = ops,          \
+        .defaults = gpu_defaults, .check = gpu_check, .prepare = prepare_fn,                       \
+        .measure = gpu_measure, .report_text = gpu_text, .report_json = gpu_json,                  \
+        .release = gpu_release, .worker_init = init_fn, .worker_handle = gpu_worker_handle,        \
+        .worker_release = gpu_worker_release,                                                      \
+    }
+
 uint64_t gpu_take_key(bench_run *run, uint64_t item);
 /* Loops ferry_pool_reclaim until no lease is in flight (or the timeout). */
 int gpu_drain_pool(bench_run *run);
@@ -161,16 +173,6 @@ double gpu_ratio(double a, double b);
 const char *gpu_placement(int placement);
 /* Whether any consumer is on a GPU other than the producer's. */
 int gpu_has_remote(const bench_opts *o);
-
-/* A GPU mode's bench_mode: the slots every GPU mode shares, and its own. */
-#define GPU_MODE(mode_name, ops, prepare_fn, init_fn, handle_fn)                                   \
-    {                                                                                              \
-        .name = mode_name, .family = FAMILY_GPU, .progress_by_seq = 1, .family_ops = ops,          \
-        .defaults = gpu_defaults, .check = gpu_check, .prepare = prepare_fn,                       \
-        .measure = gpu_measure, .report_text = gpu_text, .report_json = gpu_json,                  \
-        .release = gpu_release, .worker_init = init_fn, .worker_handle = handle_fn,                \
-        .worker_release = gpu_worker_release,                                                      \
-    }
 
 typedef struct gpu_pending {
     uint64_t iter, key, size, at; /* at: offset of its samples in the ring */
@@ -199,16 +201,13 @@ typedef struct gpu_worker {
 
 #define GW(w) ((gpu_worker *)(w)->state)
 
-/* Device, stream, the item buffer and what the mode needs (the flag pages, the floor). */
-int gpu_worker_init(bench_worker *w);
-void gpu_worker_release(bench_worker *w, int clean);
-/* BEGIN, END (then end, may be NULL: the mode's drain) and the consumer in between. */
-int gpu_worker_phase(bench_worker *w, const bench_msg *m, int (*end)(bench_worker *w));
 int gpu_worker_cu(bench_worker *w, const char *call, CUresult rc);
 int gpu_worker_sync(bench_worker *w, const char *what);
 /* Copies n bytes at dev to the host and checks them against pattern key. */
 int gpu_worker_check(bench_worker *w, CUdeviceptr dev, uint64_t n, uint64_t key, uint64_t iter,
                      const char *what);
+/* Reads m's item into dst on the consumer's stream. */
+int gpu_worker_read(bench_worker *w, const bench_msg *m);
 /* Opens the producer's floor buffer (peer) through CUDA IPC. */
 int gpu_worker_open_floor(bench_worker *w);
 

@@ -292,12 +292,12 @@ static const uint8_t *stage(bench_run *run, uint64_t item, bench_msg *m, uint32_
 {
     handover *h = run->state;
     uint8_t *buf = h->patterns[item % run->params.ring];
-    memset(m, 0, sizeof(*m));
-    m->type = type;
-    m->phase = type - MSG_FERRY;
-    m->item = item;
-    m->seed = run->params.seed;
-    m->size = type == MSG_RECLAIM ? run->params.reclaim_item : item_size(&run->params, item);
+    *m = (bench_msg){.type = type,
+                     .phase = type - MSG_FERRY,
+                     .item = item,
+                     .seed = run->params.seed,
+                     .size = type == MSG_RECLAIM ? run->params.reclaim_item
+                                                 : item_size(&run->params, item)};
     stamp(buf, m->size, m->seed, item);
     return buf;
 }
@@ -511,9 +511,8 @@ static int handover_measure(bench_run *run)
 
 static double ratio(const handover *h)
 {
-    if (!h->floor.ran || !(h->floor.gbytes_per_s > 0))
-        return NAN;
-    return h->ferry.gbytes_per_s / h->floor.gbytes_per_s;
+    return h->floor.ran && h->floor.gbytes_per_s > 0 ? h->ferry.gbytes_per_s / h->floor.gbytes_per_s
+                                                     : NAN;
 }
 
 static void table_row(const char *name, const phase_result *r)
@@ -584,13 +583,10 @@ static void handover_json(const bench_run *run)
     printf("{\"backend\": \"%s\", \"consumers\": %u, ", ferry_backend_name(h->backend),
            run->consumers);
     json_phase(&h->ferry, h->ferry.errors + h->reclaim_errors);
-    printf(", \"floor\": ");
+    printf(", \"floor\": %s", h->floor.ran ? "{" : "null, ");
     if (h->floor.ran) {
-        printf("{");
         json_phase(&h->floor, h->floor.errors);
         printf("}, ");
-    } else {
-        printf("null, ");
     }
     cli_json_num("ratio_vs_floor", ratio(h), ", ");
     cli_json_num("reclaim_delay_p50_us", h->reclaim_ran ? h->reclaim_p50_us : NAN, ", ");

@@ -287,10 +287,7 @@ int run_send(bench_run *run, uint32_t nranks, bench_msg *msg)
 
 int run_send_type(bench_run *run, uint32_t nranks, uint32_t type)
 {
-    bench_msg m;
-    memset(&m, 0, sizeof(m));
-    m.type = type;
-    m.seed = run->params.seed;
+    bench_msg m = {.type = type, .seed = run->params.seed};
     return run_send(run, nranks, &m);
 }
 

@@ -1,6 +1,7 @@
 /* The options of `ferry bench`: one table for every mode. --backend picks the family (host:
  * the handover; cuda_ipc, cuda_vmm: the GPU modes, --mode), the family says which options
  * apply, the mode fills the defaults and checks its limits. */
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
@@ -91,14 +92,16 @@ void bench_default(int64_t *v, int64_t value)
         *v = value;
 }
 
-static int usage(const char *fmt, const char *a, const char *b)
-    __attribute__((format(printf, 1, 0)));
+static int usage(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
-static int usage(const char *fmt, const char *a, const char *b)
+static int usage(const char *fmt, ...)
 {
+    va_list ap;
+    va_start(ap, fmt);
     fprintf(stderr, "ferry bench: ");
-    fprintf(stderr, fmt, a, b);
+    vfprintf(stderr, fmt, ap);
     fprintf(stderr, "\n");
+    va_end(ap);
     return -1;
 }
 
@@ -141,14 +144,13 @@ static int parse_sizes(const char *text, unsigned family, bench_opts *o)
         if (cli_parse_size("bench", "--item-size", items[i], &v) != 0)
             return -1;
         if (v <= 0)
-            return usage("invalid --item-size '%s': sizes must be positive%s", text, "");
+            return usage("invalid --item-size '%s': sizes must be positive", text);
         o->sizes[i] = (uint64_t)v;
     }
     if (family == FAMILY_HOST && o->nsizes == 1)
         o->sizes[o->nsizes++] = o->sizes[0];
     if (o->sizes[0] > o->sizes[1] && family == FAMILY_HOST)
-        return usage("invalid --item-size '%s': the range's low end exceeds its high end%s", text,
-                     "");
+        return usage("invalid --item-size '%s': the range's low end exceeds its high end", text);
     return 0;
 }
 
@@ -173,7 +175,7 @@ static int parse_control(const char *text, bench_opts *o)
             o->nplacements = i == 2 ? 2 : 1;
             return 0;
         }
-    return usage("invalid --control '%s': expected host, device or both%s", text, "");
+    return usage("invalid --control '%s': expected host, device or both", text);
 }
 
 static int store(const spec *s, const char *value, unsigned family, bench_opts *o)
@@ -216,22 +218,19 @@ static int parse_one(int argc, char **argv, int *i, unsigned family, bench_opts 
     size_t len = eq ? (size_t)(eq - arg) : strlen(arg);
     const spec *s = find(arg, len);
     if (!s)
-        return usage("unknown option '%s'%s", arg, "");
+        return usage("unknown option '%s'", arg);
     if (!(s->families & family))
-        return fprintf(stderr,
-                       "ferry bench: %s does not apply to --backend %s (it is an option of "
-                       "--backend %s)\n",
-                       s->name, o->backend_name,
-                       s->families == FAMILY_HOST ? "host" : "cuda_ipc and cuda_vmm"),
-               -1;
+        return usage("%s does not apply to --backend %s (it is an option of --backend %s)", s->name,
+                     o->backend_name,
+                     s->families == FAMILY_HOST ? "host" : "cuda_ipc and cuda_vmm");
     if (s->kind == K_FLAG) {
         if (eq)
-            return usage("%s takes no value%s", s->name, "");
+            return usage("%s takes no value", s->name);
         *(int *)((char *)o + s->offset) = 1;
         return 0;
     }
     if (!eq && *i + 1 >= argc)
-        return usage("%s needs a value%s", s->name, "");
+        return usage("%s needs a value", s->name);
     return store(s, eq ? eq + 1 : argv[++*i], family, o);
 }
 
@@ -257,7 +256,7 @@ static int pick_mode(bench_opts *o, unsigned family, const bench_mode *const *mo
             *mode = modes[i];
             return 0;
         }
-    return usage("invalid --mode '%s': expected rtt, stream or cpu%s", want, "");
+    return usage("invalid --mode '%s': expected rtt, stream or cpu", want);
 }
 
 /* The options every mode hands to the library, named as the user typed them. */
@@ -272,23 +271,18 @@ static int check_common(const bench_opts *o)
         {"--timeout-ms", o->timeout_ms},     {"--items", o->items}};
     for (size_t i = 0; i < sizeof(positive) / sizeof(positive[0]); i++)
         if (positive[i].v <= 0)
-            return usage("%s must be positive%s", positive[i].name, "");
-    if (o->consumers > BENCH_MAX_RANKS)
-        return fprintf(stderr, "ferry bench: --consumers must be at most %d\n", BENCH_MAX_RANKS),
-               -1;
-    return 0;
+            return usage("%s must be positive", positive[i].name);
+    return o->consumers > BENCH_MAX_RANKS ? usage("--consumers must be at most %d", BENCH_MAX_RANKS)
+                                          : 0;
 }
 
+/* Every number option unset (the mode's defaults fill them), the rest at its default. */
 static void init(bench_opts *o)
 {
     memset(o, 0, sizeof(*o));
-    int64_t *unset[] = {&o->consumers,    &o->items,           &o->iterations,
-                        &o->warmup,       &o->rounds,          &o->verify_every,
-                        &o->floor_copies, &o->producer_device, &o->consumer_device,
-                        &o->pool_size,    &o->max_inflight,    &o->reclaim_interval_us,
-                        &o->timeout_ms,   &o->reclaim_rounds};
-    for (size_t i = 0; i < sizeof(unset) / sizeof(unset[0]); i++)
-        *unset[i] = BENCH_UNSET;
+    for (size_t i = 0; i < NSPECS; i++)
+        if (specs[i].kind == K_INT || specs[i].kind == K_SIZE)
+            *(int64_t *)((char *)o + specs[i].offset) = BENCH_UNSET;
     o->seed = 1;
     o->placements[0] = FERRY_CONTROL_HOST;
     o->nplacements = 1;

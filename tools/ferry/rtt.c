@@ -11,7 +11,7 @@
 #define LOOK_PERIOD_NS 1000000ull /* checks while spinning: workers, timeout, background */
 #define WORD_READY     0          /* the flag word the producer's stream writes */
 #define WORD_ACK(rank) (128u + 16u * (uint32_t)(rank))
-enum { MSG_FERRY = 8, MSG_FLOOR = 9 };
+enum { MSG_FLOOR = 9 };
 
 /* One iteration: *ns its round trip (0: not counted), *check the message the consumers
  * verify before the next iteration (0: none). */
@@ -24,32 +24,38 @@ typedef struct side {
     uint64_t busy_ns; /* time in the timed iterations, verification pauses not counted */
 } side;
 
-static void fill_msg(bench_msg *m, uint32_t type, uint64_t iter, uint64_t key, uint64_t size,
-                     const bench_run *run)
+/* Whether every rank's ack word reached value. */
+static int acked(bench_run *run, uint32_t value)
 {
-    memset(m, 0, sizeof(*m));
-    m->type = type;
-    m->item = iter;
-    m->key = key;
-    m->size = size;
-    m->flags = iter % (uint64_t)run->opt->verify_every == 0 ? MSG_F_VERIFY : 0;
+    for (uint32_t r = 0; r < run->consumers; r++)
+        if ((int32_t)(__atomic_load_n(&run->region.flags[WORD_ACK(r)], __ATOMIC_ACQUIRE) - value) <
+            0)
+            return 0;
+    return 1;
 }
 
-/* Spins until done(run, arg) or the timeout; every LOOK_PERIOD_NS, look() (may be NULL) may
- * end it. */
-static int spin(bench_run *run, int (*done)(bench_run *, uint64_t), uint64_t arg,
-                int (*look)(bench_run *, uint64_t), const char *what, uint64_t iter)
+/* Spins until the consumers acknowledged: ferry (taken != NULL): a reclaim found the lease
+ * acknowledged, or the background reclaimer took it first (*taken: the iteration is not
+ * counted); the floor: every ack word reached value. */
+static int spin(bench_run *run, uint32_t value, int *taken, const char *what, uint64_t iter)
 {
-    uint64_t start = cli_now_ns(), next_look = start + LOOK_PERIOD_NS;
-    int rc;
-    while ((rc = done(run, arg)) == 0) {
+    ferry_pool *pool = GPU(run)->pool;
+    uint64_t start = cli_now_ns(), next_look = start + LOOK_PERIOD_NS, n = 0;
+    ferry_pool_stats s;
+    for (;;) {
+        if (taken && ferry_pool_reclaim(pool, &n) != FERRY_OK)
+            return run_fail(run, "ferry_pool_reclaim failed: %s", ferry_last_error());
+        if (taken ? n != 0 : acked(run, value))
+            return 0;
         sched_yield();
         uint64_t now = cli_now_ns();
         if (now < next_look)
             continue;
         next_look = now + LOOK_PERIOD_NS;
-        if (look && (rc = look(run, arg)) != 0)
-            return rc < 0 ? -1 : 0;
+        if (taken && run_pool_stats(pool, &s) != FERRY_OK)
+            return run_fail(run, "reading the pool's statistics failed: %s", ferry_last_error());
+        if (taken && s.leases_in_flight == 0)
+            return *taken = 1, 0;
         if (run_check(run) != 0)
             return -1;
         if (now - start >= run->params.timeout_ns)
@@ -57,73 +63,43 @@ static int spin(bench_run *run, int (*done)(bench_run *, uint64_t), uint64_t arg
                             (unsigned long long)iter,
                             (unsigned long long)(run->params.timeout_ns / 1000000));
     }
-    return rc < 0 ? -1 : 0;
 }
 
-static int reclaimed(bench_run *run, uint64_t taken)
+static bench_msg message(bench_run *run, uint32_t type, uint64_t iter, uint64_t size)
 {
-    uint64_t n = 0;
-    (void)taken;
-    if (ferry_pool_reclaim(GPU(run)->pool, &n) != FERRY_OK)
-        return run_fail(run, "ferry_pool_reclaim failed: %s", ferry_last_error());
-    return n ? 1 : 0;
-}
-
-/* Should the background reclaimer take the lease first, the iteration is not counted. */
-static int background(bench_run *run, uint64_t taken)
-{
-    ferry_pool_stats s;
-    if (run_pool_stats(GPU(run)->pool, &s) != FERRY_OK)
-        return run_fail(run, "reading the pool's statistics failed: %s", ferry_last_error());
-    if (s.leases_in_flight == 0)
-        *(int *)(uintptr_t)taken = 1;
-    return s.leases_in_flight == 0;
+    uint32_t flags = iter % (uint64_t)run->opt->verify_every == 0 ? MSG_F_VERIFY : 0;
+    return (bench_msg){
+        .type = type, .flags = flags, .item = iter, .key = gpu_take_key(run, iter), .size = size};
 }
 
 static int ferry_once(bench_run *run, uint64_t size, uint64_t iter, uint64_t *ns, uint64_t *check)
 {
-    bench_msg m;
+    bench_msg m = message(run, MSG_ITEM, iter, size);
     int taken = 0;
-    uint64_t key = gpu_take_key(run, iter);
-    fill_msg(&m, MSG_FERRY, iter, key, size, run);
     uint64_t t0 = cli_now_ns();
-    if (gpu_publish(run, key, size, &m, "rtt iteration") != 0 ||
-        run_send(run, run->consumers, &m) != 0 ||
-        spin(run, reclaimed, (uint64_t)(uintptr_t)&taken, background, "iteration", iter) != 0)
+    if (gpu_publish(run, m.key, size, &m, "rtt iteration") != 0 ||
+        run_send(run, run->consumers, &m) != 0 || spin(run, 0, &taken, "iteration", iter) != 0)
         return -1;
     *ns = taken ? 0 : cli_now_ns() - t0;
     *check = m.flags & MSG_F_VERIFY ? m.seq : 0;
     return 0;
 }
 
-/* Whether every rank's ack word reached value. */
-static int acked(bench_run *run, uint64_t value)
-{
-    for (uint32_t r = 0; r < run->consumers; r++) {
-        uint32_t *ack = &run->region.flags[WORD_ACK(r)];
-        if ((int32_t)(__atomic_load_n(ack, __ATOMIC_ACQUIRE) - (uint32_t)value) < 0)
-            return 0;
-    }
-    return 1;
-}
-
 static int floor_once(bench_run *run, uint64_t size, uint64_t iter, uint64_t *ns, uint64_t *check)
 {
     gpu_run *g = GPU(run);
-    bench_msg m;
+    bench_msg m = message(run, MSG_FLOOR, iter, size);
     CUresult rc;
-    uint64_t key = gpu_take_key(run, iter);
-    fill_msg(&m, MSG_FLOOR, iter, key, size, run);
     /* run_send numbers the message run->seq + 1: that is the value of the words. */
     uint32_t value = (uint32_t)(run->seq + 1);
     uint64_t t0 = cli_now_ns();
-    if ((rc = cu->cuMemcpyAsync(g->aux, g->src[key], size, g->stream)) != CUDA_SUCCESS)
+    if ((rc = cu->cuMemcpyAsync(g->aux, g->src[m.key], size, g->stream)) != CUDA_SUCCESS)
         return gpu_cu_fail(run, "rtt floor", "cuMemcpyAsync", rc);
     if ((rc = cu->cuStreamWriteValue32(g->stream, g->flags_dev + WORD_READY * 4, value, 0)) !=
         CUDA_SUCCESS)
         return gpu_cu_fail(run, "rtt floor", "cuStreamWriteValue32", rc);
     if (run_send(run, run->consumers, &m) != 0 ||
-        spin(run, acked, value, NULL, "floor iteration", iter) != 0)
+        spin(run, value, NULL, "floor iteration", iter) != 0)
         return -1;
     *ns = cli_now_ns() - t0;
     *check = m.flags & MSG_F_VERIFY ? m.seq : 0;
@@ -248,38 +224,27 @@ static void rtt_json_row(const bench_run *run, const gpu_row *r)
 static int rtt_handle(bench_worker *w, const bench_msg *m)
 {
     gpu_worker *g = GW(w);
-    ferry_descriptor d;
-    if (m->type == MSG_BEGIN || m->type == MSG_END)
-        return gpu_worker_phase(w, m, NULL);
-    if (m->size > w->p.max_item || m->key >= GPU_KEYS ||
-        (m->type != MSG_FERRY && m->type != MSG_FLOOR))
+    uint32_t value = (uint32_t)m->seq;
+    if (m->type == MSG_ITEM) {
+        if (gpu_worker_read(w, m) != 0)
+            return -1;
+    } else if (m->type != MSG_FLOOR || m->size > w->p.max_item || m->key >= GPU_KEYS) {
         return worker_fail(w, "a message the run did not prepare for (type %u)", m->type);
-    if (m->type == MSG_FERRY) {
-        if (!g->consumer)
-            return worker_fail(w, "a descriptor outside a phase");
-        if (worker_decode(w, m, w->p.max_item, &d) != 0)
-            return -1;
-        if (ferry_consumer_read_async(g->consumer, &d, (void *)(uintptr_t)g->dst, w->p.max_item,
-                                      g->stream) != FERRY_OK)
-            return worker_fail(w, "rtt item %llu: ferry_consumer_read_async: %s",
-                               (unsigned long long)m->item, ferry_last_error());
-    } else {
-        uint32_t value = (uint32_t)m->seq;
-        if (!g->peer)
-            return worker_fail(w, "a floor message the run did not prepare for");
-        if (gpu_worker_cu(w, "cuStreamWaitValue32",
-                          cu->cuStreamWaitValue32(g->stream, g->flags_dev + WORD_READY * 4, value,
-                                                  CU_STREAM_WAIT_VALUE_GEQ)) ||
-            gpu_worker_cu(w, "cuMemcpyAsync",
-                          cu->cuMemcpyAsync(g->dst, g->peer, m->size, g->stream)) ||
-            gpu_worker_cu(w, "cuStreamWriteValue32",
-                          cu->cuStreamWriteValue32(g->stream, g->flags_dev + WORD_ACK(w->rank) * 4,
-                                                   value, 0)))
-            return -1;
+    } else if (!g->peer) {
+        return worker_fail(w, "a floor message the run did not prepare for");
+    } else if (gpu_worker_cu(w, "cuStreamWaitValue32",
+                             cu->cuStreamWaitValue32(g->stream, g->flags_dev + WORD_READY * 4,
+                                                     value, CU_STREAM_WAIT_VALUE_GEQ)) ||
+               gpu_worker_cu(w, "cuMemcpyAsync",
+                             cu->cuMemcpyAsync(g->dst, g->peer, m->size, g->stream)) ||
+               gpu_worker_cu(w, "cuStreamWriteValue32",
+                             cu->cuStreamWriteValue32(
+                                 g->stream, g->flags_dev + WORD_ACK(w->rank) * 4, value, 0))) {
+        return -1;
     }
     if (m->flags & MSG_F_VERIFY)
         return gpu_worker_check(w, g->dst, m->size, m->key, m->item,
-                                m->type == MSG_FERRY ? "rtt" : "rtt floor");
+                                m->type == MSG_ITEM ? "rtt" : "rtt floor");
     return 0;
 }
 
@@ -297,6 +262,7 @@ static const gpu_mode_ops rtt_ops = {
     .row = rtt_row,
     .text = rtt_text,
     .json_row = rtt_json_row,
+    .handle = rtt_handle,
 };
 
-const bench_mode rtt_mode = GPU_MODE("rtt", &rtt_ops, gpu_prepare, gpu_worker_init, rtt_handle);
+const bench_mode rtt_mode = GPU_MODE("rtt", &rtt_ops, gpu_prepare, gpu_worker_init);

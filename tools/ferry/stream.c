@@ -16,7 +16,7 @@
 #define WHOLE_MAX    (1ull << 20)
 #define MAX_SPANS    258
 #define RING_MAX     (64ull << 20) /* device (and host) bytes of the sample ring */
-enum { MSG_STREAM = 8, MSG_PEER = 9 };
+enum { MSG_PEER = 9 };
 enum { STAT_PEER_NS = 0, STAT_PEER_COPIES = 1 };
 
 typedef struct span {
@@ -103,14 +103,12 @@ static int times_peer_floor(const bench_opts *o, uint32_t rank)
 static int peer_floors(bench_run *run, gpu_row *row)
 {
     for (uint32_t r = 0; r < run->consumers; r++) {
-        bench_msg m;
+        bench_msg m = {.type = MSG_PEER,
+                       .key = r,
+                       .item = floor_copies(run->opt, row->size),
+                       .size = row->size};
         if (!times_peer_floor(run->opt, r))
             continue;
-        memset(&m, 0, sizeof(m));
-        m.type = MSG_PEER;
-        m.key = r;
-        m.item = floor_copies(run->opt, row->size);
-        m.size = row->size;
         if (run_send(run, run->consumers, &m) != 0 ||
             run_wait(run, 0, run->consumers, m.seq, NULL) != 0)
             return -1;
@@ -129,13 +127,11 @@ static int peer_floors(bench_run *run, gpu_row *row)
 static int publish_range(bench_run *run, uint64_t size, uint64_t first, uint64_t n)
 {
     for (uint64_t i = first; i < first + n; i++) {
-        bench_msg m;
-        memset(&m, 0, sizeof(m));
-        m.type = MSG_STREAM;
-        m.item = i;
-        m.key = gpu_take_key(run, i);
-        m.size = size;
-        m.flags = i % (uint64_t)run->opt->verify_every == 0 ? MSG_F_VERIFY : 0;
+        bench_msg m = {.type = MSG_ITEM,
+                       .flags = i % (uint64_t)run->opt->verify_every == 0 ? MSG_F_VERIFY : 0,
+                       .item = i,
+                       .key = gpu_take_key(run, i),
+                       .size = size};
         if (gpu_publish(run, m.key, size, &m, "stream item") != 0 ||
             run_send(run, run->consumers, &m) != 0 || run_check_often(run) != 0)
             return -1;
@@ -360,20 +356,12 @@ static int on_peer(bench_worker *w, const bench_msg *m)
 
 static int stream_handle(bench_worker *w, const bench_msg *m)
 {
-    gpu_worker *g = GW(w);
-    ferry_descriptor d;
-    if (m->type == MSG_BEGIN || m->type == MSG_END)
-        return gpu_worker_phase(w, m, flush);
     if (m->type == MSG_PEER)
         return on_peer(w, m);
-    if (m->type != MSG_STREAM || !g->consumer || m->key >= GPU_KEYS)
+    if (m->type != MSG_ITEM)
         return worker_fail(w, "a message the run did not prepare for (type %u)", m->type);
-    if (worker_decode(w, m, w->p.max_item, &d) != 0)
+    if (gpu_worker_read(w, m) != 0)
         return -1;
-    if (ferry_consumer_read_async(g->consumer, &d, (void *)(uintptr_t)g->dst, w->p.max_item,
-                                  g->stream) != FERRY_OK)
-        return worker_fail(w, "stream item %llu: ferry_consumer_read_async: %s",
-                           (unsigned long long)m->item, ferry_last_error());
     return m->flags & MSG_F_VERIFY ? keep_samples(w, m) : 0;
 }
 
@@ -389,7 +377,8 @@ static const gpu_mode_ops stream_ops = {
     .row = stream_row,
     .text = stream_text,
     .json_row = stream_json_row,
+    .handle = stream_handle,
+    .flush = flush,
 };
 
-const bench_mode stream_mode =
-    GPU_MODE("stream", &stream_ops, stream_prepare, stream_worker_init, stream_handle);
+const bench_mode stream_mode = GPU_MODE("stream", &stream_ops, stream_prepare, stream_worker_init);

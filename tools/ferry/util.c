@@ -10,7 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cli.h"
+#include "bench.h"
 
 static const struct {
     const char *name;
