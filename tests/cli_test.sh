@@ -54,5 +54,19 @@ for want in '"backend": "host"' '"verified_items": 200,' '"errors": 0' '"floor":
     fi
 done
 
+# --mode channel: send/recv, the floor and the socket hand-over, every item verified.
+expect_fail "invalid --mode 'rtt': expected handover or channel" bench --mode rtt
+expect_fail "--mode channel takes one --item-size" bench --mode channel --item-size 1KiB-4KiB
+json=$("$ferry" bench --mode channel --consumers 2 --items 300 --item-size 1KiB --rounds 3 \
+    --json 2>/dev/null)
+rc=$?
+for want in '"mode": "channel"' '"channel": {"mean_us": ' '"floor": {' '"socket": {' \
+    '"ratio_vs_floor": ' '"ratio_vs_socket": ' '"verified": 1980,' '"errors": 0}'; do
+    if [ $rc -ne 0 ] || [[ "$json" != *"$want"* ]]; then
+        echo "FAIL: bench --mode channel --json (rc=$rc) lacks $want: $json"
+        fails=$((fails + 1))
+    fi
+done
+
 [ $fails -eq 0 ] && echo "cli tests passed"
 exit $((fails > 0))

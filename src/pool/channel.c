@@ -195,12 +195,12 @@ static ferry_status ring_full(ferry_pool *pool, uint32_t rank, uint32_t need)
                        need, rank, (int)rk->pid, state);
 }
 
-/* One look under the pool lock: dead chosen ranks get their rings emptied and are marked in
- * preack; returns the first chosen live rank without room for need entries, or -1. */
-static int64_t find_full_locked(ferry_pool *pool, const uint8_t *chosen, uint8_t *preack,
-                                uint32_t need)
+/* One look under the pool lock: dead chosen ranks (as last found) get their rings emptied
+ * and are marked in preack; returns the first chosen live rank without room for need
+ * entries, or -1. */
+static int64_t look_locked(ferry_pool *pool, const uint8_t *chosen, uint8_t *preack,
+                           uint32_t need)
 {
-    ferry__reap_dead_locked(pool); /* marks dead ranks (when a look at /proc is due) */
     for (uint32_t r = 0; r < pool->consumers; r++) {
         if (!chosen[r])
             continue;
@@ -214,6 +214,18 @@ static int64_t find_full_locked(ferry_pool *pool, const uint8_t *chosen, uint8_t
             return r;
     }
     return -1;
+}
+
+/* As look_locked; a rank without room may have died since the reclaimer last looked: the
+ * processes are looked at (when a look at /proc is due) before it counts as behind. */
+static int64_t find_full_locked(ferry_pool *pool, const uint8_t *chosen, uint8_t *preack,
+                                uint32_t need)
+{
+    int64_t full = look_locked(pool, chosen, preack, need);
+    if (full < 0)
+        return full;
+    ferry__reap_dead_locked(pool);
+    return look_locked(pool, chosen, preack, need);
 }
 
 /* Waits until every chosen live rank's ring has room for need entries: POOL_FULL naming the

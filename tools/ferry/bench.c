@@ -8,7 +8,8 @@
 
 #include "bench.h"
 
-static const bench_mode *const modes[] = {&handover_mode, &rtt_mode, &stream_mode, &cpu_mode};
+static const bench_mode *const modes[] = {&handover_mode, &channel_mode, &rtt_mode, &stream_mode,
+                                          &cpu_mode};
 #define NMODES (sizeof(modes) / sizeof(modes[0]))
 
 static uint32_t mode_index(const bench_mode *mode)

@@ -1,6 +1,6 @@
 /* The ferry command-line tool, a client of ferry.h alone: its helpers (util.c) and `ferry
- * bench`: one harness (harness.c) for every mode, a bench_mode ops table: handover (host),
- * rtt, stream, cpu. The producer re-executes itself once per consumer rank and shares a
+ * bench`: one harness (harness.c) for every mode, a bench_mode ops table: handover and
+ * channel (host), rtt, stream, cpu. The producer re-executes itself once per consumer rank and shares a
  * channel and a results region with each (docs/cli.md). */
 #ifndef FERRY_TOOL_BENCH_H
 #define FERRY_TOOL_BENCH_H
@@ -85,6 +85,7 @@ typedef struct bench_params {
     int32_t devices[BENCH_MAX_RANKS];
     uint32_t has_floor;
     uint8_t floor_handle[64];
+    char address[FERRY_ADDRESS_SIZE]; /* channel: the pool's */
     uint32_t producer_waiting __attribute__((aligned(64))); /* the producer sleeps on progress */
 } bench_params;
 
@@ -221,7 +222,7 @@ struct bench_mode {
     void (*worker_release)(bench_worker *w, int clean);
 };
 
-extern const bench_mode handover_mode, rtt_mode, stream_mode, cpu_mode;
+extern const bench_mode handover_mode, channel_mode, rtt_mode, stream_mode, cpu_mode;
 
 /* options.c */
 int bench_parse_options(int argc, char **argv, const bench_mode *const *modes, size_t nmodes,

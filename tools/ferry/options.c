@@ -27,12 +27,15 @@ typedef struct spec {
 static const spec specs[] = {
     O("--backend", "NAME", K_STR, backend_name, BOTH,
       "host (default): the handover; cuda_ipc, cuda_vmm: the GPU modes"),
-    O("--mode", "MODE", K_STR, mode_name, FAMILY_GPU,
-      "rtt (default): round trip; stream: throughput; cpu: CPU cost per call"),
+    O("--mode", "MODE", K_STR, mode_name, BOTH,
+      "host: handover (default), channel: send/recv round trip; GPU: rtt (default): round "
+      "trip, stream: throughput, cpu: CPU cost per call"),
     O("--consumers", "N", K_INT, consumers, BOTH,
       "consumer processes (host 4; GPU 1 or one per "
       "--consumer-devices entry)"),
-    O("--items", "N", K_INT, items, BOTH, "items handed over (host 2000; stream 200)"),
+    O("--items", "N", K_INT, items, BOTH,
+      "items handed over (host 2000; channel: timed round trips of each kind, 2000, after a "
+      "tenth as many untimed; stream 200)"),
     O("--item-size", "SIZE", K_SIZES, sizes, BOTH,
       "host: SIZE or LO-HI, log-uniform (256KiB-4MiB); GPU: SIZE[,SIZE...] (rtt 4KiB,1MiB; "
       "stream 64MiB; cpu 4KiB)"),
@@ -250,13 +253,14 @@ static const char *prescan(int argc, char **argv, const char *name, const char *
 static int pick_mode(bench_opts *o, unsigned family, const bench_mode *const *modes, size_t nmodes,
                      const bench_mode **mode)
 {
-    const char *want = family == FAMILY_HOST ? "handover" : o->mode_name ? o->mode_name : "rtt";
+    const char *want = o->mode_name ? o->mode_name : family == FAMILY_HOST ? "handover" : "rtt";
     for (size_t i = 0; i < nmodes; i++)
         if (modes[i]->family == family && strcmp(modes[i]->name, want) == 0) {
             *mode = modes[i];
             return 0;
         }
-    return usage("invalid --mode '%s': expected rtt, stream or cpu", want);
+    return usage("invalid --mode '%s': expected %s", want,
+                 family == FAMILY_HOST ? "handover or channel" : "rtt, stream or cpu");
 }
 
 /* The options every mode hands to the library, named as the user typed them. */
