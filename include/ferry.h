@@ -661,8 +661,8 @@ FERRY_API ferry_status ferry_gpu_alloc(int32_t device, uint64_t size, void **ptr
 FERRY_API void ferry_gpu_free(int32_t device, void *ptr);
 
 /* Enqueues a copy of n bytes between device or host memory on stream. */
-FERRY_API ferry_status ferry_gpu_copy_async(int32_t device, void *dst, const void *src,
-                                            uint64_t n, void *stream);
+FERRY_API ferry_status ferry_gpu_copy_async(int32_t device, void *dst, const void *src, uint64_t n,
+                                            void *stream);
 
 /* Waits until stream has run everything enqueued so far. */
 FERRY_API ferry_status ferry_gpu_stream_synchronize(int32_t device, void *stream);

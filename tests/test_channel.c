@@ -24,7 +24,7 @@
 #include "helpers.h"
 #include "procs.h"
 
-#define MS (1000000ull)
+#define MS       (1000000ull)
 #define END_SEED 0xe4du /* the last item a receiver helper reads */
 
 static ferry_pool *make_pool(int64_t consumers, int64_t depth)
@@ -48,8 +48,7 @@ static void address_of(ferry_pool *pool, char addr[FERRY_ADDRESS_SIZE])
 
 /* Sends one stamped item of n bytes to ranks (NULL: all). */
 static ferry_status send_stamped(ferry_pool *pool, size_t n, uint64_t seed,
-                                 const ferry_ranks *ranks, uint64_t timeout_ns,
-                                 ferry_descriptor *d)
+                                 const ferry_ranks *ranks, uint64_t timeout_ns, ferry_descriptor *d)
 {
     uint8_t *buf = malloc(n);
     th_stamp(buf, n, seed);
@@ -562,9 +561,13 @@ static void test_bad_input(void **state)
 {
     (void)state;
     ferry_consumer *c = NULL;
-    const char *bad[] = {"", "ferry:", "ferry:0123", "ferry:0123456789abcdef0123456789abcdeg",
-                         "ferry:0123456789abcdef0123456789abcdef0", "pool:0123456789abcdef01234567"
-                                                                    "89abcdef"};
+    const char *bad[] = {"",
+                         "ferry:",
+                         "ferry:0123",
+                         "ferry:0123456789abcdef0123456789abcdeg",
+                         "ferry:0123456789abcdef0123456789abcdef0",
+                         "pool:0123456789abcdef01234567"
+                         "89abcdef"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         assert_int_equal(ferry_consumer_connect(bad[i], 0, -1, &c), FERRY_INVALID_ARGUMENT);
         assert_non_null(strstr(ferry_last_error(), "is not a ferry address"));

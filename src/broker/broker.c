@@ -1075,8 +1075,7 @@ static ferry_status check_reply(const broker_call *c, const struct msghdr *msg, 
                            c->label);
     /* Only a DESCRIBE granted carries the descriptor after the reply. */
     int described = c->type == BROKER_TYPE_DESCRIBE && n >= 8 && get_le16(buf + 6) == FERRY_OK;
-    if ((msg->msg_flags & MSG_TRUNC) ||
-        n != (described ? BROKER_DESCRIBE_SIZE : BROKER_REPLY_SIZE))
+    if ((msg->msg_flags & MSG_TRUNC) || n != (described ? BROKER_DESCRIBE_SIZE : BROKER_REPLY_SIZE))
         return malformed_reply(c, "wrong length");
     ferry_status status = check_fields(c, buf, nfds, size);
     if (status == FERRY_OK && described)
@@ -1150,8 +1149,8 @@ ferry_status ferry__broker_request(const uint8_t name[16], const uint8_t pool_id
                                    const char *label, uint64_t timeout_ns, int *fd, uint64_t *size,
                                    pid_t *producer_pid)
 {
-    broker_call call = {-1,         label, BROKER_TYPE_OPEN, rank, ferry__deadline(timeout_ns),
-                        timeout_ns, -1,    NULL,             {0}};
+    broker_call call = {
+        -1, label, BROKER_TYPE_OPEN, rank, ferry__deadline(timeout_ns), timeout_ns, -1, NULL, {0}};
     int got_fd = -1;
     uint64_t got_size = 0;
     pid_t got_pid = 0;
@@ -1170,8 +1169,15 @@ ferry_status ferry__broker_request(const uint8_t name[16], const uint8_t pool_id
 ferry_status ferry__broker_describe(const uint8_t name[16], const char *label, uint64_t timeout_ns,
                                     uint8_t desc[FERRY_DESCRIPTOR_SIZE], pid_t *producer_pid)
 {
-    broker_call call = {-1,         label, BROKER_TYPE_DESCRIBE, FERRY__RANK_NONE,
-                        ferry__deadline(timeout_ns), timeout_ns, -1, desc, {0}};
+    broker_call call = {-1,
+                        label,
+                        BROKER_TYPE_DESCRIBE,
+                        FERRY__RANK_NONE,
+                        ferry__deadline(timeout_ns),
+                        timeout_ns,
+                        -1,
+                        desc,
+                        {0}};
     int fd = -1;
     uint64_t size = 0;
     return call_run(&call, name, NULL, &fd, &size, producer_pid);
@@ -1180,8 +1186,9 @@ ferry_status ferry__broker_describe(const uint8_t name[16], const char *label, u
 ferry_status ferry__broker_notify(const uint8_t name[16], const uint8_t pool_id[16], uint32_t rank,
                                   const char *label, uint64_t timeout_ns, int event_fd)
 {
-    broker_call call = {-1,         label,    BROKER_TYPE_NOTIFY, rank, ferry__deadline(timeout_ns),
-                        timeout_ns, event_fd, NULL,               {0}};
+    broker_call call = {
+        -1,   label, BROKER_TYPE_NOTIFY, rank, ferry__deadline(timeout_ns), timeout_ns, event_fd,
+        NULL, {0}};
     int fd = -1;
     uint64_t size = 0;
     pid_t pid = 0;

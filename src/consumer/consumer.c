@@ -23,7 +23,8 @@
 
 /* (How long each sleep of a waiting consumer lasts and whether it yields first is the
  * transport's: GPU streams write ready words without waking anybody, and usually within
- * microseconds.) The least time a call with a shorter timeout (0 included) gives the broker on first use. */
+ * microseconds.) The least time a call with a shorter timeout (0 included) gives the broker on
+ * first use. */
 #define FERRY_OPEN_MIN_NS 100000000ull
 
 ferry_status ferry_consumer_create_on(uint32_t rank, int32_t device, ferry_consumer **out)
@@ -152,8 +153,8 @@ ferry_status ferry_consumer_open(ferry_consumer *c, const ferry_descriptor *d)
 {
     FERRY_CUDA_BOUNDARY;
     ferry__mapped_pool *p;
-    ferry_status st = pool_lookup(c, d, c ? c->rank : 0, ferry__deadline(FERRY_OPEN_TIMEOUT_NS),
-                                  1, &p);
+    ferry_status st =
+        pool_lookup(c, d, c ? c->rank : 0, ferry__deadline(FERRY_OPEN_TIMEOUT_NS), 1, &p);
     return st == FERRY_OK ? done(p, st) : st;
 }
 
@@ -274,8 +275,8 @@ static ferry_status wait_ready(ferry_consumer *c, ferry__mapped_pool *p, const f
             return st;
         if (state > 0) {
             st = check_extent(p, d);
-            if (st != FERRY_OK && ferry__load_after_reads32(&p->generations[d->slot]) !=
-                                      d->generation)
+            if (st != FERRY_OK &&
+                ferry__load_after_reads32(&p->generations[d->slot]) != d->generation)
                 return stale(p, d, c->rank); /* the extent read was the next lease's */
             return st;
         }
@@ -397,8 +398,8 @@ static ferry_status view_begin(ferry__mapped_pool *p, const ferry_descriptor *d,
     ferry_status st = viewed_table(p, &t);
     if (st != FERRY_OK)
         return st;
-    uint32_t old = __atomic_exchange_n(&t[rank_index(p, d->slot, rank)], d->generation,
-                                       __ATOMIC_ACQ_REL);
+    uint32_t old =
+        __atomic_exchange_n(&t[rank_index(p, d->slot, rank)], d->generation, __ATOMIC_ACQ_REL);
     if (old == 0)
         ferry__cache_retain(p);
     return FERRY_OK;
@@ -605,8 +606,7 @@ static ferry_status ack_gone(ferry__mapped_pool *p, const ferry_descriptor *d, u
 /* Acknowledges ranks [first, first + count). Fails STALE if the slot was reused, or
  * (strict) if any rank had already acknowledged. */
 static ferry_status ack_ranks(ferry_consumer *c, ferry__mapped_pool *p, const ferry_descriptor *d,
-                              uint32_t first, uint32_t count, int strict, int enqueue,
-                              void *stream)
+                              uint32_t first, uint32_t count, int strict, int enqueue, void *stream)
 {
     ferry_status st = check_range(p, first, count);
     if (st != FERRY_OK)
@@ -639,8 +639,8 @@ static ferry_status ack_call(ferry_consumer *c, const ferry_descriptor *d, uint3
                              uint32_t count, int strict)
 {
     ferry__mapped_pool *p;
-    ferry_status st = pool_lookup(c, d, FERRY__RANK_NONE, ferry__deadline(FERRY_OPEN_TIMEOUT_NS), 0,
-                                  &p);
+    ferry_status st =
+        pool_lookup(c, d, FERRY__RANK_NONE, ferry__deadline(FERRY_OPEN_TIMEOUT_NS), 0, &p);
     if (st != FERRY_OK)
         return st;
     return done(p, ack_ranks(c, p, d, first, count, strict, 0, NULL));

@@ -42,8 +42,8 @@ static ferry_status parse_address(const char *address, uint8_t name[16])
     size_t prefix = strlen(FERRY_ADDRESS_PREFIX);
     if (!address)
         return ferry__fail(FERRY_INVALID_ARGUMENT, "address is NULL");
-    if (strncmp(address, FERRY_ADDRESS_PREFIX, prefix) != 0 ||
-        strlen(address) != prefix + 32 || ferry__hex_get(address + prefix, 16, name) != 0)
+    if (strncmp(address, FERRY_ADDRESS_PREFIX, prefix) != 0 || strlen(address) != prefix + 32 ||
+        ferry__hex_get(address + prefix, 16, name) != 0)
         return ferry__fail(FERRY_INVALID_ARGUMENT,
                            "'%.80s' is not a ferry address (ferry: and 32 hex digits, as "
                            "ferry_pool_address gives)",
@@ -68,8 +68,9 @@ static ferry_status describe(const uint8_t name[16], const char *address, uint64
         nanosleep(&pause, NULL);
     }
     if (st == FERRY_PRODUCER_GONE)
-        return ferry__fail(FERRY_PRODUCER_GONE, "no pool serves %s (its producer closed it or "
-                                                "exited): %s",
+        return ferry__fail(FERRY_PRODUCER_GONE,
+                           "no pool serves %s (its producer closed it or "
+                           "exited): %s",
                            address, ferry_last_error());
     if (st != FERRY_OK)
         return st;
@@ -94,8 +95,9 @@ ferry_status ferry_consumer_connect(const char *address, uint32_t rank, int32_t 
     if (st == FERRY_OK)
         st = describe(name, address, deadline, &d);
     if (st == FERRY_OK && rank >= d.consumer_count)
-        st = ferry__fail(FERRY_INVALID_ARGUMENT, "rank %u is not a rank of the pool at %s, "
-                                                 "which has ranks 0 to %u",
+        st = ferry__fail(FERRY_INVALID_ARGUMENT,
+                         "rank %u is not a rank of the pool at %s, "
+                         "which has ranks 0 to %u",
                          rank, address, d.consumer_count - 1u);
     if (st == FERRY_OK)
         st = ferry_consumer_create_on(rank, device, &c);
@@ -284,8 +286,8 @@ ferry_status ferry_consumer_recv(ferry_consumer *c, uint64_t timeout_ns, ferry_d
         if (now >= deadline) {
             if (arm(c))
                 continue;
-            return ferry__fail(FERRY_TIMEOUT, "no lease came for rank %u within %.3f ms",
-                               c->rank, (double)timeout_ns / 1e6);
+            return ferry__fail(FERRY_TIMEOUT, "no lease came for rank %u within %.3f ms", c->rank,
+                               (double)timeout_ns / 1e6);
         }
         if (now - start < FERRY_RECV_SPIN_NS) {
             sched_yield();
@@ -321,8 +323,8 @@ static ferry_status make_fds(ferry_consumer *c)
     fds[1] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     fds[0] = fds[1] < 0 ? -1 : epoll_create1(EPOLL_CLOEXEC);
     if (fds[0] < 0 || epoll_ctl(fds[0], EPOLL_CTL_ADD, fds[1], &ev) != 0)
-        st = ferry__fail_errno(FERRY_SYSTEM, errno, "making the poll fd of rank %u failed",
-                               c->rank);
+        st =
+            ferry__fail_errno(FERRY_SYSTEM, errno, "making the poll fd of rank %u failed", c->rank);
     if (st == FERRY_OK)
         fds[2] = pidfd_of(p->producer_pid);
     if (st == FERRY_OK && fds[2] >= 0 && epoll_ctl(fds[0], EPOLL_CTL_ADD, fds[2], &ev) != 0)

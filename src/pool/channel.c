@@ -69,7 +69,9 @@ static void wake_receivers(ferry_pool *pool, uint32_t rank, int force_fd)
     ferry__ring *ring = ring_of(pool, rank);
     if (ferry__load_seqcst32(&ring->receivers))
         ferry__futex_wake_all(&ring->tail);
-    if (!ferry__exchange_seqcst32(&ring->armed, 0) && !force_fd)
+    /* A plain look first: the exchange's write would bounce the line on every send. */
+    if (!force_fd &&
+        !(ferry__load_seqcst32(&ring->armed) && ferry__exchange_seqcst32(&ring->armed, 0)))
         return;
     pthread_mutex_lock(&pool->notify_lock);
     if (pool->notify_fds[rank] >= 0)
@@ -198,8 +200,7 @@ static ferry_status ring_full(ferry_pool *pool, uint32_t rank, uint32_t need)
 /* One look under the pool lock: dead chosen ranks (as last found) get their rings emptied
  * and are marked in preack; returns the first chosen live rank without room for need
  * entries, or -1. */
-static int64_t look_locked(ferry_pool *pool, const uint8_t *chosen, uint8_t *preack,
-                           uint32_t need)
+static int64_t look_locked(ferry_pool *pool, const uint8_t *chosen, uint8_t *preack, uint32_t need)
 {
     for (uint32_t r = 0; r < pool->consumers; r++) {
         if (!chosen[r])
@@ -237,7 +238,7 @@ static ferry_status make_room(ferry_pool *pool, const uint8_t *chosen, uint8_t *
         pthread_mutex_lock(&pool->lock);
         int closing = pool->closing;
         int64_t full = closing ? -1 : find_full_locked(pool, chosen, preack, need);
-        ferry_status st = closing ? ferry__pool_closing_error(pool)
+        ferry_status st = closing    ? ferry__pool_closing_error(pool)
                           : full < 0 ? FERRY_OK
                                      : ring_full(pool, (uint32_t)full, need);
         if (full >= 0 && !timeout_ns) {
@@ -323,11 +324,12 @@ static ferry_status send_checked(ferry_pool *pool, const ferry_tensor *tensors,
     return FERRY_OK;
 }
 
-#define FERRY_SEND_STACK 4
+#define FERRY_SEND_STACK       4
+#define FERRY_SEND_STACK_RANKS 256
 
-ferry_status ferry_pool_send(ferry_pool *pool, const ferry_tensor *tensors,
-                             const void *const *srcs, size_t count, const ferry_ranks *ranks,
-                             void *stream, uint64_t timeout_ns, ferry_descriptor *descs)
+ferry_status ferry_pool_send(ferry_pool *pool, const ferry_tensor *tensors, const void *const *srcs,
+                             size_t count, const ferry_ranks *ranks, void *stream,
+                             uint64_t timeout_ns, ferry_descriptor *descs)
 {
     FERRY_CUDA_BOUNDARY;
     ferry_status st = ferry__pool_check(pool, tensors, "tensors");
@@ -346,7 +348,9 @@ ferry_status ferry_pool_send(ferry_pool *pool, const ferry_tensor *tensors,
     uint8_t stack_enc[FERRY_SEND_STACK * FERRY_DESCRIPTOR_SIZE];
     ferry_descriptor *out = descs ? descs : count <= FERRY_SEND_STACK ? stack_descs : NULL;
     uint8_t *encoded = count <= FERRY_SEND_STACK ? stack_enc : NULL;
-    uint8_t *chosen = calloc(2, pool->consumers);
+    uint8_t stack_chosen[2 * FERRY_SEND_STACK_RANKS];
+    uint8_t *chosen =
+        pool->consumers <= FERRY_SEND_STACK_RANKS ? stack_chosen : calloc(2, pool->consumers);
     if (!out)
         out = malloc(count * sizeof(*out));
     if (!encoded)
@@ -372,7 +376,8 @@ done:
         free(out);
     if (encoded != stack_enc)
         free(encoded);
-    free(chosen);
+    if (chosen != stack_chosen)
+        free(chosen);
     return st;
 }
 

@@ -120,8 +120,9 @@ static inline uint64_t ferry__ring_stride(uint64_t depth)
 /* Bytes of the segment before the pool region (page multiple) for a configuration. */
 static inline uint64_t ferry__header_bytes_of(const ferry_pool_config *config)
 {
-    uint64_t b = ferry__ring_offset((uint64_t)config->max_inflight_slices) +
-                 (uint64_t)config->consumer_count * ferry__ring_stride((uint64_t)config->channel_depth);
+    uint64_t b =
+        ferry__ring_offset((uint64_t)config->max_inflight_slices) +
+        (uint64_t)config->consumer_count * ferry__ring_stride((uint64_t)config->channel_depth);
     return (b + 4095) & ~(uint64_t)4095;
 }
 

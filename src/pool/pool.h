@@ -63,9 +63,9 @@ struct ferry_pool {
     int closing;
     int closed;             /* ferry_pool_close finished */
     int release_at_destroy; /* close kept the memory: a reservation was outstanding */
-    ferry_status failed; /* latched background failure, FERRY_OK while healthy */
-    char failure[256];   /* its first cause */
-    uint32_t active;     /* publishers inside a publish */
+    ferry_status failed;    /* latched background failure, FERRY_OK while healthy */
+    char failure[256];      /* its first cause */
+    uint32_t active;        /* publishers inside a publish */
     pthread_cond_t idle_cv;
 
     /* Descriptor channels (channel.c). */

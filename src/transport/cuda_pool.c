@@ -159,8 +159,7 @@ ferry_status ferry__cuda_pool_init(ferry__cuda_pool *c, const char *transport,
     c->control_words =
         (uint64_t)config->max_inflight_slices * (1 + (uint64_t)config->consumer_count);
     mem->shared_fd = -1;
-    mem->shared_size = ferry__header_bytes_of(config) +
-                       (c->device_control ? 0 : data_start);
+    mem->shared_size = ferry__header_bytes_of(config) + (c->device_control ? 0 : data_start);
     mem->data_start = data_start;
     mem->device = config->device;
     mem->priv = c;
@@ -272,8 +271,8 @@ ferry_status ferry__cuda_sync_control(ferry__pool_memory *mem)
     return state_of(mem)->place->sync(mem);
 }
 
-ferry_status ferry__cuda_device_write_words(ferry__pool_memory *mem, uint64_t first,
-                                            uint32_t count, uint32_t value)
+ferry_status ferry__cuda_device_write_words(ferry__pool_memory *mem, uint64_t first, uint32_t count,
+                                            uint32_t value)
 {
     ferry__cuda_pool *c = state_of(mem);
     ferry_status st = ferry__cuda_pool_use_device(c);

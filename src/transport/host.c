@@ -169,8 +169,8 @@ static ferry_status words_load(ferry__mapped_pool *p, int device, uint64_t word,
     return FERRY_OK;
 }
 
-static ferry_status words_load_ack(ferry__mapped_pool *p, int device, uint32_t slot,
-                                   uint32_t rank, uint32_t *value)
+static ferry_status words_load_ack(ferry__mapped_pool *p, int device, uint32_t slot, uint32_t rank,
+                                   uint32_t *value)
 {
     return words_load(p, device, (uint64_t)slot * p->row_words + 1 + rank, value);
 }

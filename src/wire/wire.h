@@ -71,16 +71,18 @@ static inline void ferry__hex_put(const uint8_t *bytes, size_t n, char *out)
 
 static inline int ferry__hex_digit(char c)
 {
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
-                                        : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                                               : -1;
+    return c >= '0' && c <= '9'   ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                  : -1;
 }
 
 /* Parses exactly 2n hex digits of text into bytes; 0 on success, -1 otherwise. */
 static inline int ferry__hex_get(const char *text, size_t n, uint8_t *bytes)
 {
     for (size_t i = 0; i < n; i++) {
-        int hi = ferry__hex_digit(text[2 * i]), lo = hi < 0 ? -1 : ferry__hex_digit(text[2 * i + 1]);
+        int hi = ferry__hex_digit(text[2 * i]),
+            lo = hi < 0 ? -1 : ferry__hex_digit(text[2 * i + 1]);
         if (lo < 0)
             return -1;
         bytes[i] = (uint8_t)(hi << 4 | lo);

@@ -1,7 +1,7 @@
 /* The ferry command-line tool, a client of ferry.h alone: its helpers (util.c) and `ferry
  * bench`: one harness (harness.c) for every mode, a bench_mode ops table: handover and
- * channel (host), rtt, stream, cpu. The producer re-executes itself once per consumer rank and shares a
- * channel and a results region with each (docs/cli.md). */
+ * channel (host), rtt, stream, cpu. The producer re-executes itself once per consumer rank and
+ * shares a channel and a results region with each (docs/cli.md). */
 #ifndef FERRY_TOOL_BENCH_H
 #define FERRY_TOOL_BENCH_H
 
@@ -85,7 +85,7 @@ typedef struct bench_params {
     int32_t devices[BENCH_MAX_RANKS];
     uint32_t has_floor;
     uint8_t floor_handle[64];
-    char address[FERRY_ADDRESS_SIZE]; /* channel: the pool's */
+    char address[FERRY_ADDRESS_SIZE];                       /* channel: the pool's */
     uint32_t producer_waiting __attribute__((aligned(64))); /* the producer sleeps on progress */
 } bench_params;
 
