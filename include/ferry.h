@@ -401,7 +401,8 @@ FERRY_API ferry_status ferry_pool_drain(ferry_pool *pool, uint64_t timeout_ns);
 /* Bytes an address needs, NUL included. */
 #define FERRY_ADDRESS_SIZE 40
 
-/* The pool's address into buf (size >= FERRY_ADDRESS_SIZE). */
+/* The pool's address into buf (size >= FERRY_ADDRESS_SIZE); also once close began (it never
+ * changes, but nobody answers at it after the close). */
 FERRY_API ferry_status ferry_pool_address(ferry_pool *pool, char *buf, size_t size);
 
 /* The ranks a send goes to: the list of count ranks, or when list is NULL the range
@@ -530,7 +531,8 @@ FERRY_API ferry_status ferry_consumer_connect(const char *address, uint32_t rank
  * are no longer current for this rank (acknowledged on its behalf, cancelled, recycled) are
  * skipped. Waits up to timeout_ns (0: do not wait) for one: TIMEOUT if none came,
  * PRODUCER_GONE once the producer closed the pool or died (within 10 ms of it),
- * INVALID_ARGUMENT if the lease has more parts than max (it stays queued), or if the
+ * INVALID_ARGUMENT if the lease has more parts than max (it stays queued, and *count says how
+ * many it has), or if the
  * consumer was not made by ferry_consumer_connect. Receives from several threads of the
  * process each get different leases. */
 FERRY_API ferry_status ferry_consumer_recv(ferry_consumer *consumer, uint64_t timeout_ns,
@@ -539,7 +541,8 @@ FERRY_API ferry_status ferry_consumer_recv(ferry_consumer *consumer, uint64_t ti
 /* A file descriptor that becomes readable when this rank's ring may hold a lease, and when
  * the producer closes the pool or dies: for poll/epoll/select and event loops (asyncio), one
  * per connected pool. Use it as: ferry_consumer_recv with timeout 0 until it answers TIMEOUT,
- * then poll the fd (a TIMEOUT answer re-arms it; it may wake without a lease). The fd is
+ * then poll the fd (a TIMEOUT answer re-arms it, and it is armed when made; it may wake
+ * without a lease). The fd is
  * the consumer's (closed by ferry_consumer_destroy); the first call registers it with the
  * producer. */
 FERRY_API ferry_status ferry_consumer_fd(ferry_consumer *consumer, int *fd);

@@ -197,6 +197,7 @@ static int take(ferry_consumer *c, ferry_descriptor *descs, size_t max, size_t *
         if (st == FERRY_OK && k > max) {
             if (ferry__load_acquire32(&ring->head) != head)
                 continue;
+            *count = k;
             return ferry__fail(FERRY_INVALID_ARGUMENT,
                                "the next lease has %zu tensors; the output holds %zu", k, max);
         }
@@ -231,7 +232,9 @@ static int arm(ferry_consumer *c)
     while (read(efd, &drained, sizeof(drained)) > 0) {
     }
     ferry__store_seqcst32(&ring->armed, 1);
-    return ferry__load_seqcst32(&ring->tail) != ferry__load_seqcst32(&ring->head);
+    /* A close after the caller's look at the closing flag signalled the fd just drained. */
+    return ferry__load_seqcst32(&ring->tail) != ferry__load_seqcst32(&ring->head) ||
+           ferry__load_seqcst32(&c->bound->header->closing);
 }
 
 static ferry_status gone(const ferry_consumer *c)
@@ -264,7 +267,7 @@ ferry_status ferry_consumer_recv(ferry_consumer *c, uint64_t timeout_ns, ferry_d
     uint64_t deadline = ferry__deadline(timeout_ns), start = ferry__now_ns();
     uint64_t next_check = start + FERRY_READY_WAIT_SLICE_NS;
     for (;;) {
-        if (ferry__load_acquire32(&p->header->closing))
+        if (ferry__load_acquire32(&p->header->closing) || ferry__load_acquire32(&p->gone))
             return gone(c);
         int got = take(c, descs, max, count);
         if (got == FERRY_OK) {
@@ -330,6 +333,9 @@ static ferry_status make_fds(ferry_consumer *c)
     if (st == FERRY_OK && fds[2] >= 0 && epoll_ctl(fds[0], EPOLL_CTL_ADD, fds[2], &ev) != 0)
         st = ferry__fail_errno(FERRY_SYSTEM, errno, "watching the producer (pid %d) failed",
                                (int)p->producer_pid);
+    /* Armed before the producer has the fd: a send from then on signals it, and the
+     * producer signals it for whatever was queued before it took it. */
+    ferry__store_seqcst32(&my_ring(c)->armed, 1);
     if (st == FERRY_OK)
         st = ferry__broker_notify(p->broker, p->pool_id, c->rank, "pool broker",
                                   FERRY_OPEN_TIMEOUT_NS, fds[1]);

@@ -102,11 +102,6 @@ ferry_status ferry_pool_address(ferry_pool *pool, char *buf, size_t size)
                            "address buffer of %zu bytes is too small (FERRY_ADDRESS_SIZE is %d)",
                            size, FERRY_ADDRESS_SIZE);
     char hex[33];
-    pthread_mutex_lock(&pool->lock);
-    int closing = pool->closing;
-    pthread_mutex_unlock(&pool->lock);
-    if (closing)
-        return ferry__pool_closing_error(pool);
     ferry__hex_put(pool->broker_name, sizeof(pool->broker_name), hex);
     snprintf(buf, size, FERRY_ADDRESS_PREFIX "%s", hex);
     ferry__clear_error();
