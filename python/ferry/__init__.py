@@ -7,6 +7,21 @@ channel. Each consumer process calls :func:`receive` with its rank: it waits for
 copies it (or views it in place with ``copy=False``) and acknowledges it. The producer
 recycles a slice once every rank has acknowledged it.
 
+Channels: or let ferry carry the descriptors too. Every pool has an :attr:`Pool.address` (a
+short string); a consumer process connects to it with :func:`connect` (a :class:`Receiver`
+for one rank), the producer calls :meth:`Pool.send` (one tensor or a list, to every rank or
+to some), and the receiver gets each tensor from :meth:`Receiver.recv`, by iterating over it
+until the producer closes the pool, or with ``await rx.arecv()`` in asyncio (its
+:meth:`Receiver.fileno` works with select and selectors too)::
+
+    pool = ferry.Pool("1GiB", consumers=8)        # producer
+    pool.send(features)                           # to every rank (or ranks=)
+    rx = ferry.connect(pool.address, rank=3)      # consumer, any process on this machine
+    t = np.from_dlpack(rx.recv())
+
+:meth:`Pool.drain` waits until every lease sent was acknowledged, and a ``with`` block of a
+pool drains before it closes.
+
 Backends: ``"host"`` (shared memory), ``"cuda_ipc"`` and ``"cuda_vmm"`` (GPU memory; copies
 are enqueued on CUDA streams without host synchronisation). The CUDA driver is loaded at run
 time: the package works without a GPU.
@@ -17,6 +32,7 @@ Errors: invalid arguments raise ``ValueError``; everything else derives from :cl
 :class:`Forked`). Messages are the library's; ``.status`` is the ferry status name.
 """
 
+import asyncio as _asyncio
 import contextlib as _contextlib
 import logging as _logging
 import re as _re
@@ -60,12 +76,14 @@ __all__ = [
     "ProducerGone",
     "RankInUse",
     "Received",
+    "Receiver",
     "Reservation",
     "Stale",
     "Timeout",
     "TooLarge",
     "__version__",
     "ack",
+    "connect",
     "doctor",
     "logger",
     "parse_size",
@@ -168,7 +186,7 @@ def _ml_dtypes_array(x):
 class Pool(_ferry.Pool):
     """Pool(size, consumers, *, backend="auto", device=None, max_inflight=4096,
     reclaim_interval_us=1000, control="host", on_full="raise", timeout=None,
-    vmm_handle="auto")
+    vmm_handle="auto", channel_depth=64, drain_timeout=None)
 
     A producer's pool: ``size`` bytes (control table and data; an int or a string such as
     ``"256MiB"``, ``"1GiB"``, ``"1.5GB"``) read by ``consumers`` ranks.
@@ -188,6 +206,23 @@ class Pool(_ferry.Pool):
       overrides the pool's wait under every policy. A tensor larger than the pool can ever
       hold is never waited for: None under ``"none"``, else :class:`TooLarge` (a
       :class:`PoolFull`). Waits end with ``KeyboardInterrupt`` on Ctrl-C.
+    - ``channel_depth``: descriptors each rank's ring holds for :meth:`send` (a power of
+      two; a rank whose ring is full makes ``send`` follow ``on_full``, naming the rank
+      behind). ``drain_timeout``: seconds :meth:`close` first waits for every published
+      lease to be acknowledged (None: no wait, but 10 s at the end of a ``with`` block;
+      0: never, not at the end of a ``with`` block either); see :meth:`drain`.
+    - ``address``: the string consumers pass to :func:`connect` (valid after close too).
+
+    Closing: ``close(drain=None)`` drains first up to ``drain_timeout`` when one was given
+    (``drain=True``: up to ``drain_timeout`` if one was given, else 10 s; ``drain=False``: not at all; or a
+    number of seconds); a drain that runs out is logged on the ``"ferry"`` logger and the
+    pool is closed anyway, and Ctrl-C closes at once. A ``with`` block that ends normally
+    closes with ``drain=True``: the consumers read what was sent before the pool goes (a
+    consumer that died is acknowledged for; one that is alive and does not read holds the
+    exit up to ``drain_timeout``, else 10 s; ``drain_timeout=0`` makes the exit close at
+    once, for pools whose leases nobody may read). A block that raised closes as ``close()``.
+    The drain runs in Python's ``close`` in 50 ms slices (so that Ctrl-C works), not in the
+    library's close (the config's ``drain_timeout_us`` is left 0).
 
     Invalid arguments raise ``ValueError`` with the library's message. A context manager:
     the pool closes on exit; ``close()`` is idempotent and the memory is freed when the
@@ -236,6 +271,14 @@ class Pool(_ferry.Pool):
             return super().publish_many(tensors, stream, timeout)
     publish_many.__doc__ = _ferry.Pool.publish_many.__doc__
 
+    def send(self, x, ranks=None, stream=None, timeout=None):
+        if isinstance(x, (list, tuple)):
+            with _exporting(*x):
+                return super().send(x, ranks, stream, timeout)
+        with _exporting(x):
+            return super().send(x, ranks, stream, timeout)
+    send.__doc__ = _ferry.Pool.send.__doc__
+
     def reserve(self, shape, dtype, timeout=None):
         """reserve(shape, dtype, timeout=None) -> Reservation | None
 
@@ -269,3 +312,123 @@ class Pool(_ferry.Pool):
             raise
         r.commit()
         return r.descriptor
+
+
+def _as_torch(x):
+    import torch
+    if isinstance(x, list):
+        return [_as_torch(t) for t in x]
+    return x if isinstance(x, torch.Tensor) else torch.from_dlpack(x)
+
+
+#: How often a waiting arecv looks at its ring without a wake-up of its fd (seconds).
+_ARECV_RECHECK_S = 0.1
+
+
+class Receiver(_ferry.Receiver):
+    """Receiver(address, rank, device=None, *, torch=False): a consumer connected to the pool
+    at ``address`` (:attr:`Pool.address`) as ``rank``; see :func:`connect`.
+
+    - ``recv(timeout=None, copy=True, out=None, stream=None, torch=None)``: the next tensor
+      sent to this rank, read as :func:`receive` reads one: a :class:`Received` copy
+      (acknowledged at once), a read-only view with ``copy=False`` (acknowledged when
+      freed), or ``out``; a list for a packed send (a list sent; ``out``: a list of
+      tensors). ``timeout`` in seconds, None: forever (Ctrl-C ends it). Raises
+      :class:`Timeout`, or :class:`ProducerGone` once the producer closed the pool or died.
+      ``torch=True`` (default: the receiver's ``torch``) returns ``torch.from_dlpack`` of
+      the result (torch tensors; ``out`` is returned as it is).
+    - Iterating yields ``recv()`` results until the producer closes the pool;
+      ``await rx.arecv(...)`` and ``async for`` do the same in asyncio, through
+      :meth:`fileno` (one event-loop reader per receiver, shared by its waiting tasks).
+    - ``fileno()`` for select/selectors: get it (or register the receiver) first, then
+      ``recv(timeout=0)`` until :class:`Timeout` (which arms the fd), then wait for the fd;
+      it may wake with nothing to receive. ``rank``, ``address``, ``device``, ``closed``;
+      ``close()`` and the context manager disconnect.
+    """
+
+    def __init__(self, address: str, rank: int, device: "int | None" = None, *,
+                 torch: bool = False) -> None:
+        super().__init__(address, rank, device)
+        self._torch = bool(torch)
+        self._waiters = []
+
+    def recv(self, timeout=None, copy=True, out=None, stream=None, torch=None):
+        got = super().recv(timeout, copy, out, stream)
+        if out is None and (self._torch if torch is None else torch):
+            return _as_torch(got)
+        return got
+    recv.__doc__ = _ferry.Receiver.recv.__doc__
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        try:
+            return self.recv()
+        except ProducerGone:
+            raise StopIteration from None
+
+    def _wake(self):
+        waiters, self._waiters = self._waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    async def arecv(self, copy=True, out=None, stream=None, torch=None):
+        """await arecv(copy=True, out=None, stream=None, torch=None): recv in asyncio. Tries
+        ``recv(timeout=0)``; while nothing is there, waits for :meth:`fileno` to be
+        readable (``loop.add_reader``) without blocking the loop. Raises
+        :class:`ProducerGone` once the producer closed the pool or died."""
+        loop = _asyncio.get_running_loop()
+        fd = self.fileno()  # first: a recv that finds nothing arms the fd it has
+        while True:
+            try:
+                return self.recv(0, copy, out, stream, torch)
+            except Timeout:
+                pass
+            fut = loop.create_future()
+            if not self._waiters:
+                loop.add_reader(fd, self._wake)
+            self._waiters.append(fut)
+            # A safety net: the library may miss the fd's wake-up of a close that races the
+            # recv arming it (the pool's close then goes unannounced); look again meanwhile.
+            timer = loop.call_later(_ARECV_RECHECK_S, self._wake)
+            try:
+                await fut
+            finally:
+                timer.cancel()
+                if fut in self._waiters:
+                    self._waiters.remove(fut)
+                if not self._waiters:
+                    with _contextlib.suppress(Exception):
+                        loop.remove_reader(fd)
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        try:
+            return await self.arecv()
+        except ProducerGone:
+            raise StopAsyncIteration from None
+
+    def __repr__(self) -> str:
+        if not self.address:
+            return "ferry.Receiver(<not initialised>)"
+        return (f"ferry.Receiver(address={self.address!r}, rank={self.rank}, "
+                f"device={self.device}, closed={self.closed})")
+
+
+def connect(address: str, rank: int, device: "int | None" = None, *,
+            torch: bool = False) -> Receiver:
+    """connect(address, rank, device=None, *, torch=False) -> Receiver
+
+    Connects to the pool at ``address`` (the producer's :attr:`Pool.address`, passed in a
+    flag, an environment variable, a config or a pipe) as ``rank``: opens the pool and claims
+    the rank for this process (:class:`RankInUse` if another live process holds it). Connect
+    before or after the first send: what was sent to the rank waits in its ring.
+    ``device``: the GPU the receiver's copies of a GPU pool's tensors go to (None: host
+    pools only). ``torch=True``: ``recv`` returns torch tensors. Raises ``ValueError`` for a
+    malformed address or a rank the pool does not have, :class:`ProducerGone` when nobody
+    serves the address, :class:`Timeout` after 5 s."""
+    return Receiver(address, rank, device, torch=torch)

@@ -2,7 +2,7 @@
 
     python -m ferry.bench [--sizes 4KiB,1MiB,16MiB,64MiB] [--consumers 1,4]
                           [--producer-device 0] [--consumer-device 1] [--iterations 50]
-                          [--methods channel,ferry,torch_mp,torch_ipc,cpu_pickle]
+                          [--methods channel,ferry,ferry_channel,torch_mp,torch_ipc,cpu_pickle]
                           [--channel pipe|spin] [--plot FILE] [--json FILE]
 
 For every method, item size and consumer count it measures the round trip of one tensor:
@@ -15,6 +15,11 @@ consumer has. Methods:
               ferry.receive(out=...) on the consumer's stream (copy, then acknowledgement)
   ferry_view  the same with ferry.receive(copy=False): a zero-copy view, torch.from_dlpack,
               a private clone, then the view is dropped (which acknowledges)
+  ferry_channel  no channel of the bench's for the items: pool.send(tensor) on the producer's
+              stream queues the descriptor in every rank's ring inside the pool, and each
+              consumer (ferry.connect(pool.address, rank=i, device=...)) takes it with
+              rx.recv(out=preallocated) on its stream; the "done" replies still go through
+              the bench's channel, as for every other method
   torch_mp    a torch.multiprocessing queue per consumer carrying the CUDA tensor (CUDA IPC
               under the hood), then a private clone on the consumer's GPU
   torch_ipc   torch.multiprocessing's CUDA IPC pickling of the tensor (what its queues
@@ -200,10 +205,42 @@ def _consume_gpu(method, rank, device, payload, stream, target):
     return got
 
 
-def _consumer(method, rank, device, conn, queue, cpu, channel, name):
+def _consume_channel(rank, device, chan, cpu, plan):
+    """ferry_channel: plan["items"] items from the pool's ring into one preallocated tensor;
+    for the verified ones the expected checksum follows through the channel (untimed)."""
+    import ferry
+    rx = ferry.connect(plan["address"], rank, device=None if cpu else device)
+    if cpu:
+        import numpy as np
+        out = np.empty(plan["size"], np.uint8)
+    else:
+        import torch
+        torch.cuda.set_device(device)
+        stream = torch.cuda.Stream(device=device)
+        out = torch.empty(plan["size"], dtype=torch.uint8, device=torch.device("cuda", device))
+    chan.send(b"")
+    for i in range(plan["items"]):
+        if cpu:
+            rx.recv(out=out)
+        else:
+            with torch.cuda.stream(stream):
+                rx.recv(out=out, stream=stream.cuda_stream)
+                stream.synchronize()
+        ok = True
+        if i in plan["verified"]:
+            (expected,) = HEADER.unpack(chan.recv())
+            ok = expected == (_checksum_numpy(out) if cpu else _checksum_torch(out))
+        chan.send(b"" if ok else b"checksum mismatch")
+    rx.close()
+
+
+def _consumer(method, rank, device, conn, queue, cpu, channel, name, plan=None):
     """Receives items until an empty message; replies b"" (done) or an error text."""
     chan = _channel(channel, conn, name, 1)
     try:
+        if method == "ferry_channel":
+            _consume_channel(rank, device, chan, cpu, plan)
+            return
         if not cpu:
             import torch
             if method == "torch_ipc":
@@ -244,7 +281,7 @@ def _consumer(method, rank, device, conn, queue, cpu, channel, name):
 # ---- producer -----------------------------------------------------------------------------
 
 class Run:
-    def __init__(self, args, method, consumers, cpu):
+    def __init__(self, args, method, consumers, cpu, plan=None):
         ctx = mp.get_context("spawn")
         if method == "torch_mp" and not cpu:
             import torch.multiprocessing as tmp
@@ -258,7 +295,7 @@ class Run:
             name = shm.name if shm else None
             dev = args.consumer_device
             p = ctx.Process(target=_consumer, daemon=True,
-                            args=(method, r, dev, child, q, cpu, args.channel, name))
+                            args=(method, r, dev, child, q, cpu, args.channel, name, plan))
             p.start()
             self.chans.append(_channel(args.channel, parent, name, 0))
             self.queues.append(q)
@@ -273,6 +310,11 @@ class Run:
             raise RuntimeError(f"consumer: {err.decode()}")
 
     def send(self, payload, expected):
+        if self.method == "ferry_channel":  # the item went through the pool's rings
+            if expected != NO_CHECK:
+                for c in self.chans:
+                    c.send(HEADER.pack(expected))
+            return
         if self.method == "torch_mp":
             for q in self.queues:
                 q.put((payload, expected))
@@ -311,6 +353,10 @@ def _publish(method, pool, tensor, cpu, stream):
         if d is None:
             raise RuntimeError("pool full")
         return bytes(d)
+    if method == "ferry_channel":
+        if pool.send(tensor, stream=stream) is None:
+            raise RuntimeError("pool full")
+        return b""
     if method == "torch_mp":
         return tensor
     if method == "torch_ipc":
@@ -327,8 +373,23 @@ def _publish(method, pool, tensor, cpu, stream):
 def measure(args, method, size, consumers, cpu):
     """Mean, p50, p99 round trip in microseconds over args.iterations (after warm-up)."""
     import ferry
-    run = Run(args, method, consumers, cpu)
-    pool = None
+    pool = plan = None
+    items = args.warmup + args.iterations + 1
+    if method == "ferry_channel":  # the consumers connect to the pool: it comes first
+        if not cpu:
+            import torch
+            torch.cuda.set_device(args.producer_device)
+        pool = ferry.Pool(max(64 << 20, 8 * size), consumers, backend="host" if cpu else
+                          args.backend, device=-1 if cpu else args.producer_device,
+                          on_full="wait")
+        plan = {"address": pool.address, "size": size, "items": items,
+                "verified": set(range(args.warmup)) | {items - 1}}
+    try:
+        run = Run(args, method, consumers, cpu, plan)
+    except BaseException:
+        if pool is not None:
+            pool.close()
+        raise
     try:
         if cpu:
             import numpy as np
@@ -352,7 +413,7 @@ def measure(args, method, size, consumers, cpu):
         times = []
         # Warm-up items and one item after the timed ones are verified (a checksum in every
         # consumer); the timed ones are not, so that checking costs no method any time.
-        for i in range(args.warmup + args.iterations + 1):
+        for i in range(items):
             timed = args.warmup <= i < args.warmup + args.iterations
             t0 = time.perf_counter()
             run.send(_publish(method, pool, tensors[i % 2], cpu, stream),
@@ -366,7 +427,7 @@ def measure(args, method, size, consumers, cpu):
     finally:
         run.close()
         if pool is not None:
-            pool.close()
+            pool.close(drain=False)
 
 
 def plot(results, path, channel):
@@ -396,7 +457,8 @@ def parser():
     ap = argparse.ArgumentParser(prog="python -m ferry.bench", description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="4KiB,1MiB,16MiB,64MiB")
     ap.add_argument("--consumers", default="1,4")
-    ap.add_argument("--methods", default="channel,ferry,torch_mp,torch_ipc,cpu_pickle")
+    ap.add_argument("--methods",
+                    default="channel,ferry,ferry_channel,torch_mp,torch_ipc,cpu_pickle")
     ap.add_argument("--channel", choices=("pipe", "spin"), default="pipe",
                     help="how items and replies travel (see above)")
     ap.add_argument("--backend", default="cuda_ipc")
@@ -427,7 +489,7 @@ def main(argv=None):
     if args.cpu:
         methods = [m for m in methods if not m.startswith("torch")]
     results = []
-    print(f"{'method':11s} {'size':>7s} {'consumers':>9s} {'mean us':>11s} {'p50 us':>11s} "
+    print(f"{'method':13s} {'size':>7s} {'consumers':>9s} {'mean us':>11s} {'p50 us':>11s} "
           f"{'p99 us':>11s}", flush=True)
     for n in counts:
         for size in sizes:
@@ -435,7 +497,7 @@ def main(argv=None):
                 r = measure(args, method, size, n, args.cpu)
                 r.update(method=method, size=size, consumers=n)
                 results.append(r)
-                print(f"{method:11s} {human(size):>7s} {n:9d} {r['mean_us']:11.1f} "
+                print(f"{method:13s} {human(size):>7s} {n:9d} {r['mean_us']:11.1f} "
                       f"{r['p50_us']:11.1f} {r['p99_us']:11.1f}", flush=True)
     print(f"\nspeed-up of ferry (mean round trip, {args.channel} channel):")
     for n in counts:

@@ -16,7 +16,7 @@ int fy_consumer_device(const ferry_descriptor *d, PyObject *device, int32_t *out
 }
 
 /* first and count of a range(first, stop) with step 1. */
-static int range_arg(PyObject *ranks, uint32_t *first, uint32_t *count)
+int fy_range_arg(PyObject *ranks, uint32_t *first, uint32_t *count)
 {
     if (!PyObject_TypeCheck(ranks, &PyRange_Type)) {
         PyErr_SetString(PyExc_TypeError, "ranks must be a range, e.g. range(2, 4)");
@@ -93,7 +93,7 @@ PyObject *fy_ack(PyObject *module, PyObject *args, PyObject *kwargs)
             return NULL;
     } else if (ranks != Py_None) {
         r.mode = 1;
-        if (range_arg(ranks, &r.first, &r.count) < 0)
+        if (fy_range_arg(ranks, &r.first, &r.count) < 0)
             return NULL;
     }
     return ack_run(&r);

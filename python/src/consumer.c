@@ -90,6 +90,19 @@ static fy_consumer *consumer_create(uint32_t rank, int32_t device)
     return c;
 }
 
+fy_consumer *fy_consumer_wrap(ferry_consumer *handle, uint32_t rank, int32_t device)
+{
+    fy_consumer *c = calloc(1, sizeof(*c));
+    if (!c)
+        return (fy_consumer *)PyErr_NoMemory();
+    c->refs = 1;
+    c->handle = handle;
+    c->pid = getpid();
+    c->rank = rank;
+    c->device = device;
+    return c;
+}
+
 fy_consumer *fy_consumer_get(uint32_t rank, int32_t device)
 {
     fy_consumer *c = cache_find(rank, device);

@@ -19,6 +19,7 @@
  *   payload.c     received memory and the leases that views hold
  *   receive.c     ferry.receive / receive_many
  *   received.c    ferry.Received, what receive returns
+ *   receiver.c    ferry.Receiver: a consumer connected by address (ferry.connect), recv
  */
 #ifndef FERRY_PY_H
 #define FERRY_PY_H
@@ -201,6 +202,10 @@ PyObject *fy_release_consumers(PyObject *module, PyObject *unused);
 
 PyObject *fy_ack(PyObject *module, PyObject *args, PyObject *kwargs);
 
+/* first and count of a range(first, stop) with step 1 (TypeError for another object). 0, or -1
+ * with an exception. */
+int fy_range_arg(PyObject *ranks, uint32_t *first, uint32_t *count);
+
 /* The device a consumer of d's pool works on: -1 for host pools, else the device argument
  * (None: the descriptor's). 0, or -1 with an exception. */
 int fy_consumer_device(const ferry_descriptor *d, PyObject *device, int32_t *out);
@@ -334,6 +339,10 @@ typedef struct {
     int closed;
     int host_control;    /* GPU pools: control words in host memory (ready words the CPU reads) */
     fy_pending *pending; /* GPU pools: sources whose copy may still be running */
+    uint64_t drain_ns;   /* drain_timeout: close() drains this long first (0: no drain) */
+    int drain_set;       /* drain_timeout was given (0 included: never drain, not at exit) */
+    int64_t channel_depth;
+    char address[FERRY_ADDRESS_SIZE];
 } fy_pool;
 
 extern PyTypeObject fy_PoolType;
@@ -363,6 +372,8 @@ int fy_pool_cancel_lease(fy_pool *self, const ferry_descriptor *d);
 
 PyObject *fy_pool_publish(fy_pool *self, PyObject *args, PyObject *kwargs);
 PyObject *fy_pool_publish_many(fy_pool *self, PyObject *args, PyObject *kwargs);
+/* Pool.send: publish_many into one lease, queued in the rings of the chosen ranks. */
+PyObject *fy_pool_send(fy_pool *self, PyObject *args, PyObject *kwargs);
 /* Pool.metrics(labels=None) -> str (metrics.c). */
 PyObject *fy_pool_metrics(fy_pool *self, PyObject *args, PyObject *kwargs);
 /* Lets go of sources whose copies have run (all of them, waiting, with wait). */
@@ -382,5 +393,22 @@ PyObject *fy_received_new(fy_payload *payload, PyObject *descriptor);
 
 PyObject *fy_receive(PyObject *module, PyObject *args, PyObject *kwargs);
 PyObject *fy_receive_many(PyObject *module, PyObject *args, PyObject *kwargs);
+
+/* The receive of a lease's count descriptors (one, or a packed lease's parts) through consumer,
+ * as ferry.receive (single) or receive_many does it: the wait for the lease (timeout_ns, in
+ * slices), then the copy (copy, stream, out) or view. On failure NULL with the exception, and
+ * *status the library's status (STALE, TIMEOUT, ...), or FERRY_OK when an argument was refused
+ * or a signal handler raised: nothing was read or acknowledged then. */
+PyObject *fy_receive_leased(fy_consumer *consumer, const ferry_descriptor *descs, size_t count,
+                            PyObject *copy, PyObject *stream, PyObject *out, uint64_t timeout_ns,
+                            int single, ferry_status *status);
+
+/* ---- receiver.c ----------------------------------------------------------------------- */
+
+extern PyTypeObject fy_ReceiverType;
+
+/* A consumer that ferry_consumer_connect made (not in the cache): a new reference, or NULL
+ * with an exception. */
+fy_consumer *fy_consumer_wrap(ferry_consumer *handle, uint32_t rank, int32_t device);
 
 #endif

@@ -146,7 +146,8 @@ PyMODINIT_FUNC PyInit__ferry(void)
     if (fy_errors_add(module) < 0 || add_type(module, "Descriptor", &fy_DescriptorType) < 0 ||
         add_type(module, "Pool", &fy_PoolType) < 0 ||
         add_type(module, "Reservation", &fy_ReservationType) < 0 ||
-        add_type(module, "Received", &fy_ReceivedType) < 0 || add_constants(module) < 0 ||
+        add_type(module, "Received", &fy_ReceivedType) < 0 ||
+        add_type(module, "Receiver", &fy_ReceiverType) < 0 || add_constants(module) < 0 ||
         fy_log_install(module) < 0) {
         Py_DECREF(module);
         return NULL;

@@ -101,14 +101,15 @@ static int parse_choice(const char *what, const char *value, const char *const *
 typedef struct pool_args {
     ferry_pool_config config;
     const char *backend, *control, *on_full, *vmm_handle;
-    PyObject *timeout;
+    PyObject *timeout, *drain_timeout;
 } pool_args;
 
 static int parse_pool_args(PyObject *args, PyObject *kwargs, pool_args *a)
 {
     static char *keywords[] = {"size",         "consumers",           "backend", "device",
                                "max_inflight", "reclaim_interval_us", "control", "on_full",
-                               "timeout",      "vmm_handle",          NULL};
+                               "timeout",      "vmm_handle",          "channel_depth",
+                               "drain_timeout", NULL};
     static const char *const controls[] = {"host", "device", NULL};
     static const char *const handles[] = {"auto", "fabric", "posix_fd", NULL};
     ferry_pool_config init = FERRY_POOL_CONFIG_INIT;
@@ -118,11 +119,13 @@ static int parse_pool_args(PyObject *args, PyObject *kwargs, pool_args *a)
     a->on_full = "raise";
     a->vmm_handle = "auto";
     a->timeout = Py_None;
-    long long size, consumers, inflight = 4096, interval = 1000;
+    a->drain_timeout = Py_None;
+    long long size, consumers, inflight = 4096, interval = 1000, depth = init.channel_depth;
     int device = init.device, control = 0, handle = 0; /* no device named: where AUTO says */
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LL|$siLLssOs:Pool", keywords, &size, &consumers,
-                                     &a->backend, &device, &inflight, &interval, &a->control,
-                                     &a->on_full, &a->timeout, &a->vmm_handle))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LL|$siLLssOsLO:Pool", keywords, &size,
+                                     &consumers, &a->backend, &device, &inflight, &interval,
+                                     &a->control, &a->on_full, &a->timeout, &a->vmm_handle, &depth,
+                                     &a->drain_timeout))
         return -1;
     ferry_backend backend;
     ferry_status st = ferry_backend_parse(a->backend, &backend);
@@ -141,6 +144,12 @@ static int parse_pool_args(PyObject *args, PyObject *kwargs, pool_args *a)
     a->config.device = device;
     a->config.control_placement = control ? FERRY_CONTROL_DEVICE : FERRY_CONTROL_HOST;
     a->config.vmm_handle = handle;
+    /* Config version 2. close() drains itself, in slices (Ctrl-C ends the wait): the
+     * library's own drain at close (drain_timeout_us) would wait without handling signals,
+     * and wait again after a drain that timed out or was interrupted. */
+    a->config.version = FERRY_POOL_CONFIG_VERSION;
+    a->config.channel_depth = depth;
+    a->config.drain_timeout_us = 0;
     return 0;
 }
 
@@ -168,6 +177,11 @@ static int resolve(fy_pool *self, ferry_pool *pool)
     self->device = d.device; /* -1 for host memory */
     self->host_control = !(d.flags & FERRY_DESC_FLAG_DEVICE_CONTROL);
     self->usable = s.usable_bytes;
+    st = ferry_pool_address(pool, self->address, sizeof(self->address));
+    if (st != FERRY_OK) {
+        fy_raise(st);
+        return -1;
+    }
     return 0;
 }
 
@@ -190,8 +204,11 @@ static int pool_init(PyObject *obj, PyObject *args, PyObject *kwargs)
     }
     if (parse_pool_args(args, kwargs, &a) < 0 ||
         parse_choice("on_full policy", a.on_full, policies, &self->on_full) < 0 ||
-        fy_timeout_arg(a.timeout, FY_DEFAULT_WAIT_NS, &self->wait_ns) < 0)
+        fy_timeout_arg(a.timeout, FY_DEFAULT_WAIT_NS, &self->wait_ns) < 0 ||
+        fy_timeout_arg(a.drain_timeout, 0, &self->drain_ns) < 0)
         return -1;
+    self->channel_depth = a.config.channel_depth;
+    self->drain_set = a.drain_timeout != Py_None;
     ferry_status st;
     Py_BEGIN_ALLOW_THREADS
     st = ferry_pool_create(&a.config, &pool);
@@ -230,7 +247,12 @@ static void pool_finalize(PyObject *obj)
 {
     PyObject *type, *value, *traceback;
     PyErr_Fetch(&type, &value, &traceback);
-    close_pool((fy_pool *)obj);
+    fy_pool *self = (fy_pool *)obj;
+    if (self->drain_ns && self->pool && !self->closed) { /* no signals here: one wait */
+        Py_BEGIN_ALLOW_THREADS ferry_pool_drain(self->pool, self->drain_ns);
+        Py_END_ALLOW_THREADS
+    }
+    close_pool(self);
     PyErr_Restore(type, value, traceback);
 }
 
@@ -284,11 +306,128 @@ int fy_pool_check(fy_pool *self)
     return -1;
 }
 
-static PyObject *pool_close(PyObject *obj, PyObject *unused)
+/* Default drain of a with block that ends normally, when the pool has no drain_timeout. */
+#define FY_EXIT_DRAIN_NS 10000000000ull
+
+/* The library's drain message names the wait it was given: *text gets it for the whole wait
+ * of ns (a sliced drain gave the library one slice). */
+static void drain_message(char *text, size_t size, const char *message, uint64_t ns)
 {
-    (void)unused;
-    close_pool((fy_pool *)obj);
+    const char *within = strstr(message, "within "), *ms = within ? strstr(within, " ms") : NULL;
+    if (!ms) {
+        snprintf(text, size, "%s", message);
+        return;
+    }
+    snprintf(text, size, "%.*swithin %.3f%s", (int)(within - message), message, (double)ns / 1e6,
+             ms);
+}
+
+/* ferry_pool_drain for up to ns, in slices: 0 with *status (and the exception's message in
+ * text for TIMEOUT), or -1 with the exception of a signal handler (KeyboardInterrupt). */
+static int drain_sliced(fy_pool *self, uint64_t ns, ferry_status *status, char *text, size_t size)
+{
+    fy_wait w;
+    ferry_status st;
+    fy_wait_start(&w, ns);
+    for (;;) {
+        uint64_t slice = fy_wait_slice(&w);
+        Py_BEGIN_ALLOW_THREADS st = ferry_pool_drain(self->pool, slice);
+        Py_END_ALLOW_THREADS if (st != FERRY_TIMEOUT) break;
+        int more = fy_wait_next(&w);
+        if (more < 0)
+            return -1;
+        if (more == 0)
+            break;
+    }
+    if (st == FERRY_TIMEOUT)
+        drain_message(text, size, ferry_last_error(), ns);
+    *status = st;
+    return 0;
+}
+
+static PyObject *pool_drain(PyObject *obj, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"timeout", NULL};
+    fy_pool *self = (fy_pool *)obj;
+    PyObject *timeout = Py_None;
+    uint64_t ns;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|O:drain", keywords, &timeout) ||
+        fy_pool_check(self) < 0 ||
+        fy_timeout_arg(timeout, self->drain_ns ? self->drain_ns : FY_DEFAULT_WAIT_NS, &ns) < 0)
+        return NULL;
+    ferry_status st;
+    char text[1024];
+    if (drain_sliced(self, ns, &st, text, sizeof(text)) < 0)
+        return NULL;
+    if (st == FERRY_TIMEOUT)
+        return fy_raise_as(NULL, st, text);
+    if (st != FERRY_OK)
+        return fy_raise_pool(st, self->pool);
     Py_RETURN_NONE;
+}
+
+/* Logs a warning through logging.getLogger("ferry"); errors are dropped. */
+static void log_warning(const char *text)
+{
+    PyObject *logging = PyImport_ImportModule("logging");
+    PyObject *logger = logging ? PyObject_CallMethod(logging, "getLogger", "s", "ferry") : NULL;
+    PyObject *r = logger ? PyObject_CallMethod(logger, "warning", "s", text) : NULL;
+    if (!r)
+        PyErr_Clear();
+    Py_XDECREF(r);
+    Py_XDECREF(logger);
+    Py_XDECREF(logging);
+}
+
+/* close(drain=...): drains up to ns first (0: not at all), then closes. A drain that times out
+ * is logged and the pool closed anyway; Ctrl-C during it closes at once and raises. */
+static PyObject *close_draining(fy_pool *self, uint64_t ns)
+{
+    if (ns && self->pool && !self->closed) {
+        ferry_status st;
+        char text[1024];
+        if (drain_sliced(self, ns, &st, text, sizeof(text)) < 0) {
+            PyObject *type, *value, *traceback;
+            PyErr_Fetch(&type, &value, &traceback);
+            close_pool(self);
+            PyErr_Restore(type, value, traceback);
+            return NULL;
+        }
+        if (st == FERRY_TIMEOUT) {
+            char line[1100];
+            snprintf(line, sizeof(line), "%s; closing anyway", text);
+            log_warning(line);
+        }
+    }
+    close_pool(self);
+    Py_RETURN_NONE;
+}
+
+/* drain= of close: None (the pool's drain_timeout, else none), False, True (the pool's
+ * drain_timeout if one was given, 0 included, else dflt) or seconds. */
+static int drain_arg(fy_pool *self, PyObject *drain, uint64_t dflt, uint64_t *ns)
+{
+    if (drain == NULL || drain == Py_None) {
+        *ns = self->drain_ns;
+        return 0;
+    }
+    if (PyBool_Check(drain)) {
+        *ns = drain == Py_False ? 0 : self->drain_set ? self->drain_ns : dflt;
+        return 0;
+    }
+    return fy_timeout_arg(drain, 0, ns);
+}
+
+static PyObject *pool_close(PyObject *obj, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"drain", NULL};
+    fy_pool *self = (fy_pool *)obj;
+    PyObject *drain = Py_None;
+    uint64_t ns;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|O:close", keywords, &drain) ||
+        drain_arg(self, drain, FY_EXIT_DRAIN_NS, &ns) < 0)
+        return NULL;
+    return close_draining(self, ns);
 }
 
 static PyObject *pool_enter(PyObject *obj, PyObject *unused)
@@ -299,10 +438,19 @@ static PyObject *pool_enter(PyObject *obj, PyObject *unused)
     return Py_NewRef(obj);
 }
 
+/* A with block that ends normally drains first (drain=True); one that raised closes as
+ * close() does. */
 static PyObject *pool_exit(PyObject *obj, PyObject *args)
 {
-    (void)args;
-    close_pool((fy_pool *)obj);
+    fy_pool *self = (fy_pool *)obj;
+    PyObject *type = PyTuple_Check(args) && PyTuple_GET_SIZE(args) > 0 ? PyTuple_GET_ITEM(args, 0)
+                                                                        : Py_None;
+    uint64_t ns = 0;
+    drain_arg(self, type == Py_None ? Py_True : Py_None, FY_EXIT_DRAIN_NS, &ns);
+    PyObject *r = close_draining(self, ns);
+    if (!r)
+        return NULL;
+    Py_DECREF(r);
     Py_RETURN_FALSE;
 }
 
@@ -486,7 +634,41 @@ static PyObject *get_on_full(PyObject *obj, void *closure)
     return PyUnicode_FromString(policies[((fy_pool *)obj)->on_full]);
 }
 
+static PyObject *get_address(PyObject *obj, void *closure)
+{
+    (void)closure;
+    fy_pool *self = (fy_pool *)obj;
+    if (!self->pool)
+        return PyErr_Format(PyExc_RuntimeError, "the Pool was not initialised");
+    return PyUnicode_FromString(self->address);
+}
+
+static PyObject *get_channel_depth(PyObject *obj, void *closure)
+{
+    (void)closure;
+    return PyLong_FromLongLong(((fy_pool *)obj)->channel_depth);
+}
+
+static PyObject *get_drain_timeout(PyObject *obj, void *closure)
+{
+    (void)closure;
+    uint64_t ns = ((fy_pool *)obj)->drain_ns;
+    if (!((fy_pool *)obj)->drain_set)
+        Py_RETURN_NONE;
+    return PyFloat_FromDouble(ns == FERRY_WAIT_FOREVER ? Py_HUGE_VAL : (double)ns / 1e9);
+}
+
 static PyGetSetDef pool_getset[] = {
+    {"address", get_address, NULL,
+     "The pool's address ('ferry:' and 32 hex digits): consumers on this machine connect to "
+     "it (ferry.connect). Valid after close() too (nobody serves it then).",
+     NULL},
+    {"channel_depth", get_channel_depth, NULL, "Descriptors each rank's ring holds (send).",
+     NULL},
+    {"drain_timeout", get_drain_timeout, NULL,
+     "Seconds close() waits for every lease to be acknowledged first (None: not given: no "
+     "wait, 10 s at the end of a with block; 0: never).",
+     NULL},
     {"backend", get_backend, NULL, "The backend the pool uses ('host', 'cuda_ipc', 'cuda_vmm').",
      NULL},
     {"device", get_device, NULL, "The pool's GPU ordinal; -1 for host pools.", NULL},
@@ -539,9 +721,28 @@ static PyMethodDef pool_methods[] = {
     {"reclaim", pool_reclaim, METH_NOARGS,
      "reclaim() -> int\n\nFrees every acknowledged lease now (the background reclaimer does it "
      "too) and returns how many."},
-    {"close", pool_close, METH_NOARGS,
-     "close()\n\nShuts the pool down: refuses new publishers, waits for active ones, releases "
-     "the memory. Waiting consumers see ProducerGone. Closing twice is harmless. While a "
+    {"send", METH_KW(fy_pool_send),
+     "send(x, ranks=None, stream=None, timeout=None) -> Descriptor | list[Descriptor] | None\n\n"
+     "Publishes x (one tensor, or a list or tuple of them packed into one lease) as publish "
+     "and publish_many do, and queues its descriptors in the descriptor ring of every rank "
+     "(ranks=None), of one rank (an int), of a range of ranks or of a list of them: consumers "
+     "connected with ferry.connect(pool.address, rank) get it from Receiver.recv(). Ranks not "
+     "chosen are acknowledged for at once. A rank whose ring is full follows on_full as a "
+     "full pool does (timeout= overrides the wait). Returns the Descriptor (a list for a "
+     "list), or None under on_full='none'."},
+    {"drain", METH_KW(pool_drain),
+     "drain(timeout=None)\n\nWaits until every published lease has been acknowledged by all "
+     "its ranks (or on behalf of ranks whose process died). timeout: seconds (default: the "
+     "pool's drain_timeout, else 10; inf: forever); Timeout names the slowest rank. Ctrl-C "
+     "ends the wait (KeyboardInterrupt)."},
+    {"close", METH_KW(pool_close),
+     "close(drain=None)\n\nShuts the pool down: refuses new publishers, waits for active ones, "
+     "releases the memory. Waiting consumers see ProducerGone. Closing twice is harmless. "
+     "drain: wait for every published lease to be acknowledged first, up to drain seconds "
+     "(True: the pool's drain_timeout if one was given, else 10 s; None: the pool's "
+     "drain_timeout, else no wait; False: no wait); a drain that runs out is logged ('ferry' logger) and the pool "
+     "closed anyway; Ctrl-C closes at once. A with block that ends normally closes with "
+     "drain=True, one that raised as close(). While a "
      "reservation's buffer or DLPack tensor is alive, the pool refuses every call from here "
      "(Closing) and the rest of the shutdown happens when the last of them is freed."},
     {"__enter__", pool_enter, METH_NOARGS, NULL},
@@ -555,7 +756,7 @@ PyTypeObject fy_PoolType = {
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "Pool(size, consumers, *, backend='auto', device=0, max_inflight=4096, "
               "reclaim_interval_us=1000, control='host', on_full='raise', timeout=None, "
-              "vmm_handle='auto')\n--\n\n"
+              "vmm_handle='auto', channel_depth=64, drain_timeout=None)\n--\n\n"
               "A producer's pool of size bytes read by consumers ranks.",
     .tp_new = PyType_GenericNew,
     .tp_init = pool_init,

@@ -134,6 +134,8 @@ typedef struct publish_call {
     const void **srcs;
     ferry_descriptor *descs;
     uint64_t needed; /* bytes of the lease */
+    int send;        /* Pool.send: ferry_pool_send to ranks (NULL: every rank) */
+    const ferry_ranks *ranks;
 } publish_call;
 
 static int take_sources(publish_call *c, PyObject *const *items)
@@ -158,7 +160,10 @@ static ferry_status publish_once(publish_call *c, uint64_t wait_ns)
     ferry_pool *pool = c->self->pool;
     int gpu = FY_POOL_GPU(c->self);
     Py_BEGIN_ALLOW_THREADS
-    if (gpu)
+    if (c->send)
+        st = ferry_pool_send(pool, c->tensors, c->srcs, c->count, c->ranks, gpu ? c->stream : NULL,
+                             wait_ns, c->descs);
+    else if (gpu)
         st = ferry_pool_publish_many_async(pool, c->tensors, c->srcs, c->count, c->stream, wait_ns,
                                            c->descs);
     else
@@ -311,5 +316,85 @@ PyObject *fy_pool_publish_many(fy_pool *self, PyObject *args, PyObject *kwargs)
         fy_log_hold_end(&hold, !result && PyErr_ExceptionMatches(fy_PoolFull));
     }
     Py_DECREF(seq);
+    return result;
+}
+
+/* ranks= of Pool.send: None (every rank), an int, a range (first and count) or a sequence of
+ * ints. *list gets the ints (PyMem, the caller frees it). 0, or -1 with an exception. */
+static int ranks_arg(PyObject *obj, ferry_ranks *ranks, uint32_t **list)
+{
+    *list = NULL;
+    memset(ranks, 0, sizeof(*ranks));
+    if (PyObject_TypeCheck(obj, &PyRange_Type))
+        return fy_range_arg(obj, &ranks->first, &ranks->count);
+    if (PyLong_Check(obj) && !PyBool_Check(obj)) {
+        if (!(*list = PyMem_Malloc(sizeof(**list))))
+            return PyErr_NoMemory(), -1;
+        ranks->count = 1;
+        ranks->list = *list;
+        return fy_rank_arg(obj, *list);
+    }
+    if (!PyList_Check(obj) && !PyTuple_Check(obj)) {
+        PyErr_Format(PyExc_TypeError,
+                     "ranks must be None (every rank), an int, a range or a list of ints, not "
+                     "%.100s",
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    PyObject *seq = fy_tuple_arg(obj, "ranks must be a list of ints");
+    if (!seq)
+        return -1;
+    Py_ssize_t n = PyTuple_GET_SIZE(seq);
+    *list = PyMem_Calloc(n ? (size_t)n : 1, sizeof(**list));
+    int rc = *list ? 0 : (PyErr_NoMemory(), -1);
+    for (Py_ssize_t i = 0; rc == 0 && i < n; i++) {
+        PyObject *item = PyTuple_GET_ITEM(seq, i);
+        if (PyBool_Check(item) || !PyLong_Check(item)) {
+            PyErr_Format(PyExc_TypeError, "ranks must be ints, got %.100s",
+                         Py_TYPE(item)->tp_name);
+            rc = -1;
+        } else {
+            rc = fy_rank_arg(item, &(*list)[i]);
+        }
+    }
+    Py_DECREF(seq);
+    ranks->list = *list;
+    ranks->count = (uint32_t)n;
+    return rc;
+}
+
+PyObject *fy_pool_send(fy_pool *self, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"x", "ranks", "stream", "timeout", NULL};
+    PyObject *x, *ranks_obj = Py_None, *stream = Py_None, *timeout = Py_None;
+    publish_call c;
+    ferry_ranks ranks;
+    uint32_t *list = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|OOO:send", keywords, &x, &ranks_obj, &stream,
+                                     &timeout) ||
+        prepare(&c, self, stream, timeout) < 0)
+        return NULL;
+    if (ranks_obj != Py_None && ranks_arg(ranks_obj, &ranks, &list) < 0) {
+        PyMem_Free(list);
+        return NULL;
+    }
+    c.send = 1;
+    c.ranks = ranks_obj == Py_None ? NULL : &ranks;
+    /* One tensor, or a list or tuple of them (one lease, packed; a tuple of its own: __dlpack__
+     * runs Python code, which may change a list given here). */
+    int single = !PyList_Check(x) && !PyTuple_Check(x);
+    PyObject *seq = single ? PyTuple_Pack(1, x) : fy_tuple_arg(x, "send takes a tensor or a list");
+    PyObject *result = NULL;
+    if (seq && PyTuple_GET_SIZE(seq) == 0)
+        PyErr_SetString(PyExc_ValueError, "send needs at least one tensor");
+    else if (seq) {
+        c.count = (size_t)PyTuple_GET_SIZE(seq);
+        fy_log_hold hold;
+        fy_log_hold_begin(&hold);
+        result = publish_items(&c, &PyTuple_GET_ITEM(seq, 0), single);
+        fy_log_hold_end(&hold, !result && PyErr_ExceptionMatches(fy_PoolFull));
+    }
+    Py_XDECREF(seq);
+    PyMem_Free(list);
     return result;
 }

@@ -263,23 +263,24 @@ static int same_lease(const ferry_descriptor *a, const ferry_descriptor *b)
            a->generation == b->generation;
 }
 
-static int parse_descs(PyObject *const *items, size_t count, recv_call *c)
+static int parse_descs(PyObject *const *items, size_t count, ferry_descriptor *descs)
 {
     for (size_t i = 0; i < count; i++) {
-        if (fy_descriptor_get(items[i], &c->descs[i]) < 0)
+        if (fy_descriptor_get(items[i], &descs[i]) < 0)
             return -1;
-        if (i && !same_lease(&c->descs[0], &c->descs[i])) {
+        if (i && !same_lease(&descs[0], &descs[i])) {
             PyErr_SetString(PyExc_ValueError,
                             "receive_many takes the descriptors of one publish_many (one lease)");
             return -1;
         }
     }
-    c->gpu = c->descs[0].device >= 0; /* the pool's data is on a GPU */
     return 0;
 }
 
 typedef struct recv_args {
     PyObject *rank, *device, *copy, *stream, *timeout, *out;
+    uint64_t timeout_ns; /* instead of timeout when has_timeout_ns */
+    int has_timeout_ns;
 } recv_args;
 
 static int no_arg(PyObject *obj)
@@ -287,14 +288,15 @@ static int no_arg(PyObject *obj)
     return obj == NULL || obj == Py_None;
 }
 
-static int parse_options(const recv_args *a, recv_call *c, uint32_t *rank)
+static int parse_options(const recv_args *a, recv_call *c)
 {
     int copy = PyObject_IsTrue(a->copy);
-    if (copy < 0 || fy_rank_arg(a->rank, rank) < 0 ||
-        fy_consumer_device(&c->descs[0], a->device, &c->device) < 0 ||
-        fy_timeout_arg(a->timeout, FY_DEFAULT_WAIT_NS, &c->timeout_ns) < 0 ||
+    if (copy < 0 || fy_consumer_device(&c->descs[0], a->device, &c->device) < 0 ||
+        (!a->has_timeout_ns && fy_timeout_arg(a->timeout, FY_DEFAULT_WAIT_NS, &c->timeout_ns) < 0) ||
         (c->gpu && fy_stream_arg(a->stream, &c->stream) < 0))
         return -1;
+    if (a->has_timeout_ns)
+        c->timeout_ns = a->timeout_ns;
     c->copy = copy;
     if (!no_arg(a->out) && !copy) {
         PyErr_SetString(PyExc_ValueError,
@@ -306,7 +308,7 @@ static int parse_options(const recv_args *a, recv_call *c, uint32_t *rank)
 
 /* out=: the caller's tensor, C-contiguous and writable, of the descriptor's dtype and element
  * count (any shape). Its device is the consumer's unless device= says otherwise. */
-static int take_out(const recv_args *a, recv_call *c, fy_import *into)
+static int take_out(const recv_args *a, recv_call *c, fy_import *into, int fixed_device)
 {
     if (fy_import_writable(a->out, !c->gpu, c->stream, into) < 0)
         return -1;
@@ -325,7 +327,7 @@ static int take_out(const recv_args *a, recv_call *c, fy_import *into)
         fy_import_release(into);
         return -1;
     }
-    if (c->gpu && no_arg(a->device) && into->device_type == FY_DL_CUDA)
+    if (c->gpu && !fixed_device && no_arg(a->device) && into->device_type == FY_DL_CUDA)
         c->device = into->device_id;
     c->into = into;
     return 0;
@@ -336,7 +338,7 @@ static PyObject *results(recv_call *c, PyObject *const *items, int single)
     PyObject *list = single ? NULL : PyList_New((Py_ssize_t)c->count);
     PyObject *first = NULL;
     for (size_t i = 0; i < c->count; i++) {
-        int reuse = PyObject_TypeCheck(items[i], &fy_DescriptorType);
+        int reuse = items && PyObject_TypeCheck(items[i], &fy_DescriptorType);
         PyObject *desc = reuse ? Py_NewRef(items[i]) : fy_descriptor_new(&c->descs[i]);
         PyObject *r = NULL;
         if (desc)
@@ -375,13 +377,21 @@ static PyObject *finish(ferry_status st, recv_call *c, PyObject *const *items, c
     return results(c, items, single);
 }
 
-static PyObject *receive_items(PyObject *const *items, size_t count, const recv_args *a, int single)
+/* The receive of count decoded descriptors of one lease (descs, which the call copies) as
+ * rank, through consumer (NULL: the cache's consumer of rank on the device the options name;
+ * given: its device, also for out=). items: the Descriptor objects to hand back, or NULL.
+ * *status (may be NULL) gets the library's status of a failed receive, FERRY_OK for other
+ * failures (an argument refused: nothing read or acknowledged). */
+static PyObject *receive_descs(const ferry_descriptor *descs, size_t count, PyObject *const *items,
+                               const recv_args *a, fy_consumer *given, uint32_t rank,
+                               int single, ferry_status *status)
 {
     recv_call c;
     fy_import into;
-    uint32_t rank = 0;
     memset(&c, 0, sizeof(c));
     memset(&into, 0, sizeof(into));
+    if (status)
+        *status = FERRY_OK;
     c.count = count;
     c.descs = PyMem_Calloc(count, sizeof(*c.descs));
     c.out = PyMem_Calloc(count, sizeof(*c.out));
@@ -390,13 +400,32 @@ static PyObject *receive_items(PyObject *const *items, size_t count, const recv_
         PyErr_NoMemory();
         goto free_arrays;
     }
-    if (parse_descs(items, count, &c) < 0 || parse_options(a, &c, &rank) < 0 ||
-        (!no_arg(a->out) && take_out(a, &c, &into) < 0) ||
-        !(c.consumer = fy_consumer_get(rank, c.device)))
+    memcpy(c.descs, descs, count * sizeof(*descs));
+    c.gpu = c.descs[0].device >= 0; /* the pool's data is on a GPU */
+    if (parse_options(a, &c) < 0)
+        goto free_arrays;
+    if (given && c.gpu && given->device < 0) {
+        PyErr_Format(PyExc_ValueError,
+                     "the lease is in GPU memory (a pool on device %d) but this Receiver was "
+                     "connected for host pools only: connect with device= (the GPU its copies "
+                     "go to)",
+                     (int)c.descs[0].device);
+        goto free_arrays;
+    }
+    if (given)
+        c.device = c.gpu ? given->device : -1;
+    if (!no_arg(a->out) && take_out(a, &c, &into, given != NULL) < 0)
+        goto free_arrays;
+    if (given)
+        fy_consumer_ref(c.consumer = given);
+    else if (!(c.consumer = fy_consumer_get(rank, c.device)))
         goto free_arrays;
     ferry_status st;
-    if (run_sliced(&c, &st) == 0)
+    if (run_sliced(&c, &st) == 0) {
         result = finish(st, &c, items, a, single);
+        if (!result && status)
+            *status = st;
+    }
     for (size_t i = 0; i < count; i++) /* left over only if results failed early */
         fy_payload_release(c.out[i]);
 free_arrays:
@@ -407,13 +436,34 @@ free_arrays:
     return result;
 }
 
+static PyObject *receive_items(PyObject *const *items, size_t count, const recv_args *a, int single)
+{
+    ferry_descriptor *descs = PyMem_Calloc(count, sizeof(*descs));
+    uint32_t rank = 0;
+    if (!descs)
+        return PyErr_NoMemory();
+    PyObject *result = NULL;
+    if (parse_descs(items, count, descs) == 0 && fy_rank_arg(a->rank, &rank) == 0)
+        result = receive_descs(descs, count, items, a, NULL, rank, single, NULL);
+    PyMem_Free(descs);
+    return result;
+}
+
+PyObject *fy_receive_leased(fy_consumer *consumer, const ferry_descriptor *descs, size_t count,
+                            PyObject *copy, PyObject *stream, PyObject *out, uint64_t timeout_ns,
+                            int single, ferry_status *status)
+{
+    recv_args a = {NULL, Py_None, copy, stream, Py_None, out, timeout_ns, 1};
+    return receive_descs(descs, count, NULL, &a, consumer, consumer->rank, single, status);
+}
+
 #define RECV_KEYWORDS "rank", "device", "copy", "stream", "timeout"
 
 PyObject *fy_receive(PyObject *module, PyObject *args, PyObject *kwargs)
 {
     static char *keywords[] = {"descriptor", RECV_KEYWORDS, "out", NULL};
     PyObject *desc;
-    recv_args a = {NULL, Py_None, Py_True, Py_None, Py_None, Py_None};
+    recv_args a = {NULL, Py_None, Py_True, Py_None, Py_None, Py_None, 0, 0};
     (void)module;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|$OOOOOO:receive", keywords, &desc, &a.rank,
                                      &a.device, &a.copy, &a.stream, &a.timeout, &a.out))
@@ -429,7 +479,7 @@ PyObject *fy_receive_many(PyObject *module, PyObject *args, PyObject *kwargs)
 {
     static char *keywords[] = {"descriptors", RECV_KEYWORDS, NULL};
     PyObject *descs;
-    recv_args a = {NULL, Py_None, Py_True, Py_None, Py_None, Py_None};
+    recv_args a = {NULL, Py_None, Py_True, Py_None, Py_None, Py_None, 0, 0};
     (void)module;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|$OOOOO:receive_many", keywords, &descs,
                                      &a.rank, &a.device, &a.copy, &a.stream, &a.timeout))

@@ -171,6 +171,41 @@ def fake_reserve(shape, dtype, data, **kwargs):
     return res.descriptor, device, res.__dlpack_device__()
 
 
+def fake_send(arrays, cuda=False, **kwargs):
+    """Pool.send of numpy arrays (as CudaLike with cuda); a list sends them packed. Returns
+    the pool's address and the descriptors."""
+    pool = POOLS["pool"]
+    sources = [CudaLike(a) if cuda else a for a in arrays]
+    ds = pool.send(sources if len(sources) > 1 else sources[0], **kwargs)
+    del sources
+    gc.collect()
+    return pool.address, ds
+
+
+def fake_channel_recv(address, rank, device=0, copy=True, out=False, **kwargs):
+    """ferry.connect + recv: each tensor's bytes (a list for a packed lease)."""
+    with ferry.connect(address, rank, device=device) as rx:
+        if out:
+            got = rx.recv(timeout=5, out=CudaLike(np.zeros(out[0], out[1]), device=device),
+                          **kwargs)
+            rx_items = [got]
+        else:
+            got = rx.recv(timeout=5, copy=copy, **kwargs)
+            rx_items = got if isinstance(got, list) else [got]
+        infos = []
+        for r in rx_items:
+            if isinstance(r, CudaLike):
+                infos.append({"data": r.array.tobytes(), "shape": r.array.shape})
+                continue
+            r.synchronize()
+            info = read_dlpack(r, max_version=(1, 0))
+            infos.append({"data": info["data"], "shape": info["shape"],
+                          "device": info["device"]})
+        del got, rx_items
+        gc.collect()
+        return infos
+
+
 def fake_stats():
     return POOLS["pool"].stats()
 

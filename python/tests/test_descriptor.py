@@ -10,7 +10,7 @@ import ferry
 
 @pytest.fixture(scope="module")
 def descriptors():
-    with ferry.Pool(1 << 20, 2) as pool:
+    with ferry.Pool(1 << 20, 2, drain_timeout=0) as pool:
         yield pool.publish(np.zeros((2, 5), np.complex64)), pool.publish(np.arange(7))
 
 

@@ -243,3 +243,20 @@ def test_auto_backend_follows_the_data(fake_pair):
     # A GPU backend that names no device is on GPU 0.
     assert producer.call("fake_make_pool", "cuda_ipc", 8 << 20, 1) == ("cuda_ipc", 0)
     producer.call("fake_close")
+
+
+@pytest.mark.parametrize("cuda", [False, True], ids=["host_source", "cuda_source"])
+def test_channel_send_and_recv(gpu, cuda):
+    producer, consumer = gpu
+    a, b = np.arange(6, dtype=np.float32), np.arange(5, dtype=np.int16)
+    address, d = producer.call("fake_send", [a], cuda=cuda)
+    assert d.device == 0
+    (info,) = consumer.call("fake_channel_recv", address, 0)
+    assert info["data"] == a.tobytes() and info["device"] == (DL_CUDA, 0)
+    producer.call("fake_send", [a, b], cuda=cuda)
+    infos = consumer.call("fake_channel_recv", address, 0, copy=False)
+    assert [i["data"] for i in infos] == [a.tobytes(), b.tobytes()]
+    producer.call("fake_send", [b], cuda=cuda)
+    (info,) = consumer.call("fake_channel_recv", address, 0, out=((5,), "int16"))
+    assert info["data"] == b.tobytes()
+    wait_until(lambda: drained(producer))

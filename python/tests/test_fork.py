@@ -8,7 +8,7 @@ import ferry
 
 
 def test_forked_child(worker):
-    with ferry.Pool(1 << 20, 1) as a, ferry.Pool(1 << 20, 1) as b:
+    with ferry.Pool(1 << 20, 1, drain_timeout=0) as a, ferry.Pool(1 << 20, 1) as b:
         cached, claimed = a.publish(np.arange(2)), a.publish(np.arange(3))
         fresh = b.publish(np.arange(4))
         seen = worker.call("fork_and_receive", cached, claimed, fresh, 0)

@@ -46,7 +46,7 @@ def test_multi_tensor_views(worker):
 
 
 def test_receive_many_needs_one_lease():
-    with ferry.Pool(1 << 20, 1) as pool:
+    with ferry.Pool(1 << 20, 1, drain_timeout=0) as pool:
         a, b = pool.publish(np.arange(3)), pool.publish(np.arange(3))
         with pytest.raises(ValueError, match="one lease"):
             ferry.receive_many([a, b], rank=0)
@@ -135,7 +135,7 @@ def test_stale_after_slot_reuse(worker):
 
 
 def test_pool_full_raises():
-    with ferry.Pool(ONE_SLICE, 1, max_inflight=8) as pool:
+    with ferry.Pool(ONE_SLICE, 1, max_inflight=8, drain_timeout=0) as pool:
         pool.publish(block())
         with pytest.raises(ferry.PoolFull) as info:
             pool.publish(block())
@@ -150,7 +150,7 @@ def test_pool_full_raises():
 
 
 def test_pool_full_none():
-    with ferry.Pool(ONE_SLICE, 1, max_inflight=8, on_full="none") as pool:
+    with ferry.Pool(ONE_SLICE, 1, max_inflight=8, on_full="none", drain_timeout=0) as pool:
         assert pool.publish(block()) is not None
         assert pool.publish(block()) is None
         assert pool.publish_many([np.zeros(4), np.zeros(4)]) is None
@@ -172,7 +172,8 @@ def test_pool_full_wait_until_a_consumer_acks(worker):
 
 
 def test_pool_full_wait_times_out():
-    with ferry.Pool(ONE_SLICE, 1, max_inflight=8, on_full="wait", timeout=0.3) as pool:
+    with ferry.Pool(ONE_SLICE, 1, max_inflight=8, on_full="wait", timeout=0.3,
+                    drain_timeout=0) as pool:
         pool.publish(block())
         start = time.monotonic()
         with pytest.raises(ferry.PoolFull):
@@ -224,7 +225,7 @@ def test_unexported_view_acknowledges_when_freed():
 
 
 def test_stats_and_consumer_info_fields(worker):
-    with ferry.Pool(1 << 20, 2) as pool:
+    with ferry.Pool(1 << 20, 2, drain_timeout=0) as pool:
         assert set(pool.stats()) == {
             "capacity", "usable_bytes", "bytes_in_use", "largest_free", "leases_in_flight",
             "high_water_bytes", "high_water_leases", "publishes", "pool_full_events",
@@ -261,7 +262,8 @@ def test_too_large_under_none_is_none(call):
 @pytest.mark.parametrize("call", ["publish", "publish_many", "reserve"])
 @pytest.mark.parametrize("policy", ["raise", "wait"])
 def test_too_large_raises_at_once(call, policy):
-    with ferry.Pool(ONE_SLICE, 1, max_inflight=8, on_full=policy, timeout=5) as pool:
+    with ferry.Pool(ONE_SLICE, 1, max_inflight=8, on_full=policy, timeout=5,
+                    drain_timeout=0) as pool:
         start = time.monotonic()
         with pytest.raises(ferry.TooLarge) as info:
             too_large_call(pool, call)

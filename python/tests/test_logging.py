@@ -22,7 +22,7 @@ def full_warnings(caplog):
 
 def test_pool_full_warning_goes_to_logging(caplog, capfd):
     caplog.set_level(logging.INFO, logger="ferry")
-    with ferry.Pool("384KiB", 1, on_full="none") as pool:
+    with ferry.Pool("384KiB", 1, on_full="none", drain_timeout=0) as pool:
         fill(pool)
         assert pool.publish(ITEM) is None
         assert pool.publish(ITEM) is None  # warned once per pool
@@ -35,7 +35,7 @@ def test_pool_full_warning_goes_to_logging(caplog, capfd):
 @pytest.mark.parametrize("policy, kwargs", [("wait", {"timeout": 0.05}), ("raise", {})])
 def test_no_warning_when_the_caller_gets_pool_full(caplog, capfd, policy, kwargs):
     caplog.set_level(logging.INFO, logger="ferry")
-    with ferry.Pool("384KiB", 1, on_full=policy, **kwargs) as pool:
+    with ferry.Pool("384KiB", 1, on_full=policy, **kwargs, drain_timeout=0) as pool:
         fill(pool)
         with pytest.raises(ferry.PoolFull) as info:
             pool.publish(ITEM)
@@ -48,7 +48,7 @@ def test_no_warning_when_the_caller_gets_pool_full(caplog, capfd, policy, kwargs
 
 def test_reserve_under_none_warns(caplog):
     caplog.set_level(logging.INFO, logger="ferry")
-    with ferry.Pool("384KiB", 1, on_full="none") as pool:
+    with ferry.Pool("384KiB", 1, on_full="none", drain_timeout=0) as pool:
         fill(pool)
         assert pool.reserve(ITEM.shape, "uint8") is None
     assert len(full_warnings(caplog)) == 1

@@ -62,7 +62,7 @@ def block():
 
 def full_pool(consumers=2):
     """A pool published into until PoolFull, once more with a wait, and once too large."""
-    pool = ferry.Pool(1 << 20, consumers, max_inflight=LEASES)
+    pool = ferry.Pool(1 << 20, consumers, max_inflight=LEASES, drain_timeout=0)
     ds = []
     with pytest.raises(ferry.PoolFull):
         for _ in range(10):
@@ -143,7 +143,7 @@ def test_text_matches_stats_and_consumer_info():
 
 
 def test_labels_are_escaped():
-    with ferry.Pool(1 << 20, 1) as pool:
+    with ferry.Pool(1 << 20, 1, drain_timeout=0) as pool:
         assert pool.metrics({}) == pool.metrics() == pool.metrics(None)
         pool.publish(block())
         labels = {"worker": 3, "job": 'a "b" {c}\\\nd', "zone": "été"}
@@ -158,14 +158,14 @@ def test_labels_are_escaped():
     ("worker=3", TypeError), ([("a", "b")], TypeError),
 ])  # fmt: skip
 def test_bad_labels_refused(labels, error):
-    with ferry.Pool(1 << 20, 1) as pool:
+    with ferry.Pool(1 << 20, 1, drain_timeout=0) as pool:
         with pytest.raises(error):
             pool.metrics(labels)
         assert pool.metrics().startswith("# HELP ferry_")
 
 
 def test_closed_pool():
-    pool = ferry.Pool(1 << 20, 1)
+    pool = ferry.Pool(1 << 20, 1, drain_timeout=0)
     pool.close()
     with pytest.raises(ferry.Closing):
         pool.metrics()
@@ -196,7 +196,7 @@ def test_collector_yields_the_text_metrics(prometheus_client):
 
     registry = prometheus_client.CollectorRegistry()
     pool, ds = full_pool(consumers=3)
-    other = ferry.Pool(1 << 20, 1)
+    other = ferry.Pool(1 << 20, 1, drain_timeout=0)
     with pool, other:
         ferry.ack(ds[1], ranks=range(0, 3))
         pool.reclaim()
@@ -227,7 +227,7 @@ def test_collector_yields_the_text_metrics(prometheus_client):
 def test_collector_on_the_default_registry(prometheus_client):
     from ferry.prometheus import FerryCollector
 
-    with ferry.Pool(1 << 20, 1) as pool:
+    with ferry.Pool(1 << 20, 1, drain_timeout=0) as pool:
         pool.publish(block())
         collector = FerryCollector(pool)
         prometheus_client.REGISTRY.register(collector)
@@ -244,7 +244,7 @@ def test_collector_on_the_default_registry(prometheus_client):
 def test_collector_refuses_bad_labels(prometheus_client):
     from ferry.prometheus import FerryCollector
 
-    with ferry.Pool(1 << 20, 1) as pool:
+    with ferry.Pool(1 << 20, 1, drain_timeout=0) as pool:
         for labels in ({"pool": "x"}, {"9": "x"}, {"__a": "x"}):
             with pytest.raises(ValueError):
                 FerryCollector(pool, labels)
@@ -261,7 +261,7 @@ def test_import_without_prometheus_client():
         import sys
         sys.modules["prometheus_client"] = None  # import prometheus_client fails from here
         import ferry, ferry.prometheus
-        with ferry.Pool(1 << 20, 1) as pool:
+        with ferry.Pool(1 << 20, 1, drain_timeout=0) as pool:
             assert pool.metrics().startswith("# HELP ferry_")
             try:
                 ferry.prometheus.FerryCollector(pool)

@@ -96,7 +96,7 @@ def test_no_export_after_commit_or_cancel():
 
 
 def test_collected_reservation_is_cancelled(worker):
-    with ferry.Pool(1 << 20, 1) as pool:
+    with ferry.Pool(1 << 20, 1, drain_timeout=0) as pool:
         r = pool.reserve((4,), "float32")
         d = r.descriptor
         del r

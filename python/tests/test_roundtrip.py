@@ -33,7 +33,7 @@ def sample(shape, dtype):
 
 @pytest.fixture
 def pool():
-    with ferry.Pool(1 << 20, 1, backend="host") as p:
+    with ferry.Pool(1 << 20, 1, backend="host", drain_timeout=0) as p:
         yield p
 
 

@@ -102,7 +102,7 @@ def test_typing_stub_covers_the_extension():
     module = {n for n in vars(_ferry) if not n.startswith("__")}
     assert module - names == set()
     classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
-    for cls in ("Pool", "Descriptor", "Received", "Reservation"):
+    for cls in ("Pool", "Descriptor", "Received", "Reservation", "Receiver"):
         members = {m.name for m in classes[cls].body if isinstance(m, ast.FunctionDef)}
         actual = {n for n in vars(getattr(_ferry, cls)) if not n.startswith("_")}
         assert actual - members == set(), cls
