@@ -4,9 +4,9 @@
 # ferry::ferry_static and runs them; neither ferry's tests, nor -Werror on its sources, nor
 # its install rules come along. Then the same project takes ferry through FetchContent (a
 # local source folder, no network) with FERRY_TESTS=ON, which must configure and build too.
-#   usage: subproject_test.sh SOURCE_DIR CC [CMAKE]
+#   usage: subproject_test.sh SOURCE_DIR CC [CMAKE [CMOCKA_LIBRARY CMOCKA_INCLUDE_DIR]]
 set -euo pipefail
-src=$1 cc=$2 cmake=${3:-cmake}
+src=$1 cc=$2 cmake=${3:-cmake} cmocka_lib=${4:-} cmocka_inc=${5:-}
 jobs=$(nproc 2>/dev/null || echo 2)
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/ferry-subproject.XXXXXX")
@@ -107,6 +107,10 @@ fi
 # ferry's src/) build.
 b=$tmp/fetch
 targets=(--target app ferry_fakecuda)
-build_app "$b" -DAPP_FETCH=ON -DFETCHCONTENT_SOURCE_DIR_FERRY="$src" -DFERRY_TESTS=ON
+# cmocka where the parent build found it (a machine may have it outside the system paths).
+cmocka=()
+[ -n "$cmocka_lib" ] && cmocka+=(-DCMOCKA_LIBRARY="$cmocka_lib")
+[ -n "$cmocka_inc" ] && cmocka+=(-DCMOCKA_INCLUDE_DIR="$cmocka_inc")
+build_app "$b" -DAPP_FETCH=ON -DFETCHCONTENT_SOURCE_DIR_FERRY="$src" -DFERRY_TESTS=ON "${cmocka[@]}"
 check_runs "$b/app"
 echo "subproject_test: add_subdirectory and FetchContent ok"
