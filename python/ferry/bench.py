@@ -18,8 +18,9 @@ consumer has. Methods:
   ferry_channel  no channel of the bench's for the items: pool.send(tensor) on the producer's
               stream queues the descriptor in every rank's ring inside the pool, and each
               consumer (ferry.connect(pool.address, rank=i, device=...)) takes it with
-              rx.recv(out=preallocated) on its stream; the "done" replies still go through
-              the bench's channel, as for every other method
+              rx.recv(out=preallocated) on its stream (copy, then acknowledgement); the
+              producer learns that every consumer has its copy from pool.drain() (the
+              acknowledgements the consumers' streams write), not from a reply
   torch_mp    a torch.multiprocessing queue per consumer carrying the CUDA tensor (CUDA IPC
               under the hood), then a private clone on the consumer's GPU
   torch_ipc   torch.multiprocessing's CUDA IPC pickling of the tensor (what its queues
@@ -222,15 +223,15 @@ def _consume_channel(rank, device, chan, cpu, plan):
     for i in range(plan["items"]):
         if cpu:
             rx.recv(out=out)
-        else:
+        else:  # the copy and the acknowledgement are enqueued on the stream
             with torch.cuda.stream(stream):
                 rx.recv(out=out, stream=stream.cuda_stream)
+        if i in plan["verified"]:  # untimed: the producer waits for this reply
+            if not cpu:
                 stream.synchronize()
-        ok = True
-        if i in plan["verified"]:
             (expected,) = HEADER.unpack(chan.recv())
             ok = expected == (_checksum_numpy(out) if cpu else _checksum_torch(out))
-        chan.send(b"" if ok else b"checksum mismatch")
+            chan.send(b"" if ok else b"checksum mismatch")
     rx.close()
 
 
@@ -416,6 +417,17 @@ def measure(args, method, size, consumers, cpu):
         for i in range(items):
             timed = args.warmup <= i < args.warmup + args.iterations
             t0 = time.perf_counter()
+            if method == "ferry_channel":
+                # No channel of the bench's: the producer learns that every consumer has its
+                # copy when the lease is acknowledged by all (their streams write the acks).
+                _publish(method, pool, tensors[i % 2], cpu, stream)
+                pool.drain(timeout=120)
+                if timed:
+                    times.append((time.perf_counter() - t0) * 1e6)
+                else:
+                    run.send(b"", sums[i % 2])
+                    run.wait()
+                continue
             run.send(_publish(method, pool, tensors[i % 2], cpu, stream),
                      NO_CHECK if timed or method == "channel" else sums[i % 2])
             run.wait()

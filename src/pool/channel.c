@@ -7,6 +7,7 @@
  * sent to and for dead ones, then enqueues its descriptors and wakes the receivers: a send
  * that fails changes nothing. */
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +26,9 @@
 /* The longest a sender waiting for room sleeps between looks (a dead receiver is noticed by
  * the liveness checks, which no wake-up announces). */
 #define FERRY_SEND_SLICE_NS 2000000ull
+/* How long a drain yields before it sleeps between looks: acknowledgements are usually
+ * microseconds away, and GPU streams write theirs without waking anybody. */
+#define FERRY_DRAIN_SPIN_NS 200000ull
 
 ferry_status ferry__channel_init(ferry_pool *pool)
 {
@@ -400,7 +404,7 @@ ferry_status ferry_pool_drain(ferry_pool *pool, uint64_t timeout_ns)
     if (st != FERRY_OK)
         return st;
     ferry__shm_header *h = pool->mem.header;
-    uint64_t deadline = ferry__deadline(timeout_ns);
+    uint64_t deadline = ferry__deadline(timeout_ns), start = ferry__now_ns();
     ferry__fetch_add_seqcst32(&h->producer_waiters, 1);
     for (;;) {
         uint32_t seq = ferry__load_seqcst32(&h->ack_seq);
@@ -420,6 +424,10 @@ ferry_status ferry_pool_drain(ferry_pool *pool, uint64_t timeout_ns)
         pthread_mutex_unlock(&pool->lock);
         if (st != FERRY_OK || !left)
             break;
+        if (now - start < FERRY_DRAIN_SPIN_NS) { /* GPU streams' acks wake nobody */
+            sched_yield();
+            continue;
+        }
         uint64_t wait = deadline - now, slice = pool->ops->space_poll_ns;
         ferry__futex_wait(&h->ack_seq, seq, wait < slice ? wait : slice);
     }
