@@ -484,6 +484,27 @@ def parser():
     return ap
 
 
+def _speedups(results, counts, sizes, ours, channel):
+    """How many times slower each other method is than ours, by size and consumer count."""
+    lines = []
+    for n in counts:
+        for size in sizes:
+            base = {r["method"]: r["mean_us"] for r in results
+                    if r["size"] == size and r["consumers"] == n}
+            if ours not in base or len(base) < 2:
+                continue
+            parts = [f"{m} {base[m] / base[ours]:.1f}x" for m in base
+                     if m not in (ours, "channel")]
+            if ours == "ferry" and "channel" in base:
+                parts.append(f"(channel alone {base['channel']:.0f} us of ferry's "
+                             f"{base['ferry']:.0f} us)")
+            lines.append(f"  {human(size):>7s} x{n}: " + ", ".join(parts))
+    if lines:
+        how = "its rings" if ours == "ferry_channel" else f"the {channel} channel"
+        print(f"\nspeed-up of {ours} (mean round trip; {ours} through {how}):")
+        print("\n".join(lines))
+
+
 def main(argv=None):
     args = parser().parse_args(argv)
     if not args.cpu:
@@ -511,19 +532,8 @@ def main(argv=None):
                 results.append(r)
                 print(f"{method:13s} {human(size):>7s} {n:9d} {r['mean_us']:11.1f} "
                       f"{r['p50_us']:11.1f} {r['p99_us']:11.1f}", flush=True)
-    print(f"\nspeed-up of ferry (mean round trip, {args.channel} channel):")
-    for n in counts:
-        for size in sizes:
-            base = {r["method"]: r["mean_us"] for r in results
-                    if r["size"] == size and r["consumers"] == n}
-            if "ferry" not in base:
-                continue
-            parts = [f"{m} {base[m] / base['ferry']:.1f}x" for m in base
-                     if m not in ("ferry", "channel")]
-            if "channel" in base:
-                parts.append(f"(channel alone {base['channel']:.0f} us of ferry's "
-                             f"{base['ferry']:.0f} us)")
-            print(f"  {human(size):>7s} x{n}: " + ", ".join(parts))
+    for ours in ("ferry_channel", "ferry"):
+        _speedups(results, counts, sizes, ours, args.channel)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"consumer_device": args.consumer_device, "channel": args.channel,

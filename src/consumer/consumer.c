@@ -115,14 +115,28 @@ static uint64_t open_deadline(uint64_t deadline)
 }
 
 /* The opened pool for a descriptor (opening it on first use, claiming rank claim or none),
- * checked against it; the caller releases it with ferry__cache_release. */
+ * checked against it; the caller ends with call_release (or done). */
+/* The pool a call works on is borrowed from a connected consumer (which holds a reference
+ * until it is destroyed, after every call) or referenced for the call. */
+static void call_release(ferry_consumer *c, ferry__mapped_pool *p)
+{
+    if (p != c->bound)
+        ferry__cache_release(p);
+}
+
 static ferry_status pool_lookup(ferry_consumer *c, const ferry_descriptor *d, uint32_t claim,
                                 uint64_t deadline, int open_only, ferry__mapped_pool **out)
 {
     ferry__mapped_pool *p = NULL;
     int acking = claim == FERRY__RANK_NONE;
     ferry_status st = check_call(c, d);
-    if (st == FERRY_OK)
+    if (st != FERRY_OK)
+        return st;
+    /* A connected consumer's own pool: opened, its rank claimed at connect. */
+    if (c->bound && memcmp(d->pool_id, c->bound->pool_id, 16) == 0 &&
+        (acking || claim == c->rank))
+        p = c->bound;
+    else
         st = ferry__cache_acquire(d, claim, c->device, open_deadline(deadline), acking, &p);
     if (st != FERRY_OK)
         return st;
@@ -133,7 +147,7 @@ static ferry_status pool_lookup(ferry_consumer *c, const ferry_descriptor *d, ui
     if (st == FERRY_OK && !acking) /* acks reach the words through the placement alone */
         st = p->ops->view_map(p, c->device, open_deadline(deadline));
     if (st != FERRY_OK) {
-        ferry__cache_release(p);
+        call_release(c, p);
         return st;
     }
     *out = p;
@@ -141,9 +155,9 @@ static ferry_status pool_lookup(ferry_consumer *c, const ferry_descriptor *d, ui
 }
 
 /* What a call ends with: the pool's reference dropped, the error cleared on success. */
-static ferry_status done(ferry__mapped_pool *p, ferry_status st)
+static ferry_status done(ferry_consumer *c, ferry__mapped_pool *p, ferry_status st)
 {
-    ferry__cache_release(p);
+    call_release(c, p);
     if (st == FERRY_OK)
         ferry__clear_error();
     return st;
@@ -155,7 +169,7 @@ ferry_status ferry_consumer_open(ferry_consumer *c, const ferry_descriptor *d)
     ferry__mapped_pool *p;
     ferry_status st =
         pool_lookup(c, d, c ? c->rank : 0, ferry__deadline(FERRY_OPEN_TIMEOUT_NS), 1, &p);
-    return st == FERRY_OK ? done(p, st) : st;
+    return st == FERRY_OK ? done(c, p, st) : st;
 }
 
 /* ---- control words -------------------------------------------------------------------- */
@@ -311,7 +325,7 @@ ferry_status ferry_consumer_wait(ferry_consumer *c, const ferry_descriptor *d, u
     ferry_status st = pool_lookup(c, d, c ? c->rank : 0, deadline, 0, &p);
     if (st != FERRY_OK)
         return st;
-    return done(p, wait_ready(c, p, d, timeout_ns, deadline));
+    return done(c, p, wait_ready(c, p, d, timeout_ns, deadline));
 }
 
 static ferry_status copy_out(ferry_consumer *c, ferry__mapped_pool *p, const ferry_descriptor *d,
@@ -368,7 +382,7 @@ ferry_status ferry_consumer_read(ferry_consumer *c, const ferry_descriptor *d, v
         st = copy_out(c, p, d, dst);
     if (st == FERRY_OK)
         st = check_intact(c, p, d);
-    return done(p, st);
+    return done(c, p, st);
 }
 
 /* ---- views: each holds a reference on its pool until its rank acknowledges ---------------- */
@@ -457,7 +471,7 @@ ferry_status ferry_consumer_view(ferry_consumer *c, const ferry_descriptor *d, c
         st = wait_ready(c, p, d, timeout_ns, deadline);
     if (st == FERRY_OK)
         st = view_out(c, p, d, data);
-    return done(p, st);
+    return done(c, p, st);
 }
 
 /* ---- packed leases acknowledged part by part ---------------------------------------------- */
@@ -643,7 +657,7 @@ static ferry_status ack_call(ferry_consumer *c, const ferry_descriptor *d, uint3
         pool_lookup(c, d, FERRY__RANK_NONE, ferry__deadline(FERRY_OPEN_TIMEOUT_NS), 0, &p);
     if (st != FERRY_OK)
         return st;
-    return done(p, ack_ranks(c, p, d, first, count, strict, 0, NULL));
+    return done(c, p, ack_ranks(c, p, d, first, count, strict, 0, NULL));
 }
 
 ferry_status ferry_consumer_ack(ferry_consumer *c, const ferry_descriptor *d)
@@ -688,7 +702,7 @@ static ferry_status gpu_pool_for(ferry_consumer *c, const ferry_descriptor *d, u
     if (st == FERRY_OK && claim != FERRY__RANK_NONE)
         st = check_extent(p, d);
     if (st != FERRY_OK) {
-        ferry__cache_release(p);
+        call_release(c, p);
         return st;
     }
     *out = p;
@@ -721,7 +735,7 @@ ferry_status ferry_consumer_read_async(ferry_consumer *c, const ferry_descriptor
         st = p->ops->view_enqueue_copy(p, c->device, d->offset, dst, d->length, stream);
     if (st == FERRY_OK)
         st = ack_ranks(c, p, d, c->rank, 1, 1, 1, stream);
-    return done(p, st);
+    return done(c, p, st);
 }
 
 ferry_status ferry_consumer_view_async(ferry_consumer *c, const ferry_descriptor *d, void *stream,
@@ -738,7 +752,7 @@ ferry_status ferry_consumer_view_async(ferry_consumer *c, const ferry_descriptor
         st = enqueue_ready_wait(c, p, d, stream);
     if (st == FERRY_OK)
         st = view_out(c, p, d, data);
-    return done(p, st);
+    return done(c, p, st);
 }
 
 ferry_status ferry_consumer_ack_async(ferry_consumer *c, const ferry_descriptor *d, void *stream)
@@ -748,5 +762,5 @@ ferry_status ferry_consumer_ack_async(ferry_consumer *c, const ferry_descriptor 
     ferry_status st = gpu_pool_for(c, d, FERRY__RANK_NONE, &p);
     if (st != FERRY_OK)
         return st;
-    return done(p, ack_ranks(c, p, d, c->rank, 1, 1, 1, stream));
+    return done(c, p, ack_ranks(c, p, d, c->rank, 1, 1, 1, stream));
 }
