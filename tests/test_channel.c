@@ -568,8 +568,7 @@ static void test_bad_input(void **state)
                          "ferry:0123",
                          "ferry:0123456789abcdef0123456789abcdeg",
                          "ferry:0123456789abcdef0123456789abcdef0",
-                         "pool:0123456789abcdef01234567"
-                         "89abcdef"};
+                         "pool:0123456789abcdef0123456789abcdef"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         assert_int_equal(ferry_consumer_connect(bad[i], 0, -1, &c), FERRY_INVALID_ARGUMENT);
         assert_non_null(strstr(ferry_last_error(), "is not a ferry address"));
