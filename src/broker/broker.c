@@ -852,8 +852,10 @@ ferry_status ferry__broker_error(const ferry__broker *broker, char *buf, size_t 
         status = broker->error_status;
         message = broker->error_msg;
     }
-    if (buf && buf_size > 0)
+    if (buf && buf_size > 0 && status != FERRY_OK)
         snprintf(buf, buf_size, "%s", message);
+    else if (buf && buf_size > 0) /* healthy: asked on every publish, nothing to format */
+        buf[0] = '\0';
     return status;
 }
 

@@ -15,6 +15,8 @@ static inline uint64_t ferry__now_ns(void)
 /* Deadline for a timeout, saturating at UINT64_MAX. */
 static inline uint64_t ferry__deadline(uint64_t timeout_ns)
 {
+    if (timeout_ns == UINT64_MAX) /* forever: no need to read the clock */
+        return UINT64_MAX;
     uint64_t now = ferry__now_ns();
     return timeout_ns > UINT64_MAX - now ? UINT64_MAX : now + timeout_ns;
 }

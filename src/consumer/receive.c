@@ -264,6 +264,15 @@ ferry_status ferry_consumer_recv(ferry_consumer *c, uint64_t timeout_ns, ferry_d
     if (st != FERRY_OK)
         return st;
     ferry__mapped_pool *p = c->bound;
+    if (!ferry__load_acquire32(&p->header->closing) && !ferry__load_acquire32(&p->gone)) {
+        int got = take(c, descs, max, count); /* the usual case: a lease is queued */
+        if (got == FERRY_OK) {
+            ferry__clear_error();
+            return FERRY_OK;
+        }
+        if (got != TAKE_EMPTY)
+            return (ferry_status)got;
+    }
     uint64_t deadline = ferry__deadline(timeout_ns), start = ferry__now_ns();
     uint64_t next_check = start + FERRY_READY_WAIT_SLICE_NS;
     for (;;) {

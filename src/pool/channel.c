@@ -250,8 +250,10 @@ static ferry_status make_room(ferry_pool *pool, const uint8_t *chosen, uint8_t *
             }
         }
         pthread_mutex_unlock(&pool->lock);
+        if (full < 0 || !timeout_ns)
+            return st;
         uint64_t now = ferry__now_ns();
-        if (full < 0 || now >= deadline)
+        if (now >= deadline)
             return st;
         ferry__ring *ring = ring_of(pool, (uint32_t)full);
         uint32_t head = ferry__load_acquire32(&ring->head);
@@ -298,7 +300,7 @@ static ferry_status send_checked(ferry_pool *pool, const ferry_tensor *tensors,
                                  uint8_t *preack, void *stream, uint64_t timeout_ns,
                                  ferry_descriptor *descs, uint8_t *encoded)
 {
-    uint64_t deadline = ferry__deadline(timeout_ns);
+    uint64_t deadline = timeout_ns ? ferry__deadline(timeout_ns) : 0; /* 0: never waits */
     ferry_status st = make_room(pool, chosen, preack, count, timeout_ns, deadline);
     if (st != FERRY_OK)
         return st;
@@ -307,8 +309,11 @@ static ferry_status send_checked(ferry_pool *pool, const ferry_tensor *tensors,
         dead += chosen[r] && preack[r];
         preack[r] = preack[r] || !chosen[r];
     }
-    uint64_t now = ferry__now_ns();
-    uint64_t left = deadline == UINT64_MAX ? UINT64_MAX : deadline > now ? deadline - now : 0;
+    uint64_t left = deadline == UINT64_MAX ? UINT64_MAX : 0;
+    if (timeout_ns && deadline != UINT64_MAX) {
+        uint64_t now = ferry__now_ns();
+        left = deadline > now ? deadline - now : 0;
+    }
     st = ferry__publish(pool, tensors, srcs, count, stream, left, descs, preack);
     if (st != FERRY_OK)
         return st;

@@ -535,7 +535,8 @@ static ferry_status too_large_locked(ferry_pool *pool, uint64_t bytes)
 static ferry_status lease_acquire(ferry_pool *pool, uint64_t bytes, int committed,
                                   uint64_t timeout_ns, lease *out)
 {
-    uint64_t deadline = ferry__deadline(timeout_ns);
+    /* The wait for space starts counting when the pool is found full (microseconds later):
+     * a publish that finds room reads no clock for it. */
     pthread_mutex_lock(&pool->lock);
     ferry_status st = usable_locked(pool);
     if (st == FERRY_OK && bytes > pool->data_size)
@@ -544,7 +545,8 @@ static ferry_status lease_acquire(ferry_pool *pool, uint64_t bytes, int committe
         pool->active++;
         st = lease_once_locked(pool, bytes, committed, out);
         if (st == FERRY_POOL_FULL)
-            st = wait_for_space_locked(pool, bytes, committed, timeout_ns, deadline, out);
+            st = wait_for_space_locked(pool, bytes, committed, timeout_ns,
+                                       ferry__deadline(timeout_ns), out);
         if (st != FERRY_OK)
             lease_done_locked(pool);
     }
