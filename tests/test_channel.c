@@ -19,8 +19,11 @@
 
 #include <cmocka.h>
 
+#include "broker/broker.h"
 #include "common/clock.h"
+#include "consumer/consumer.h"
 #include "ferry.h"
+#include "pool/layout.h"
 #include "helpers.h"
 #include "procs.h"
 
@@ -615,6 +618,79 @@ static void test_bad_input(void **state)
     ferry_pool_destroy(pool);
 }
 
+/* A poll fd is readable as soon as it is made (whatever happened while the producer was being
+ * handed it: a close, or entries another thread took), and a TIMEOUT re-arms it. */
+static void test_fd_readable_when_made(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(1, 4);
+    char addr[FERRY_ADDRESS_SIZE];
+    address_of(pool, addr);
+    ferry_consumer *c = connect_rank(addr, 0);
+    int fd;
+    assert_int_equal(ferry_consumer_fd(c, &fd), FERRY_OK);
+    struct pollfd p = {fd, POLLIN, 0};
+    assert_int_equal(poll(&p, 1, 1000), 1);
+    expect_empty(c);
+    assert_int_equal(poll(&p, 1, 0), 0);
+    ferry_consumer_destroy(c);
+    ferry_pool_destroy(pool);
+}
+
+/* A ring entry that is not what the producer wrote (here: a lease of 4 parts of which one is
+ * queued) is refused MALFORMED and dropped alone; the ring goes on working, and a receive
+ * with timeout 0 after it returns at once. */
+static void test_corrupt_entry_dropped(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(1, 4);
+    char addr[FERRY_ADDRESS_SIZE];
+    address_of(pool, addr);
+    ferry_consumer *c = connect_rank(addr, 0);
+    ferry_descriptor d;
+    assert_int_equal(send_stamped(pool, 64, 1, NULL, 0, &d), FERRY_OK);
+    d.flags |= FERRY_DESC_FLAG_MULTI;
+    d.part_count = 4;
+    uint8_t forged[FERRY_DESCRIPTOR_SIZE];
+    assert_int_equal(ferry_descriptor_encode(&d, forged), FERRY_OK);
+    ferry__ring *ring = ferry__ring_of(c->bound->header, 0);
+    memcpy(ferry__ring_entry(ring, 4, ring->head), forged, sizeof(forged));
+    size_t k;
+    ferry_descriptor got[4];
+    assert_int_equal(ferry_consumer_recv(c, 0, got, 4, &k), FERRY_MALFORMED);
+    uint64_t start = ferry__now_ns();
+    assert_int_equal(ferry_consumer_recv(c, 0, got, 4, &k), FERRY_TIMEOUT);
+    assert_true(ferry__now_ns() - start < 100 * MS);
+    assert_int_equal(ferry_consumer_ack_all(c, &d), FERRY_OK); /* the lease the entry named */
+    assert_int_equal(send_stamped(pool, 64, 2, NULL, 0, NULL), FERRY_OK);
+    recv_check(c, 2);
+    ferry_consumer_destroy(c);
+    ferry_pool_destroy(pool);
+}
+
+/* The producer signals the poll fds it is handed from its senders and its broker: a fd that
+ * is not an eventfd (a pipe, whose writes may block) is refused, and nothing hangs. */
+static void test_notify_takes_only_eventfds(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(1, 4);
+    char addr[FERRY_ADDRESS_SIZE];
+    address_of(pool, addr);
+    ferry_consumer *c = connect_rank(addr, 0);
+    int pipefd[2];
+    assert_int_equal(pipe(pipefd), 0);
+    ferry__mapped_pool *p = c->bound;
+    assert_int_equal(
+        ferry__broker_notify(p->broker, p->pool_id, 0, "pool broker", 2000 * MS, pipefd[1]),
+        FERRY_INVALID_ARGUMENT);
+    assert_int_equal(send_stamped(pool, 64, 3, NULL, 0, NULL), FERRY_OK);
+    recv_check(c, 3);
+    close(pipefd[0]);
+    close(pipefd[1]);
+    ferry_consumer_destroy(c);
+    ferry_pool_destroy(pool);
+}
+
 int main(int argc, char **argv)
 {
     if (argc >= 3 && strcmp(argv[1], "--helper") == 0)
@@ -632,6 +708,9 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_threads_share_a_rank),
         cmocka_unit_test(test_close_drains),
         cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_fd_readable_when_made),
+        cmocka_unit_test(test_corrupt_entry_dropped),
+        cmocka_unit_test(test_notify_takes_only_eventfds),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

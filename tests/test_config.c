@@ -88,6 +88,19 @@ static void test_struct_and_limits(void **state)
     assert_int_equal(ferry_pool_config_check(&c), FERRY_OK);
     c.struct_size = (uint32_t)offsetof(ferry_pool_config, vmm_handle);
     assert_int_equal(ferry_pool_config_check(&c), FERRY_INVALID_ARGUMENT);
+    /* A version 1 caller with more ranks than default rings fit gets smaller rings, not a
+     * refusal of a config that worked before. */
+    c = base_config();
+    c.version = 1;
+    c.struct_size = (uint32_t)(offsetof(ferry_pool_config, vmm_handle) + sizeof(int32_t));
+    c.consumer_count = 20000;
+    c.max_inflight_slices = 4;
+    assert_int_equal(ferry_pool_config_check(&c), FERRY_OK);
+    c.version = FERRY_POOL_CONFIG_VERSION; /* one that can name channel_depth is told */
+    c.struct_size = sizeof(c);
+    c.channel_depth = 64;
+    assert_int_equal(ferry_pool_config_check(&c), FERRY_INVALID_ARGUMENT);
+    assert_non_null(strstr(ferry_last_error(), "lower channel_depth"));
     /* Version 2 needs its own fields. */
     c = base_config();
     c.struct_size = (uint32_t)(offsetof(ferry_pool_config, vmm_handle) + sizeof(int32_t));

@@ -36,6 +36,11 @@ static inline int ferry__cas_acqrel32(volatile uint32_t *p, uint32_t *expected, 
     return __atomic_compare_exchange_n(p, expected, v, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
 }
 
+static inline int ferry__cas_seqcst32(volatile uint32_t *p, uint32_t *expected, uint32_t v)
+{
+    return __atomic_compare_exchange_n(p, expected, v, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+}
+
 static inline uint32_t ferry__exchange_seqcst32(volatile uint32_t *p, uint32_t v)
 {
     return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST);

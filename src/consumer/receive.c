@@ -190,12 +190,24 @@ static int take(ferry_consumer *c, ferry_descriptor *descs, size_t max, size_t *
         uint32_t tail = ferry__load_acquire32(&ring->tail);
         if (head == tail)
             return TAKE_EMPTY;
-        if (tail - head > depth)
-            continue; /* head moved on between the two loads */
+        if (tail - head > depth) {
+            if (ferry__load_after_reads32(&ring->head) != head)
+                continue; /* head moved on between the two loads */
+            return ferry__fail(FERRY_MALFORMED,
+                               "descriptor ring of rank %u is corrupt (head %u, tail %u, depth "
+                               "%u)",
+                               c->rank, head, tail, depth);
+        }
         ferry_status st = entry_load(ring, depth, head, &descs[0]);
         size_t k = st == FERRY_OK && descs[0].part_count ? descs[0].part_count : 1;
+        if (st == FERRY_OK && (k > tail - head || memcmp(descs[0].pool_id, p->pool_id, 16) != 0 ||
+                               descs[0].slot >= p->max_inflight)) {
+            st = ferry__fail(FERRY_MALFORMED, "descriptor ring of rank %u holds a foreign entry",
+                             c->rank);
+            k = 1; /* dropped alone: the entries after it are the producer's */
+        }
         if (st == FERRY_OK && k > max) {
-            if (ferry__load_acquire32(&ring->head) != head)
+            if (ferry__load_after_reads32(&ring->head) != head)
                 continue;
             *count = k;
             return ferry__fail(FERRY_INVALID_ARGUMENT,
@@ -203,11 +215,8 @@ static int take(ferry_consumer *c, ferry_descriptor *descs, size_t max, size_t *
         }
         for (size_t i = 1; i < k && st == FERRY_OK; i++)
             st = entry_load(ring, depth, head + (uint32_t)i, &descs[i]);
-        if (st == FERRY_OK && (k > tail - head || memcmp(descs[0].pool_id, p->pool_id, 16) != 0 ||
-                               descs[0].slot >= p->max_inflight))
-            st = ferry__fail(FERRY_MALFORMED, "descriptor ring of rank %u holds a foreign entry",
-                             c->rank);
-        if (!ferry__cas_acqrel32(&ring->head, &head, head + (uint32_t)k))
+        /* seq_cst: the store half of a Dekker pair with a sender's sleep on head. */
+        if (!ferry__cas_seqcst32(&ring->head, &head, head + (uint32_t)k))
             continue; /* another thread took them: the copies may be torn */
         if (ferry__load_seqcst32(&ring->senders))
             ferry__futex_wake_all(&ring->head);

@@ -7,6 +7,7 @@
  * sent to and for dead ones, then enqueues its descriptors and wakes the receivers: a send
  * that fails changes nothing. */
 #include <errno.h>
+#include <fcntl.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -122,27 +123,53 @@ ferry_status ferry__channel_describe(void *arg, uint8_t out[FERRY_DESCRIPTOR_SIZ
     return st;
 }
 
+/* 1 if fd is an eventfd, made non-blocking: a write to it can then never block the thread
+ * that signals it (a sender, or the broker). */
+static int eventfd_checked(int fd)
+{
+    char path[64], target[64];
+    snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(path, target, sizeof(target) - 1);
+    if (n <= 0)
+        return 0;
+    target[n] = '\0';
+    int flags = fcntl(fd, F_GETFL);
+    return strcmp(target, "anon_inode:[eventfd]") == 0 && flags >= 0 &&
+           fcntl(fd, F_SETFL, flags | O_NONBLOCK) == 0;
+}
+
+void ferry__channel_forget_rank_locked(ferry_pool *pool, uint32_t rank)
+{
+    pthread_mutex_lock(&pool->notify_lock);
+    int old = pool->notify_fds[rank];
+    pool->notify_fds[rank] = -1;
+    pthread_mutex_unlock(&pool->notify_lock);
+    if (old >= 0)
+        close(old);
+}
+
 ferry_status ferry__channel_notify(void *arg, uint32_t rank, pid_t pid, int fd)
 {
     ferry_pool *pool = arg;
     pthread_mutex_lock(&pool->lock);
-    /* Only the process holding the rank may be signalled for it. */
-    int holds = pool->ranks[rank].pid == pid && !pool->ranks[rank].dead;
+    /* Only the live process holding the rank may be signalled for it. */
+    const ferry__rank *rk = &pool->ranks[rank];
+    int holds = rk->pid == pid && !rk->dead && ferry__proc_starttime(pid) == rk->starttime;
     pthread_mutex_unlock(&pool->lock);
-    if (!holds) {
+    if (!holds || !eventfd_checked(fd)) {
         close(fd);
-        return FERRY_PERMISSION;
+        return holds ? FERRY_INVALID_ARGUMENT : FERRY_PERMISSION;
     }
     pthread_mutex_lock(&pool->notify_lock);
     int old = pool->notify_fds[rank];
     pool->notify_fds[rank] = fd;
+    /* Signalled once whatever happened before it arrived: entries queued (or taken by
+     * another thread of the rank) while it was on its way, or a close that already woke
+     * the fds (the fd may wake without a lease). */
+    signal_fd(fd);
     pthread_mutex_unlock(&pool->notify_lock);
     if (old >= 0)
         close(old);
-    /* Whatever was queued before the fd arrived is announced too. */
-    ferry__ring *ring = ring_of(pool, rank);
-    if (ferry__load_seqcst32(&ring->tail) != ferry__load_seqcst32(&ring->head))
-        signal_fd(fd);
     return FERRY_OK;
 }
 

@@ -95,6 +95,14 @@ void ferry__config_normalize(const ferry_pool_config *in, ferry_pool_config *out
     memcpy(out, in, n);
     out->struct_size = sizeof(*out);
     out->version = FERRY_POOL_CONFIG_VERSION;
+    /* A caller that cannot name channel_depth gets the default, or less where that many
+     * ranks' rings would not fit: its configs that worked before still do. */
+    if (n < offsetof(ferry_pool_config, channel_depth) + sizeof(int64_t) &&
+        out->consumer_count > 0 && out->consumer_count <= FERRY_MAX_CONSUMERS)
+        while (out->channel_depth > 1 &&
+               (uint64_t)out->consumer_count * ferry__ring_stride((uint64_t)out->channel_depth) >
+                   FERRY_MAX_RING_BYTES)
+            out->channel_depth /= 2;
 }
 
 ferry_status ferry__config_validate(const ferry_pool_config *config,

@@ -174,6 +174,7 @@ ferry_status ferry__rank_attached(void *arg, uint32_t rank, pid_t pid, pid_t *ho
             return FERRY_RANK_IN_USE;
         }
         settled = settle_dead_rank_locked(pool, rank, pid);
+        ferry__channel_forget_rank_locked(pool, rank);
     }
     rk->pid = pid;
     rk->starttime = start;
