@@ -539,12 +539,13 @@ FERRY_API ferry_status ferry_consumer_recv(ferry_consumer *consumer, uint64_t ti
                                            ferry_descriptor *descs, size_t max, size_t *count);
 
 /* A file descriptor that becomes readable when this rank's ring may hold a lease, and when
- * the producer closes the pool or dies: for poll/epoll/select and event loops (asyncio), one
- * per connected pool. Use it as: ferry_consumer_recv with timeout 0 until it answers TIMEOUT,
- * then poll the fd (a TIMEOUT answer re-arms it, and it is armed when made; it may wake
- * without a lease). The fd is
- * the consumer's (closed by ferry_consumer_destroy); the first call registers it with the
- * producer. */
+ * the producer closes the pool or dies (its pidfd is in the set, where the kernel has
+ * pidfds): for poll/epoll/select and event loops (asyncio), one per connected pool. Use it
+ * as: ferry_consumer_recv with timeout 0 until it answers TIMEOUT, then poll the fd (a
+ * TIMEOUT answer re-arms it; it is readable once when made, and may wake without a lease).
+ * The fd is the consumer's (closed by ferry_consumer_destroy); the first call hands an
+ * eventfd to the producer. The producer signals one fd per rank: of two connected consumers
+ * of one rank in a process, the later fd is the one signalled. */
 FERRY_API ferry_status ferry_consumer_fd(ferry_consumer *consumer, int *fd);
 
 /* Opens (or finds in the cache) the pool a descriptor names and claims this rank for the
