@@ -328,8 +328,13 @@ static void test_full_ring_policies(void **state)
     assert_true(l.got);
     /* a wait that times out */
     uint64_t start = ferry__now_ns();
+    ferry_pool_stats before = th_stats(pool);
     assert_int_equal(send_stamped(pool, 64, 4, &only0, 30 * MS, NULL), FERRY_POOL_FULL);
     assert_true(ferry__now_ns() - start >= 30 * MS);
+    ferry_pool_stats after = th_stats(pool); /* counted as a full pool's wait is */
+    assert_int_equal(after.pool_full_events, before.pool_full_events + 1);
+    assert_int_equal(after.pool_full_waits, before.pool_full_waits + 1);
+    assert_int_equal(after.pool_full_timeouts, before.pool_full_timeouts + 1);
     recv_check(c0, 2);
     recv_check(c0, 3);
     ferry_consumer_destroy(c0);

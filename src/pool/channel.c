@@ -5,7 +5,7 @@
  * advances its head. A send first makes room in every chosen ring (waiting as the full
  * policy says), then publishes the lease, acknowledging it at once for the ranks it is not
  * sent to and for dead ones, then enqueues its descriptors and wakes the receivers: a send
- * that fails changes nothing. */
+ * that fails leases and queues nothing (it may have emptied dead ranks' rings). */
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
@@ -260,14 +260,20 @@ static int64_t find_full_locked(ferry_pool *pool, const uint8_t *chosen, uint8_t
 static ferry_status make_room(ferry_pool *pool, const uint8_t *chosen, uint8_t *preack,
                               uint32_t need, uint64_t timeout_ns, uint64_t deadline)
 {
-    for (;;) {
+    for (int waited = 0;; waited = 1) {
         pthread_mutex_lock(&pool->lock);
         int closing = pool->closing;
         int64_t full = closing ? -1 : find_full_locked(pool, chosen, preack, need);
         ferry_status st = closing    ? ferry__pool_closing_error(pool)
                           : full < 0 ? FERRY_OK
                                      : ring_full(pool, (uint32_t)full, need);
-        if (full >= 0 && !timeout_ns) {
+        /* Counted as a full pool is: an event, a wait, a wait that gave up. */
+        if (full >= 0 && timeout_ns && !waited)
+            pool->stats.pool_full_waits++;
+        uint64_t now = full >= 0 && timeout_ns ? ferry__now_ns() : 0;
+        int expired = full >= 0 && timeout_ns && now >= deadline;
+        pool->stats.pool_full_timeouts += (uint64_t)expired;
+        if (full >= 0 && !waited) {
             pool->stats.pool_full_events++;
             if (!pool->warned_full) {
                 pool->warned_full = 1;
@@ -277,10 +283,7 @@ static ferry_status make_room(ferry_pool *pool, const uint8_t *chosen, uint8_t *
             }
         }
         pthread_mutex_unlock(&pool->lock);
-        if (full < 0 || !timeout_ns)
-            return st;
-        uint64_t now = ferry__now_ns();
-        if (now >= deadline)
+        if (full < 0 || !timeout_ns || expired)
             return st;
         ferry__ring *ring = ring_of(pool, (uint32_t)full);
         uint32_t head = ferry__load_acquire32(&ring->head);
