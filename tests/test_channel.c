@@ -24,6 +24,7 @@
 #include "consumer/consumer.h"
 #include "ferry.h"
 #include "pool/layout.h"
+#include "pool/pool.h"
 #include "helpers.h"
 #include "procs.h"
 
@@ -112,6 +113,12 @@ static int receiver_main(const char *role, const char *addr, uint32_t rank)
     if (strcmp(role, "hold") == 0)
         for (;;)
             pause();
+    if (strcmp(role, "sleep") == 0) { /* asleep in recv until killed */
+        ferry_descriptor d;
+        size_t k;
+        for (;;)
+            ferry_consumer_recv(c, 60000 * MS, &d, 1, &k);
+    }
     uint64_t verified = 0;
     static uint8_t buf[1 << 16];
     for (;;) {
@@ -477,6 +484,31 @@ static void test_receiver_killed_and_restarted(void **state)
     ferry_pool_destroy(pool);
 }
 
+/* A receiver killed in its sleep leaves the ring's count of sleepers raised (every send would
+ * then pay a wake-up); the process that takes the rank over starts with it cleared. */
+static void test_takeover_clears_sleepers(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(1, 4);
+    char addr[FERRY_ADDRESS_SIZE];
+    address_of(pool, addr);
+    ferry__ring *ring = ferry__ring_of(pool->mem.header, 0);
+    th_helper first = spawn_receiver("sleep", addr, 0);
+    for (int i = 0; i < 200 && !__atomic_load_n(&ring->receivers, __ATOMIC_ACQUIRE); i++) {
+        struct timespec ts = {0, 5 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    assert_int_equal(__atomic_load_n(&ring->receivers, __ATOMIC_ACQUIRE), 1);
+    kill(first.pid, SIGKILL);
+    th_reap_helper(&first);
+    assert_int_equal(__atomic_load_n(&ring->receivers, __ATOMIC_ACQUIRE), 1);
+    th_helper second = spawn_receiver("hold", addr, 0);
+    assert_int_equal(__atomic_load_n(&ring->receivers, __ATOMIC_ACQUIRE), 0);
+    kill(second.pid, SIGKILL);
+    th_reap_helper(&second);
+    ferry_pool_destroy(pool);
+}
+
 typedef struct recv_worker {
     ferry_consumer *c;
     uint64_t got;
@@ -710,6 +742,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_drain),
         cmocka_unit_test(test_producer_killed),
         cmocka_unit_test(test_receiver_killed_and_restarted),
+        cmocka_unit_test(test_takeover_clears_sleepers),
         cmocka_unit_test(test_threads_share_a_rank),
         cmocka_unit_test(test_close_drains),
         cmocka_unit_test(test_bad_input),

@@ -140,6 +140,9 @@ static int eventfd_checked(int fd)
 
 void ferry__channel_forget_rank_locked(ferry_pool *pool, uint32_t rank)
 {
+    /* A dead process killed in its sleep left its count of sleepers raised; the successor
+     * has no thread asleep yet (it claims the rank before it receives). */
+    ferry__store_seqcst32(&ring_of(pool, rank)->receivers, 0);
     pthread_mutex_lock(&pool->notify_lock);
     int old = pool->notify_fds[rank];
     pool->notify_fds[rank] = -1;

@@ -126,7 +126,8 @@ void ferry__channel_fini(ferry_pool *pool);
 /* Broker callbacks. */
 ferry_status ferry__channel_describe(void *pool, uint8_t out[FERRY_DESCRIPTOR_SIZE]);
 ferry_status ferry__channel_notify(void *pool, uint32_t rank, pid_t pid, int fd);
-/* A new process takes the rank over: the dead one's poll fd is closed. */
+/* A new process takes the rank over: the dead one's poll fd is closed and its count of
+ * sleeping receivers cleared. */
 void ferry__channel_forget_rank_locked(ferry_pool *pool, uint32_t rank);
 
 /* Latches the pool's first background failure (every later publish fails POOL_FAILED). */
