@@ -69,6 +69,7 @@
 #define BROKER_POLL_FIRST_CONN 2    /* poll slots: stop eventfd, listener, then connections */
 #define BROKER_BACKOFF_MS      10   /* pause after a transient accept failure */
 #define BROKER_RETRY_MS        1    /* client: pause before retrying a full backlog */
+#define BROKER_PATIENT_LEFT_MS 2    /* client: the least time left to ask a full table again */
 #define BROKER_BIND_ATTEMPTS   8    /* fresh random names tried on EADDRINUSE */
 #define BROKER_MAX_FDS         8    /* SCM_RIGHTS room when receiving (excess: MSG_CTRUNC) */
 #define BROKER_ERROR_MAX       256
@@ -144,8 +145,28 @@ typedef struct broker_call {
     uint64_t timeout_ns;
     int send_fd;      /* NOTIFY: the fd to hand over */
     uint8_t *payload; /* DESCRIBE: FERRY_DESCRIPTOR_SIZE bytes out */
+    int patient;      /* a broker refusing because its table is full is asked again */
     char hex[BROKER_HEX_SIZE];
 } broker_call;
+
+/* A control buffer with room for one descriptor, aligned for cmsghdr. */
+typedef union one_fd_control {
+    struct cmsghdr align;
+    char buf[CMSG_SPACE(sizeof(int))];
+} one_fd_control;
+
+/* Makes msg carry fd in SCM_RIGHTS (control is msg's buffer from then on). */
+static void attach_fd(struct msghdr *msg, one_fd_control *control, int fd)
+{
+    memset(control, 0, sizeof(*control));
+    msg->msg_control = control->buf;
+    msg->msg_controllen = sizeof(control->buf);
+    struct cmsghdr *c = CMSG_FIRSTHDR(msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &fd, sizeof(int));
+}
 
 /* ------------------------------------------------------------------------------------
  * Byte helpers and message codecs
@@ -359,10 +380,7 @@ static void send_reply(int conn, ferry_status status, uint64_t size, uint64_t de
 {
     broker_reply rep = {BROKER_REPLY_MAGIC, BROKER_VERSION, (uint16_t)status, size, detail};
     uint8_t buf[BROKER_DESCRIBE_SIZE];
-    union {
-        struct cmsghdr align;
-        char buf[CMSG_SPACE(sizeof(int))];
-    } control;
+    one_fd_control control;
     struct iovec iov = {buf, payload ? BROKER_DESCRIBE_SIZE : BROKER_REPLY_SIZE};
     struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
     ssize_t n;
@@ -370,16 +388,8 @@ static void send_reply(int conn, ferry_status status, uint64_t size, uint64_t de
     encode_reply(&rep, buf);
     if (payload)
         memcpy(buf + BROKER_REPLY_SIZE, payload, FERRY_DESCRIPTOR_SIZE);
-    if (fd >= 0) {
-        memset(&control, 0, sizeof(control));
-        msg.msg_control = control.buf;
-        msg.msg_controllen = sizeof(control.buf);
-        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-        c->cmsg_level = SOL_SOCKET;
-        c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(c), &fd, sizeof(int));
-    }
+    if (fd >= 0)
+        attach_fd(&msg, &control, fd);
     do
         n = sendmsg(conn, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
     while (n < 0 && errno == EINTR);
@@ -957,26 +967,15 @@ static ferry_status call_send(const broker_call *c, const uint8_t pool_id[16])
 {
     broker_request req = {BROKER_REQUEST_MAGIC, BROKER_VERSION, c->type, {0}, c->rank, 0};
     uint8_t buf[BROKER_REQUEST_SIZE];
-    union {
-        struct cmsghdr align;
-        char buf[CMSG_SPACE(sizeof(int))];
-    } control;
+    one_fd_control control;
     struct iovec iov = {buf, sizeof(buf)};
     struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
 
     if (pool_id)
         memcpy(req.pool_id, pool_id, BROKER_ID_SIZE);
     encode_request(&req, buf);
-    if (c->send_fd >= 0) {
-        memset(&control, 0, sizeof(control));
-        msg.msg_control = control.buf;
-        msg.msg_controllen = sizeof(control.buf);
-        struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
-        cm->cmsg_level = SOL_SOCKET;
-        cm->cmsg_type = SCM_RIGHTS;
-        cm->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(cm), &c->send_fd, sizeof(int));
-    }
+    if (c->send_fd >= 0)
+        attach_fd(&msg, &control, c->send_fd);
     for (;;) {
         ssize_t n = sendmsg(c->sock, &msg, MSG_NOSIGNAL);
         if (n == (ssize_t)sizeof(buf))
@@ -1134,31 +1133,51 @@ static ferry_status call_exchange(const broker_call *c, const uint8_t name[16],
     return status;
 }
 
-/* One request of any type on a fresh connection. */
+/* One request of any type, on a fresh connection each attempt. A broker whose table of
+ * waiting connections is full refuses at once (TIMEOUT): a patient call asks again shortly,
+ * while more than BROKER_PATIENT_LEFT_MS of its time is left. */
 static ferry_status call_run(broker_call *call, const uint8_t name[16], const uint8_t pool_id[16],
                              int *fd, uint64_t *size, pid_t *pid)
 {
     format_hex(name, call->hex);
-    call->sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (call->sock < 0)
-        return ferry__fail_errno(FERRY_SYSTEM, errno, "%s: socket", call->label);
-    ferry_status status = call_exchange(call, name, pool_id, fd, size, pid);
-    close(call->sock);
-    return status;
+    for (;;) {
+        call->sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (call->sock < 0)
+            return ferry__fail_errno(FERRY_SYSTEM, errno, "%s: socket", call->label);
+        ferry_status status = call_exchange(call, name, pool_id, fd, size, pid);
+        close(call->sock);
+        uint64_t now = ferry__now_ns();
+        if (!call->patient || status != FERRY_TIMEOUT || now >= call->deadline ||
+            call->deadline - now < BROKER_PATIENT_LEFT_MS * 1000000ull)
+            return status;
+        pause_until(call->deadline);
+    }
 }
 
-ferry_status ferry__broker_request(const uint8_t name[16], const uint8_t pool_id[16], uint32_t rank,
-                                   const char *label, uint64_t timeout_ns, int *fd, uint64_t *size,
-                                   pid_t *producer_pid)
+/* A client call's fixed part: no fd to hand over, no payload, impatient. */
+static broker_call call_new(const char *label, uint16_t type, uint32_t rank, uint64_t timeout_ns)
 {
-    broker_call call = {
-        -1, label, BROKER_TYPE_OPEN, rank, ferry__deadline(timeout_ns), timeout_ns, -1, NULL, {0}};
+    return (broker_call){.sock = -1,
+                         .label = label,
+                         .type = type,
+                         .rank = rank,
+                         .deadline = ferry__deadline(timeout_ns),
+                         .timeout_ns = timeout_ns,
+                         .send_fd = -1};
+}
+
+static ferry_status request_open(const uint8_t name[16], const uint8_t pool_id[16], uint32_t rank,
+                                 const char *label, uint64_t timeout_ns, int patient, int *fd,
+                                 uint64_t *size, pid_t *producer_pid)
+{
+    broker_call call = call_new(label, BROKER_TYPE_OPEN, rank, timeout_ns);
     int got_fd = -1;
     uint64_t got_size = 0;
     pid_t got_pid = 0;
 
     if (!name || !pool_id || !label || !fd || !size || !producer_pid)
         return ferry__fail(FERRY_INVALID_ARGUMENT, "broker request: NULL argument");
+    call.patient = patient;
     ferry_status status = call_run(&call, name, pool_id, &got_fd, &got_size, &got_pid);
     if (status != FERRY_OK)
         return status;
@@ -1168,31 +1187,38 @@ ferry_status ferry__broker_request(const uint8_t name[16], const uint8_t pool_id
     return FERRY_OK;
 }
 
+ferry_status ferry__broker_request(const uint8_t name[16], const uint8_t pool_id[16], uint32_t rank,
+                                   const char *label, uint64_t timeout_ns, int *fd, uint64_t *size,
+                                   pid_t *producer_pid)
+{
+    return request_open(name, pool_id, rank, label, timeout_ns, 0, fd, size, producer_pid);
+}
+
+ferry_status ferry__broker_request_patient(const uint8_t name[16], const uint8_t pool_id[16],
+                                           uint32_t rank, const char *label, uint64_t timeout_ns,
+                                           int *fd, uint64_t *size, pid_t *producer_pid)
+{
+    return request_open(name, pool_id, rank, label, timeout_ns, 1, fd, size, producer_pid);
+}
+
 ferry_status ferry__broker_describe(const uint8_t name[16], const char *label, uint64_t timeout_ns,
                                     uint8_t desc[FERRY_DESCRIPTOR_SIZE], pid_t *producer_pid)
 {
-    broker_call call = {-1,
-                        label,
-                        BROKER_TYPE_DESCRIBE,
-                        FERRY__RANK_NONE,
-                        ferry__deadline(timeout_ns),
-                        timeout_ns,
-                        -1,
-                        desc,
-                        {0}};
+    broker_call call = call_new(label, BROKER_TYPE_DESCRIBE, FERRY__RANK_NONE, timeout_ns);
     int fd = -1;
     uint64_t size = 0;
+    call.payload = desc;
+    call.patient = 1;
     return call_run(&call, name, NULL, &fd, &size, producer_pid);
 }
 
 ferry_status ferry__broker_notify(const uint8_t name[16], const uint8_t pool_id[16], uint32_t rank,
                                   const char *label, uint64_t timeout_ns, int event_fd)
 {
-    broker_call call = {
-        -1,   label, BROKER_TYPE_NOTIFY, rank, ferry__deadline(timeout_ns), timeout_ns, event_fd,
-        NULL, {0}};
+    broker_call call = call_new(label, BROKER_TYPE_NOTIFY, rank, timeout_ns);
     int fd = -1;
     uint64_t size = 0;
     pid_t pid = 0;
+    call.send_fd = event_fd;
     return call_run(&call, name, pool_id, &fd, &size, &pid);
 }

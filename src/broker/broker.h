@@ -91,9 +91,15 @@ ferry_status ferry__broker_request(const uint8_t name[16], const uint8_t pool_id
                                    const char *label, uint64_t timeout_ns, int *fd, uint64_t *size,
                                    pid_t *producer_pid);
 
+/* ferry__broker_request, asking again (every millisecond) while the broker refuses because
+ * its table of waiting connections is full and more than 2 ms of timeout_ns are left. */
+ferry_status ferry__broker_request_patient(const uint8_t name[16], const uint8_t pool_id[16],
+                                           uint32_t rank, const char *label, uint64_t timeout_ns,
+                                           int *fd, uint64_t *size, pid_t *producer_pid);
+
 /* Client side, by the broker's name alone (a pool's address): the pool's encoded pool-only
- * descriptor into desc, and the producer's pid as seen from this process. Errors as for
- * ferry__broker_request. */
+ * descriptor into desc, and the producer's pid as seen from this process. Patient as
+ * ferry__broker_request_patient; errors as for ferry__broker_request. */
 ferry_status ferry__broker_describe(const uint8_t name[16], const char *label, uint64_t timeout_ns,
                                     uint8_t desc[FERRY_DESCRIPTOR_SIZE], pid_t *producer_pid);
 

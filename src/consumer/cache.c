@@ -6,7 +6,6 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "broker/broker.h"
@@ -157,20 +156,12 @@ static uint64_t remaining(uint64_t deadline)
     return deadline > now ? deadline - now : 0;
 }
 
-/* A broker whose table of waiting connections is full refuses at once (TIMEOUT): asked
- * again, shortly, until the caller's deadline. */
-static ferry_status broker_ask(const uint8_t broker[16], const uint8_t pool_id[16],
-                               uint32_t claim, uint64_t deadline, int *fd, uint64_t *size,
-                               pid_t *ppid)
+/* Asks the pool's broker for its fd as claim (a broker whose table is full is asked again). */
+static ferry_status broker_ask(const uint8_t broker[16], const uint8_t pool_id[16], uint32_t claim,
+                               uint64_t deadline, int *fd, uint64_t *size, pid_t *ppid)
 {
-    for (;;) {
-        ferry_status st = ferry__broker_request(broker, pool_id, claim, "pool broker",
-                                                remaining(deadline), fd, size, ppid);
-        if (st != FERRY_TIMEOUT || remaining(deadline) < 2000000ull)
-            return st;
-        struct timespec pause = {0, 1000000};
-        nanosleep(&pause, NULL);
-    }
+    return ferry__broker_request_patient(broker, pool_id, claim, "pool broker", remaining(deadline),
+                                         fd, size, ppid);
 }
 
 /* Maps the segment the broker sent and checks it; the fd is closed either way. */
@@ -338,8 +329,8 @@ ferry_status ferry__cache_acquire(const ferry_descriptor *desc, uint32_t claim, 
                                   uint64_t deadline, int allow_gone, ferry__mapped_pool **out)
 {
     if (claim != FERRY__RANK_NONE && claim >= desc->consumer_count)
-        return ferry__fail(FERRY_INVALID_ARGUMENT, "rank %u is out of range (consumers=%u)",
-                           claim, desc->consumer_count);
+        return ferry__fail(FERRY_INVALID_ARGUMENT, "rank %u is out of range (consumers=%u)", claim,
+                           desc->consumer_count);
     pthread_once(&cache_once, cache_init);
     pthread_mutex_lock(&cache_lock);
     ferry__mapped_pool *pool = find_locked(desc->pool_id, allow_gone);

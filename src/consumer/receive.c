@@ -57,16 +57,9 @@ static ferry_status describe(const uint8_t name[16], const char *address, uint64
 {
     uint8_t buf[FERRY_DESCRIPTOR_SIZE];
     pid_t ppid;
-    ferry_status st;
-    for (;;) { /* a broker with a full table refuses at once: asked again shortly */
-        uint64_t now = ferry__now_ns();
-        st = ferry__broker_describe(name, "pool broker", deadline > now ? deadline - now : 0, buf,
-                                    &ppid);
-        if (st != FERRY_TIMEOUT || ferry__now_ns() + 2000000ull > deadline)
-            break;
-        struct timespec pause = {0, 1000000};
-        nanosleep(&pause, NULL);
-    }
+    uint64_t now = ferry__now_ns();
+    ferry_status st = ferry__broker_describe(name, "pool broker",
+                                             deadline > now ? deadline - now : 0, buf, &ppid);
     if (st == FERRY_PRODUCER_GONE)
         return ferry__fail(FERRY_PRODUCER_GONE,
                            "no pool serves %s (its producer closed it or "
