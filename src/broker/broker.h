@@ -17,6 +17,9 @@
 
 typedef struct ferry__broker ferry__broker;
 
+/* A pool's address (ferry_pool_address): this prefix, then the broker's name in hex. */
+#define FERRY__ADDRESS_PREFIX "ferry:"
+
 /* A request's rank that claims no rank: the peer only opens the pool (acknowledging on
  * behalf of others, observing). on_attach is not called for it. */
 #define FERRY__RANK_NONE UINT32_MAX

@@ -25,7 +25,6 @@
 #include "transport/transport.h"
 #include "wire/wire.h"
 
-#define FERRY_ADDRESS_PREFIX "ferry:"
 /* How long a receiver yields before it sleeps on the ring: a sender is usually microseconds
  * away in a busy server, and a futex sleep and wake cost more than that. */
 #define FERRY_RECV_SPIN_NS 50000ull
@@ -39,10 +38,10 @@ static void close_fds(const int *fds, int n)
 
 static ferry_status parse_address(const char *address, uint8_t name[16])
 {
-    size_t prefix = strlen(FERRY_ADDRESS_PREFIX);
+    size_t prefix = strlen(FERRY__ADDRESS_PREFIX);
     if (!address)
         return ferry__fail(FERRY_INVALID_ARGUMENT, "address is NULL");
-    if (strncmp(address, FERRY_ADDRESS_PREFIX, prefix) != 0 || strlen(address) != prefix + 32 ||
+    if (strncmp(address, FERRY__ADDRESS_PREFIX, prefix) != 0 || strlen(address) != prefix + 32 ||
         ferry__hex_get(address + prefix, 16, name) != 0)
         return ferry__fail(FERRY_INVALID_ARGUMENT,
                            "'%.80s' is not a ferry address (ferry: and 32 hex digits, as "
@@ -266,17 +265,8 @@ ferry_status ferry_consumer_recv(ferry_consumer *c, uint64_t timeout_ns, ferry_d
     if (st != FERRY_OK)
         return st;
     ferry__mapped_pool *p = c->bound;
-    if (!ferry__load_acquire32(&p->header->closing) && !ferry__load_acquire32(&p->gone)) {
-        int got = take(c, descs, max, count); /* the usual case: a lease is queued */
-        if (got == FERRY_OK) {
-            ferry__clear_error();
-            return FERRY_OK;
-        }
-        if (got != TAKE_EMPTY)
-            return (ferry_status)got;
-    }
-    uint64_t deadline = ferry__deadline(timeout_ns), start = ferry__now_ns();
-    uint64_t next_check = start + FERRY_READY_WAIT_SLICE_NS;
+    /* The clock is read once the ring is found empty: usually a lease is queued. */
+    uint64_t deadline = 0, start = 0, next_check = 0;
     for (;;) {
         if (ferry__load_acquire32(&p->header->closing) || ferry__load_acquire32(&p->gone))
             return gone(c);
@@ -288,6 +278,11 @@ ferry_status ferry_consumer_recv(ferry_consumer *c, uint64_t timeout_ns, ferry_d
         if (got != TAKE_EMPTY)
             return (ferry_status)got;
         uint64_t now = ferry__now_ns();
+        if (!start) {
+            start = now;
+            deadline = timeout_ns > UINT64_MAX - now ? UINT64_MAX : now + timeout_ns;
+            next_check = now + FERRY_READY_WAIT_SLICE_NS;
+        }
         /* /proc is read at most every slice, also across calls that do not wait (an event
          * loop's recv after its fd woke for the producer's exit). */
         uint64_t seen = __atomic_load_n(&c->alive_ns, __ATOMIC_RELAXED);

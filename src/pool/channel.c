@@ -23,7 +23,6 @@
 #include "pool/pool.h"
 #include "wire/wire.h"
 
-#define FERRY_ADDRESS_PREFIX "ferry:"
 /* The longest a sender waiting for room sleeps between looks (a dead receiver is noticed by
  * the liveness checks, which no wake-up announces). */
 #define FERRY_SEND_SLICE_NS 2000000ull
@@ -108,7 +107,7 @@ ferry_status ferry_pool_address(ferry_pool *pool, char *buf, size_t size)
                            size, FERRY_ADDRESS_SIZE);
     char hex[33];
     ferry__hex_put(pool->broker_name, sizeof(pool->broker_name), hex);
-    snprintf(buf, size, FERRY_ADDRESS_PREFIX "%s", hex);
+    snprintf(buf, size, FERRY__ADDRESS_PREFIX "%s", hex);
     ferry__clear_error();
     return FERRY_OK;
 }
