@@ -64,16 +64,21 @@ void ferry_consumer_destroy(ferry_consumer *c)
 
 /* ---- finding the pool ------------------------------------------------------------------- */
 
+ferry_status ferry__consumer_owned(const ferry_consumer *c)
+{
+    if (c->pid != ferry__proc_self())
+        return ferry__fail(FERRY_FORKED,
+                           "consumer of rank %u was created by process %d; this forked child "
+                           "(pid %d) cannot use it: create (or connect) a consumer in the child",
+                           c->rank, (int)c->pid, (int)ferry__proc_self());
+    return FERRY_OK;
+}
+
 static ferry_status check_call(const ferry_consumer *c, const ferry_descriptor *d)
 {
     if (!c || !d)
         return ferry__fail(FERRY_INVALID_ARGUMENT, "consumer or descriptor is NULL");
-    if (c->pid != ferry__proc_self())
-        return ferry__fail(FERRY_FORKED,
-                           "consumer of rank %u was created by process %d; this forked child "
-                           "(pid %d) cannot use it: create a consumer in the child",
-                           c->rank, (int)c->pid, (int)ferry__proc_self());
-    return FERRY_OK;
+    return ferry__consumer_owned(c);
 }
 
 /* Checks a descriptor against the opened pool's own header. */

@@ -28,6 +28,9 @@ struct ferry_consumer {
     uint64_t alive_ns;       /* atomic: when a recv last looked at the producer's process */
 };
 
+/* FERRY_OK if the calling process made the consumer, else FORKED (with a message). */
+ferry_status ferry__consumer_owned(const struct ferry_consumer *c);
+
 /* 1 if the pool's producer closed it or died (the pool is then evicted from the cache). */
 int ferry__producer_gone(ferry__mapped_pool *p);
 

@@ -125,11 +125,9 @@ static ferry_status check_bound(const ferry_consumer *c)
 {
     if (!c)
         return ferry__fail(FERRY_INVALID_ARGUMENT, "consumer is NULL");
-    if (c->pid != ferry__proc_self())
-        return ferry__fail(FERRY_FORKED,
-                           "consumer of rank %u was created by process %d; this forked child "
-                           "(pid %d) cannot use it: connect in the child",
-                           c->rank, (int)c->pid, (int)ferry__proc_self());
+    ferry_status st = ferry__consumer_owned(c);
+    if (st != FERRY_OK)
+        return st;
     if (!c->bound)
         return ferry__fail(FERRY_INVALID_ARGUMENT,
                            "consumer of rank %u was not connected to a pool (make it with "
