@@ -159,20 +159,21 @@ static ferry_status ring_take(ferry_consumer *h, uint64_t ns, ferry_descriptor *
     if (!d)
         return FERRY_NO_MEMORY;
     for (;;) {
+        *count = 0;
         ferry_status st = ferry_consumer_recv(h, ns, d, cap, count);
         if (st == FERRY_OK) {
             *descs = d;
             return st;
         }
-        ferry_descriptor *grown = st == FERRY_INVALID_ARGUMENT && cap < FY_RECV_PARTS_MAX
-                                      ? realloc(d, 2 * cap * sizeof(*d))
-                                      : NULL;
+        /* A lease of more parts than d holds stays queued, and *count says how many. */
+        int larger = st == FERRY_INVALID_ARGUMENT && *count > cap && *count <= FY_RECV_PARTS_MAX;
+        ferry_descriptor *grown = larger ? realloc(d, *count * sizeof(*d)) : NULL;
         if (!grown) {
             free(d);
-            return st;
+            return larger ? FERRY_NO_MEMORY : st;
         }
         d = grown;
-        cap *= 2;
+        cap = *count;
     }
 }
 
