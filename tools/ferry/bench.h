@@ -40,6 +40,19 @@ uint64_t cli_mix64(uint64_t x); /* splitmix64's finaliser */
 void cli_p50_p99_us(uint64_t *ns_values, size_t n, double *p50_us, double *p99_us);
 /* "key": v with three decimals (null when not finite), then after. */
 void cli_json_num(const char *key, double v, const char *after);
+/* a / b, NAN unless both are finite and b > 0. */
+double cli_ratio(double a, double b);
+
+/* The latency of n round trips (ns each; a 0 was not counted) timed over busy_ns in all. */
+typedef struct lat_stats {
+    uint64_t samples, skipped;                   /* counted, and not counted */
+    double mean_us, p50_us, p99_us, items_per_s; /* items_per_s: of all n */
+} lat_stats;
+/* Compacts and sorts ns. */
+void lat_summarize(uint64_t *ns, uint64_t n, uint64_t busy_ns, lat_stats *out);
+/* "key": {"mean_us": .., "p50_us": .., "p99_us": .., "items_per_s": .. and, with counts,
+ * "samples" and "background_reclaims" (the skipped)}, then ", ". */
+void lat_json(const char *key, const lat_stats *l, int counts);
 
 /* Commands (main.c dispatches). */
 int cmd_bench(int argc, char **argv);
@@ -160,6 +173,10 @@ int run_send_type(bench_run *run, uint32_t nranks, uint32_t type);
 /* Waits until ranks [0, nranks) have progress[phase] >= need, failing after timeout without
  * progress; *waited (may be NULL) says whether it had to sleep. */
 int run_wait(bench_run *run, int phase, uint32_t nranks, uint64_t need, int *waited);
+/* [0, n) in `rounds` chunks, and every chunk measured by each of the kinds in turn (so that
+ * all see the same machine): fn(run, kind, begin, end). */
+int run_rounds(bench_run *run, uint64_t n, uint64_t rounds, int kinds,
+               int (*fn)(bench_run *run, int kind, uint64_t begin, uint64_t end));
 /* END, and the wait until every rank has handled it. */
 int run_phase_end(bench_run *run, uint32_t nranks);
 /* Sums of the ranks' verified and error counters over every phase. */

@@ -22,17 +22,13 @@ enum { MSG_LOOP = 8, MSG_ITEM = 9 };
 
 static const char *const kind_names[KINDS] = {"channel", "floor", "socket"};
 
-typedef struct kind_result {
-    double mean_us, p50_us, p99_us, items_per_s;
-} kind_result;
-
 typedef struct channel_run {
     ferry_pool *pool;
     uint8_t *src;
     uint64_t *lat[KINDS];
     uint64_t busy_ns[KINDS];
     uint64_t done[KINDS]; /* items handed over so far, warm-up included */
-    kind_result result[KINDS];
+    lat_stats result[KINDS];
 } channel_run;
 
 #define CH(run) ((channel_run *)(run)->state)
@@ -170,39 +166,23 @@ static int hand_many(bench_run *run, int k, uint64_t n, uint64_t *lat)
     return 0;
 }
 
-static void summarize(channel_run *c, int k, uint64_t n)
+static int timed(bench_run *run, int k, uint64_t begin, uint64_t end)
 {
-    double sum = 0;
-    for (uint64_t i = 0; i < n; i++)
-        sum += (double)c->lat[k][i];
-    kind_result *r = &c->result[k];
-    r->mean_us = n ? sum / (double)n / 1e3 : NAN;
-    r->items_per_s = c->busy_ns[k] ? (double)n * 1e9 / (double)c->busy_ns[k] : NAN;
-    cli_p50_p99_us(c->lat[k], n, &r->p50_us, &r->p99_us);
+    return hand_many(run, k, end - begin, CH(run)->lat[k] + begin);
 }
 
 static int measure(bench_run *run)
 {
     channel_run *c = CH(run);
-    const bench_opts *o = run->opt;
-    uint64_t n = (uint64_t)o->items, warm = n / 10 ? n / 10 : 1;
+    uint64_t n = (uint64_t)run->opt->items, warm = n / 10 ? n / 10 : 1;
     for (int k = 0; k < KINDS; k++)
         if (hand_many(run, k, warm, NULL) != 0)
             return -1;
-    for (uint64_t r = 0; r < (uint64_t)o->rounds; r++) {
-        uint64_t begin = n * r / (uint64_t)o->rounds, end = n * (r + 1) / (uint64_t)o->rounds;
-        for (int k = 0; k < KINDS; k++)
-            if (hand_many(run, k, end - begin, c->lat[k] + begin) != 0)
-                return -1;
-    }
+    if (run_rounds(run, n, (uint64_t)run->opt->rounds, KINDS, timed) != 0)
+        return -1;
     for (int k = 0; k < KINDS; k++)
-        summarize(c, k, n);
+        lat_summarize(c->lat[k], n, c->busy_ns[k], &c->result[k]);
     return run_send_type(run, run->consumers, MSG_END);
-}
-
-static double ratio(double a, double b)
-{
-    return isfinite(a) && isfinite(b) && b > 0 ? a / b : NAN;
 }
 
 static void report_text(const bench_run *run)
@@ -221,8 +201,8 @@ static void report_text(const bench_run *run)
         printf("%-8s %10.2f %10.2f %10.2f %10.1f\n", kind_names[k], c->result[k].mean_us,
                c->result[k].p50_us, c->result[k].p99_us, c->result[k].items_per_s);
     printf("\nchannel/floor p50: %.3f    channel/socket p50: %.3f\n",
-           ratio(c->result[PH_CHANNEL].p50_us, c->result[PH_FLOOR].p50_us),
-           ratio(c->result[PH_CHANNEL].p50_us, c->result[PH_SOCKET].p50_us));
+           cli_ratio(c->result[PH_CHANNEL].p50_us, c->result[PH_FLOOR].p50_us),
+           cli_ratio(c->result[PH_CHANNEL].p50_us, c->result[PH_SOCKET].p50_us));
     printf("channel: ferry_pool_send to the rings, recv + read + ack; floor: the same copies "
            "through a flag word; socket: publish, descriptor over a Unix socket, read + ack\n");
 }
@@ -236,17 +216,12 @@ static void report_json(const bench_run *run)
            "\"items\": %llu, ",
            run->consumers, (unsigned long long)run->params.size_hi,
            (unsigned long long)run->params.items);
-    for (int k = 0; k < KINDS; k++) {
-        printf("\"%s\": {", kind_names[k]);
-        cli_json_num("mean_us", c->result[k].mean_us, ", ");
-        cli_json_num("p50_us", c->result[k].p50_us, ", ");
-        cli_json_num("p99_us", c->result[k].p99_us, ", ");
-        cli_json_num("items_per_s", c->result[k].items_per_s, "}, ");
-    }
-    cli_json_num("ratio_vs_floor", ratio(c->result[PH_CHANNEL].p50_us, c->result[PH_FLOOR].p50_us),
-                 ", ");
+    for (int k = 0; k < KINDS; k++)
+        lat_json(kind_names[k], &c->result[k], 0);
+    cli_json_num("ratio_vs_floor",
+                 cli_ratio(c->result[PH_CHANNEL].p50_us, c->result[PH_FLOOR].p50_us), ", ");
     cli_json_num("ratio_vs_socket",
-                 ratio(c->result[PH_CHANNEL].p50_us, c->result[PH_SOCKET].p50_us), ", ");
+                 cli_ratio(c->result[PH_CHANNEL].p50_us, c->result[PH_SOCKET].p50_us), ", ");
     printf("\"verified\": %llu, \"errors\": %llu}\n", (unsigned long long)verified,
            (unsigned long long)errors);
 }

@@ -344,6 +344,16 @@ int run_wait(bench_run *run, int phase, uint32_t nranks, uint64_t need, int *wai
     }
 }
 
+int run_rounds(bench_run *run, uint64_t n, uint64_t rounds, int kinds,
+               int (*fn)(bench_run *run, int kind, uint64_t begin, uint64_t end))
+{
+    for (uint64_t c = 0; c < rounds; c++)
+        for (int k = 0; k < kinds; k++)
+            if (fn(run, k, n * c / rounds, n * (c + 1) / rounds) != 0)
+                return -1;
+    return 0;
+}
+
 int run_phase_end(bench_run *run, uint32_t nranks)
 {
     if (run_send_type(run, nranks, MSG_END) != 0)

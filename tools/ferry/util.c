@@ -207,3 +207,35 @@ void cli_json_num(const char *key, double v, const char *after)
     else
         printf("\"%s\": null%s", key, after);
 }
+
+double cli_ratio(double a, double b)
+{
+    return isfinite(a) && isfinite(b) && b > 0 ? a / b : NAN;
+}
+
+void lat_summarize(uint64_t *ns, uint64_t n, uint64_t busy_ns, lat_stats *out)
+{
+    double sum = 0;
+    out->samples = 0;
+    for (uint64_t i = 0; i < n; i++)
+        if (ns[i]) {
+            sum += (double)ns[i];
+            ns[out->samples++] = ns[i];
+        }
+    out->skipped = n - out->samples;
+    out->mean_us = out->samples ? sum / (double)out->samples / 1e3 : NAN;
+    out->items_per_s = busy_ns ? (double)n * 1e9 / (double)busy_ns : NAN;
+    cli_p50_p99_us(ns, out->samples, &out->p50_us, &out->p99_us);
+}
+
+void lat_json(const char *key, const lat_stats *l, int counts)
+{
+    printf("\"%s\": {", key);
+    cli_json_num("mean_us", l->mean_us, ", ");
+    cli_json_num("p50_us", l->p50_us, ", ");
+    cli_json_num("p99_us", l->p99_us, ", ");
+    cli_json_num("items_per_s", l->items_per_s, counts ? ", " : "}, ");
+    if (counts)
+        printf("\"samples\": %llu, \"background_reclaims\": %llu}, ",
+               (unsigned long long)l->samples, (unsigned long long)l->skipped);
+}
