@@ -681,6 +681,23 @@ FERRY_API ferry_status ferry_gpu_event_query(int32_t device, void *event, int *d
 FERRY_API void ferry_gpu_event_destroy(int32_t device, void *event);
 
 /* ------------------------------------------------------------------------------------
+ * Time and shared words: the clock of every ferry timeout, and the sleep on a 32-bit word
+ * that ferry's waits use, for programs that coordinate their own processes beside ferry's
+ * (the ferry CLI's benchmarks, the Python package)
+ * ---------------------------------------------------------------------------------- */
+
+/* CLOCK_MONOTONIC in nanoseconds, comparable between the processes of one machine. */
+FERRY_API uint64_t ferry_now_ns(void);
+
+/* Sleeps while *word == expected, at most timeout_ns (a Linux futex that is not private to
+ * the process: word may sit in shared memory). It returns on a wake-up, the timeout, a
+ * signal or a changed word alike: the caller checks its condition again. */
+FERRY_API void ferry_futex_wait(uint32_t *word, uint32_t expected, uint64_t timeout_ns);
+
+/* Wakes every thread, of any process, sleeping on word. */
+FERRY_API void ferry_futex_wake(uint32_t *word);
+
+/* ------------------------------------------------------------------------------------
  * Logging
  * ---------------------------------------------------------------------------------- */
 

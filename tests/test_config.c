@@ -1,9 +1,14 @@
-/* Configuration validation: every documented message, and the budget split. */
+/* Configuration validation: every documented message, and the budget split; the public
+ * clock and futex. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -193,12 +198,51 @@ static void test_status_table(void **state)
     assert_int_equal(FERRY_VERSION_NUMBER, 100);
 }
 
+/* ferry_now_ns is CLOCK_MONOTONIC; a futex wait ends at its timeout, at once on a changed
+ * word, and on a wake from another process sharing the word. */
+static void test_clock_and_futex(void **state)
+{
+    (void)state;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t mono = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    uint64_t t0 = ferry_now_ns();
+    assert_true(t0 >= mono && t0 - mono < 1000000000ull);
+
+    uint32_t *word = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    assert_true(word != MAP_FAILED);
+    ferry_futex_wait(word, 0, 20000000ull);
+    uint64_t waited = ferry_now_ns() - t0;
+    assert_true(waited >= 20000000ull && waited < 2000000000ull);
+    t0 = ferry_now_ns();
+    ferry_futex_wait(word, 1, 5000000000ull); /* *word is 0: no sleep */
+    assert_true(ferry_now_ns() - t0 < 1000000000ull);
+
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        usleep(50000);
+        __atomic_store_n(word, 1, __ATOMIC_SEQ_CST);
+        ferry_futex_wake(word);
+        _exit(0);
+    }
+    t0 = ferry_now_ns();
+    while (__atomic_load_n(word, __ATOMIC_SEQ_CST) == 0)
+        ferry_futex_wait(word, 0, 10000000000ull);
+    assert_true(ferry_now_ns() - t0 < 5000000000ull);
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    munmap(word, 4096);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_non_positive_fields), cmocka_unit_test(test_too_small_after_control),
         cmocka_unit_test(test_struct_and_limits),   cmocka_unit_test(test_gpu_backends),
         cmocka_unit_test(test_split_budget),        cmocka_unit_test(test_status_table),
+        cmocka_unit_test(test_clock_and_futex),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

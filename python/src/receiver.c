@@ -6,7 +6,6 @@
  * lost; a lease found stale (acknowledged on this rank's behalf) is skipped. */
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "ferry_py.h"
 
@@ -28,15 +27,8 @@ typedef struct {
 } fy_receiver;
 
 /* Descriptors a first recv has room for; a packed lease of more parts gets a larger array. */
-#define FY_RECV_PARTS 8
+#define FY_RECV_PARTS     8
 #define FY_RECV_PARTS_MAX (1u << 16)
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 static PyObject *closed_error(void)
 {
@@ -152,7 +144,7 @@ static void receiver_dealloc(PyObject *obj)
  * (the library answers INVALID_ARGUMENT and keeps the lease queued when it has no room).
  * Without the GIL. */
 static ferry_status ring_take(ferry_consumer *h, uint64_t ns, ferry_descriptor **descs,
-                             size_t *count)
+                              size_t *count)
 {
     size_t cap = FY_RECV_PARTS;
     ferry_descriptor *d = malloc(cap * sizeof(*d));
@@ -212,8 +204,8 @@ static int next_lease(fy_receiver *self, fy_consumer *c, fy_wait *w, ferry_descr
                 return -1;
             }
             char message[128]; /* the library's, for the whole wait rather than its last slice */
-            snprintf(message, sizeof(message), "no lease came for rank %u within %.3f ms",
-                     c->rank, (double)w->total_ns / 1e6);
+            snprintf(message, sizeof(message), "no lease came for rank %u within %.3f ms", c->rank,
+                     (double)w->total_ns / 1e6);
             fy_raise_as(NULL, st, message);
             return -1;
         }
@@ -226,7 +218,7 @@ static uint64_t ready_wait(const fy_wait *w)
 {
     if (w->deadline == UINT64_MAX)
         return FERRY_WAIT_FOREVER;
-    uint64_t now = now_ns(), left = w->deadline > now ? w->deadline - now : 0;
+    uint64_t now = ferry_now_ns(), left = w->deadline > now ? w->deadline - now : 0;
     return left > FY_DEFAULT_WAIT_NS ? left : FY_DEFAULT_WAIT_NS;
 }
 
@@ -264,9 +256,9 @@ static PyObject *read_lease(fy_consumer *c, const ferry_descriptor *descs, size_
         /* Part by part (the library acknowledges the lease once every part was). */
         size_t i;
         for (i = 0; i < count; i++) {
-            PyObject *r = fy_receive_leased(c, &descs[i], 1, copy, stream,
-                                            PyTuple_GET_ITEM(outs, (Py_ssize_t)i), wait_ns, 1,
-                                            status);
+            PyObject *r =
+                fy_receive_leased(c, &descs[i], 1, copy, stream,
+                                  PyTuple_GET_ITEM(outs, (Py_ssize_t)i), wait_ns, 1, status);
             if (!r)
                 break;
             Py_DECREF(r);

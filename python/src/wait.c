@@ -4,20 +4,12 @@
  * library and handle signals (PyErr_CheckSignals, with the GIL) between slices; a handler's
  * exception (KeyboardInterrupt) ends the call, which has left nothing half-done: no slice
  * leased, nothing read or acknowledged. */
-#include <time.h>
 
 #include "ferry_py.h"
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 void fy_wait_start(fy_wait *w, uint64_t total_ns)
 {
-    uint64_t now = now_ns();
+    uint64_t now = ferry_now_ns();
     w->total_ns = total_ns;
     w->deadline = total_ns >= UINT64_MAX - now ? UINT64_MAX : now + total_ns;
     w->sliced = 0;
@@ -29,14 +21,14 @@ uint64_t fy_wait_slice(const fy_wait *w)
         return w->total_ns < FY_WAIT_SLICE_NS ? w->total_ns : FY_WAIT_SLICE_NS;
     if (w->deadline == UINT64_MAX)
         return FY_WAIT_SLICE_NS;
-    uint64_t now = now_ns();
+    uint64_t now = ferry_now_ns();
     uint64_t left = w->deadline > now ? w->deadline - now : 0;
     return left < FY_WAIT_SLICE_NS ? left : FY_WAIT_SLICE_NS;
 }
 
 int fy_wait_next(fy_wait *w)
 {
-    if (w->deadline != UINT64_MAX && now_ns() >= w->deadline)
+    if (w->deadline != UINT64_MAX && ferry_now_ns() >= w->deadline)
         return 0;
     if (PyErr_CheckSignals() < 0)
         return -1;
