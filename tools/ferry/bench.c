@@ -12,14 +12,6 @@ static const bench_mode *const modes[] = {&handover_mode, &channel_mode, &rtt_mo
                                           &cpu_mode};
 #define NMODES (sizeof(modes) / sizeof(modes[0]))
 
-static uint32_t mode_index(const bench_mode *mode)
-{
-    uint32_t i = 0;
-    while (i < NMODES && modes[i] != mode)
-        i++;
-    return i;
-}
-
 /* Exit status after a complete run: something verified, nothing failed verification. */
 static int verdict(const bench_run *run, int complete)
 {
@@ -49,57 +41,45 @@ int cmd_bench(int argc, char **argv)
     run.consumers = (uint32_t)opt.consumers;
     run.extra_fd = -1;
     run.region.fd = -1;
+    for (uint32_t r = 0; r < BENCH_MAX_RANKS; r++) /* closed at the end, a failed prepare too */
+        run.children[r].sock = -1;
     run.log_muted = opt.quiet;
-    run.params.mode = mode_index(mode);
+    while (modes[run.params.mode] != mode) /* the workers look their mode up by index */
+        run.params.mode++;
     run.params.seed = opt.seed;
     run.params.timeout_ns = (uint64_t)opt.timeout_ms * 1000000ull;
     ferry_set_log(run_library_log, &run.log_muted);
-    if (mode->prepare(&run) != 0 || harness_start(&run) != 0 || mode->measure(&run) != 0 ||
-        harness_finish(&run) != 0) {
+    int failed = mode->prepare(&run) != 0 || harness_start(&run) != 0 || mode->measure(&run) != 0 ||
+                 harness_finish(&run) != 0;
+    if (failed) {
         harness_kill(&run);
         fprintf(stderr, "ferry bench: %s\n", run.error);
-        mode->release(&run, 1);
-        harness_close(&run);
-        ferry_set_log(NULL, NULL);
-        return CLI_EXIT_FAIL;
+        rc = CLI_EXIT_FAIL;
+    } else {
+        (opt.json ? mode->report_json : mode->report_text)(&run);
+        rc = verdict(&run, !run.incomplete);
     }
-    if (opt.json)
-        mode->report_json(&run);
-    else
-        mode->report_text(&run);
-    rc = verdict(&run, !run.incomplete);
-    mode->release(&run, 0);
+    mode->release(&run, failed);
     harness_close(&run);
     ferry_set_log(NULL, NULL);
     return rc;
 }
 
-static int worker_args(int argc, char **argv, int64_t v[4])
-{
-    static const char *const names[] = {"--rank", "--fd", "--results-fd", "--extra-fd"};
-    if (argc != 9)
-        return -1;
-    for (int i = 0; i < 4; i++)
-        if (strcmp(argv[1 + 2 * i], names[i]) != 0 ||
-            cli_parse_int("bench-worker", names[i], argv[2 + 2 * i], &v[i]) != 0)
-            return -1;
-    return v[0] >= 0 && v[0] < BENCH_MAX_RANKS ? 0 : -1;
-}
-
 /* A consumer process of `ferry bench`: dies with the producer, never outlives it waiting. */
 int cmd_bench_worker(int argc, char **argv)
 {
-    bench_worker w;
-    int64_t v[4];
-    memset(&w, 0, sizeof(w));
-    if (worker_args(argc, argv, v) != 0) {
+    static const char *const names[] = {"--rank", "--fd", "--results-fd", "--extra-fd"};
+    int64_t v[4] = {0};
+    int ok = argc == 9;
+    for (int i = 0; ok && i < 4; i++)
+        ok = strcmp(argv[1 + 2 * i], names[i]) == 0 &&
+             cli_parse_int("bench-worker", names[i], argv[2 + 2 * i], &v[i]) == 0;
+    if (!ok || v[0] < 0 || v[0] >= BENCH_MAX_RANKS) {
         fprintf(stderr, "ferry bench-worker: internal command of 'ferry bench'\n");
         return CLI_EXIT_USAGE;
     }
-    w.rank = (uint32_t)v[0];
-    w.sock = (int)v[1];
-    w.region.fd = (int)v[2];
-    w.extra_fd = (int)v[3];
+    bench_worker w = {
+        .rank = (uint32_t)v[0], .sock = (int)v[1], .region.fd = (int)v[2], .extra_fd = (int)v[3]};
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
     prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0); /* the handover's reclaim phase sleeps 0-200 us */
     return worker_serve(&w, modes, NMODES);

@@ -4,7 +4,6 @@
  * memory (the same yield-then-futex wait as a receiver's), and the hand-over with descriptors
  * sent over the harness's Unix socket (ferry_pool_publish, ferry_consumer_read). Every
  * round trip ends when every consumer's progress word says it is done (docs/cli.md). */
-#include <math.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -266,13 +265,6 @@ static void verify(bench_worker *w, int k)
         w->me->verified[k]++;
 }
 
-/* The item is done: the producer's round trip ends when every consumer says so. */
-static void finish(bench_worker *w, int k)
-{
-    channel_worker *s = w->state;
-    worker_progress(w, k, (uint32_t)++s->done[k]);
-}
-
 static int read_ack(bench_worker *w, int k, const ferry_descriptor *d)
 {
     channel_worker *s = w->state;
@@ -283,7 +275,7 @@ static int read_ack(bench_worker *w, int k, const ferry_descriptor *d)
     if (ferry_consumer_ack(s->consumer, d) != FERRY_OK)
         return worker_fail(w, "%s item %llu: ferry_consumer_ack: %s", kind_names[k],
                            (unsigned long long)s->done[k], ferry_last_error());
-    finish(w, k);
+    worker_progress(w, k, (uint32_t)++s->done[k]); /* the round trip ends when all say so */
     return 0;
 }
 
@@ -316,21 +308,20 @@ static int loop(bench_worker *w, int k, uint64_t n)
 {
     channel_worker *s = w->state;
     for (uint64_t i = 0; i < n; i++) {
+        ferry_descriptor d;
+        size_t got = 0;
         if (k == PH_FLOOR) {
             if (floor_wait(w) != 0)
                 return -1;
             memcpy(s->buf, w->region.tables, w->p.size_hi);
             verify(w, k);
-            finish(w, k);
-            continue;
-        }
-        ferry_descriptor d;
-        size_t got = 0;
-        if (ferry_consumer_recv(s->consumer, w->p.timeout_ns, &d, 1, &got) != FERRY_OK)
+            worker_progress(w, k, (uint32_t)++s->done[k]);
+        } else if (ferry_consumer_recv(s->consumer, w->p.timeout_ns, &d, 1, &got) != FERRY_OK) {
             return worker_fail(w, "channel item %llu: ferry_consumer_recv: %s",
                                (unsigned long long)s->done[k], ferry_last_error());
-        if (read_ack(w, k, &d) != 0)
+        } else if (read_ack(w, k, &d) != 0) {
             return -1;
+        }
     }
     return 0;
 }

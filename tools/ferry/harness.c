@@ -14,6 +14,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "bench.h"
@@ -43,14 +44,6 @@ static size_t tables_at(uint32_t consumers)
     return RANKS_AT + (size_t)consumers * sizeof(bench_rank);
 }
 
-static void attach(bench_region *r)
-{
-    r->p = r->base;
-    r->flags = (uint32_t *)((uint8_t *)r->base + BENCH_PAGE);
-    r->ranks = (bench_rank *)((uint8_t *)r->base + RANKS_AT);
-    r->tables = (uint8_t *)r->base + tables_at(r->p->consumers);
-}
-
 /* Makes fd close-on-exec and numbered at least 10 (the spawn's dup2 to 3..5 never meets it). */
 static int high_fd(int fd)
 {
@@ -61,27 +54,7 @@ static int high_fd(int fd)
     return nfd;
 }
 
-static int region_create(bench_run *run)
-{
-    bench_region *r = &run->region;
-    size_t bytes = tables_at(run->consumers) + (size_t)run->params.table_bytes;
-    r->fd = high_fd(memfd_create("ferry-bench", MFD_CLOEXEC));
-    if (r->fd < 0 || ftruncate(r->fd, (off_t)bytes) != 0)
-        return run_fail(run, "creating the results region failed: %s", strerror(errno));
-    void *base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, r->fd, 0);
-    if (base == MAP_FAILED)
-        return run_fail(run, "mapping the results region failed: %s", strerror(errno));
-    run->params.magic = MAGIC;
-    run->params.consumers = run->consumers;
-    run->params.producer_pid = (int32_t)getpid();
-    run->params.region_bytes = bytes;
-    r->base = base;
-    r->bytes = bytes;
-    *(bench_params *)base = run->params;
-    attach(r);
-    return 0;
-}
-
+/* Maps the region in fd, checking that it is one of ours and whole: 0, or -1 with errno. */
 static int region_map(int fd, bench_region *r)
 {
     struct stat st;
@@ -91,80 +64,73 @@ static int region_map(int fd, bench_region *r)
     void *base = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (base == MAP_FAILED)
         return -1;
-    r->base = base;
+    r->base = r->p = base;
     r->bytes = (size_t)st.st_size;
-    attach(r);
     if (r->p->magic != MAGIC || r->p->region_bytes != r->bytes ||
         r->p->consumers > BENCH_MAX_RANKS ||
         tables_at(r->p->consumers) + r->p->table_bytes != r->bytes) {
         errno = EINVAL;
         return -1;
     }
+    r->flags = (uint32_t *)((uint8_t *)base + BENCH_PAGE);
+    r->ranks = (bench_rank *)((uint8_t *)base + RANKS_AT);
+    r->tables = (uint8_t *)base + tables_at(r->p->consumers);
     return 0;
 }
 
-static void region_unmap(bench_region *r)
+/* The producer's region: the params, the rest zero, mapped as the workers map it. */
+static int region_create(bench_run *run)
 {
-    if (r->base)
-        munmap(r->base, r->bytes);
-    if (r->fd >= 0)
-        close(r->fd);
-    memset(r, 0, sizeof(*r));
-    r->fd = -1;
+    bench_params *p = &run->params;
+    p->magic = MAGIC;
+    p->consumers = run->consumers;
+    p->producer_pid = (int32_t)getpid();
+    p->region_bytes = tables_at(run->consumers) + p->table_bytes;
+    int fd = run->region.fd = high_fd(memfd_create("ferry-bench", MFD_CLOEXEC));
+    if (fd < 0 || ftruncate(fd, (off_t)p->region_bytes) != 0 ||
+        pwrite(fd, p, sizeof(*p), 0) != (ssize_t)sizeof(*p))
+        return run_fail(run, "creating the results region failed: %s", strerror(errno));
+    if (region_map(fd, &run->region) != 0)
+        return run_fail(run, "mapping the results region failed: %s", strerror(errno));
+    return 0;
 }
 
-static int spawn_one(bench_run *run, uint32_t rank, int child_sock)
+/* Every consumer gets a SOCK_SEQPACKET channel; its end, the region and the extra fd become
+ * descriptors 3, 4 and 5 of `ferry bench-worker`. */
+static int spawn_workers(bench_run *run)
 {
     char rank_text[16];
-    snprintf(rank_text, sizeof(rank_text), "%u", rank);
     char *argv[] = {
         "ferry", "bench-worker", "--rank", rank_text,    "--fd",
         "3",     "--results-fd", "4",      "--extra-fd", run->extra_fd >= 0 ? "5" : "-1",
         NULL};
-    int fds[3] = {child_sock, run->region.fd, run->extra_fd};
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    for (int i = 0; i < 3; i++)
-        if (fds[i] >= 0)
-            posix_spawn_file_actions_adddup2(&fa, fds[i], 3 + i);
-    bench_child *c = &run->children[rank];
-    int err = posix_spawn(&c->pid, "/proc/self/exe", &fa, NULL, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    if (err)
-        return run_fail(run, "starting consumer rank %u failed: %s", rank, strerror(err));
-    c->running = 1;
-    return 0;
-}
-
-/* A SOCK_SEQPACKET pair on high, close-on-exec descriptors: 0 or an errno. */
-static int channel(int *parent, int *child)
-{
-    int sv[2];
-    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
-        return errno;
-    *parent = high_fd(sv[0]);
-    *child = high_fd(sv[1]);
-    if (*parent >= 0 && *child >= 0)
-        return 0;
-    int err = errno;
-    if (*parent >= 0)
-        close(*parent);
-    if (*child >= 0)
-        close(*child);
-    *parent = *child = -1;
-    return err;
-}
-
-static int spawn_workers(bench_run *run)
-{
     for (uint32_t r = 0; r < run->consumers; r++) {
-        int child = -1, err = channel(&run->children[r].sock, &child);
-        int rc = err ? run_fail(run, "the channel of consumer rank %u: %s", r, strerror(err))
-                     : spawn_one(run, r, child);
-        if (child >= 0)
-            close(child);
-        if (rc != 0)
-            return -1;
+        bench_child *c = &run->children[r];
+        int sv[2] = {-1, -1}, err;
+        if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) == 0) {
+            sv[0] = high_fd(sv[0]);
+            sv[1] = high_fd(sv[1]);
+        }
+        c->sock = sv[0];
+        if (sv[0] < 0 || sv[1] < 0) {
+            err = errno;
+            if (sv[1] >= 0)
+                close(sv[1]);
+            return run_fail(run, "the channel of consumer rank %u: %s", r, strerror(err));
+        }
+        int fds[3] = {sv[1], run->region.fd, run->extra_fd};
+        posix_spawn_file_actions_t fa;
+        posix_spawn_file_actions_init(&fa);
+        for (int i = 0; i < 3; i++)
+            if (fds[i] >= 0)
+                posix_spawn_file_actions_adddup2(&fa, fds[i], 3 + i);
+        snprintf(rank_text, sizeof(rank_text), "%u", r);
+        err = posix_spawn(&c->pid, "/proc/self/exe", &fa, NULL, argv, environ);
+        posix_spawn_file_actions_destroy(&fa);
+        close(sv[1]);
+        if (err)
+            return run_fail(run, "starting consumer rank %u failed: %s", r, strerror(err));
+        c->running = 1;
     }
     return 0;
 }
@@ -218,40 +184,45 @@ int run_check_often(bench_run *run)
     return run_check(run);
 }
 
+/* One turn of every wait that ends at deadline: the liveness check (with check set), then a nap
+ * of nap_ns, woken early by room to send on fd (poll ignores fd < 0). Nonzero: the run failed
+ * or the time is up; the caller's run_fail then names the wait unless the run had failed. */
+static int tick(bench_run *run, uint64_t deadline, int check, uint64_t nap_ns, int fd)
+{
+    if ((check && run_check(run) != 0) || cli_now_ns() >= deadline)
+        return -1;
+    struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+    struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)nap_ns};
+    ppoll(&pfd, 1, &ts, NULL);
+    return 0;
+}
+
 static int wait_ready(bench_run *run)
 {
     uint64_t deadline = cli_now_ns() + run->params.timeout_ns;
-    for (uint32_t r = 0; r < run->consumers; r++) {
-        while (rank_state(run, r) == STATE_STARTING) {
-            if (run_check(run) != 0)
-                return -1;
-            if (cli_now_ns() >= deadline)
+    for (uint32_t r = 0; r < run->consumers; r++)
+        while (rank_state(run, r) == STATE_STARTING)
+            if (tick(run, deadline, 1, 200000, -1) != 0)
                 return run_fail(run, "consumer rank %u did not start within %llu ms", r,
                                 (unsigned long long)(run->params.timeout_ns / 1000000));
-            cli_sleep_ns(200000);
-        }
-    }
     return run_check(run);
 }
 
 int harness_start(bench_run *run)
 {
-    for (uint32_t r = 0; r < BENCH_MAX_RANKS; r++)
-        run->children[r].sock = -1;
     if (region_create(run) != 0 || spawn_workers(run) != 0)
         return -1;
     return wait_ready(run);
 }
 
+/* A worker that closed its channel is given a moment to exit, so that the report says why. */
 static int channel_broken(bench_run *run, uint32_t rank, int err)
 {
     uint64_t deadline = cli_now_ns() + REAP_GRACE_NS;
-    while (cli_now_ns() < deadline) {
-        if (reap(run, rank, WNOHANG))
-            return worker_died(run, rank);
-        cli_sleep_ns(1000000);
-    }
-    return run_fail(run, "sending to consumer rank %u failed: %s", rank, strerror(err));
+    while (!reap(run, rank, WNOHANG))
+        if (tick(run, deadline, 0, 1000000, -1) != 0)
+            return run_fail(run, "sending to consumer rank %u failed: %s", rank, strerror(err));
+    return worker_died(run, rank);
 }
 
 static int send_one(bench_run *run, uint32_t rank, const bench_msg *msg)
@@ -262,17 +233,11 @@ static int send_one(bench_run *run, uint32_t rank, const bench_msg *msg)
         ssize_t n = send(sock, msg, sizeof(*msg), MSG_DONTWAIT | MSG_NOSIGNAL);
         if (n == (ssize_t)sizeof(*msg))
             return 0;
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n >= 0 || errno != EAGAIN)
+        if (n >= 0 || (errno != EAGAIN && errno != EINTR))
             return channel_broken(run, rank, n < 0 ? errno : EMSGSIZE);
-        if (run_check(run) != 0)
-            return -1;
-        if (cli_now_ns() >= deadline)
+        if (tick(run, deadline, 1, SLICE_NS, sock) != 0)
             return run_fail(run, "consumer rank %u took no message for %llu ms", rank,
                             (unsigned long long)(run->params.timeout_ns / 1000000));
-        struct pollfd pfd = {.fd = sock, .events = POLLOUT};
-        poll(&pfd, 1, (int)(SLICE_NS / 1000000));
     }
 }
 
@@ -320,26 +285,22 @@ static void sleep_on(bench_run *run, int phase, uint32_t rank, uint64_t need)
 int run_wait(bench_run *run, int phase, uint32_t nranks, uint64_t need, int *waited)
 {
     uint32_t seen, last_seen = UINT32_MAX;
-    uint64_t last_change = cli_now_ns();
-    if (waited)
-        *waited = 0;
-    for (;;) {
+    uint64_t deadline = 0;
+    int ignored;
+    if (!waited)
+        waited = &ignored;
+    for (*waited = 0;; *waited = 1) {
         uint32_t r = slowest(run, phase, nranks, &seen);
         if (seen >= need)
             return run_check_often(run);
-        if (waited)
-            *waited = 1;
-        if (run_check_often(run) != 0)
-            return -1;
-        uint64_t t = cli_now_ns();
-        if (seen != last_seen) {
+        if (seen != last_seen) { /* progress: the limit starts again */
             last_seen = seen;
-            last_change = t;
-        } else if (t - last_change >= run->params.timeout_ns) {
-            return run_fail(run, "consumer rank %u made no progress for %llu ms (%u of %llu done)",
-                            r, (unsigned long long)(run->params.timeout_ns / 1000000ull), seen,
-                            (unsigned long long)need);
+            deadline = cli_now_ns() + run->params.timeout_ns;
         }
+        if (run_check_often(run) != 0 || cli_now_ns() >= deadline)
+            return run_fail(run, "consumer rank %u made no progress for %llu ms (%u of %llu done)",
+                            r, (unsigned long long)(run->params.timeout_ns / 1000000), seen,
+                            (unsigned long long)need);
         sleep_on(run, phase, r, need);
     }
 }
@@ -428,13 +389,11 @@ int harness_finish(bench_run *run)
         return -1;
     uint64_t deadline = cli_now_ns() + run->params.timeout_ns;
     for (uint32_t r = 0; r < run->consumers; r++) {
-        while (run->children[r].running && !reap(run, r, WNOHANG)) {
-            if (cli_now_ns() >= deadline)
-                return run_fail(run, "consumer rank %u (pid %d) did not exit after the run", r,
-                                (int)run->children[r].pid);
-            cli_sleep_ns(1000000);
-        }
         const bench_child *c = &run->children[r];
+        while (c->running && !reap(run, r, WNOHANG))
+            if (tick(run, deadline, 0, 1000000, -1) != 0)
+                return run_fail(run, "consumer rank %u (pid %d) did not exit after the run", r,
+                                (int)c->pid);
         /* Exit 1 with DONE: verification errors, counted in the report. */
         if (!WIFEXITED(c->wstatus) || rank_state(run, r) != STATE_DONE ||
             WEXITSTATUS(c->wstatus) > 1)
@@ -445,12 +404,11 @@ int harness_finish(bench_run *run)
 
 void harness_kill(bench_run *run)
 {
-    for (uint32_t r = 0; r < run->consumers; r++) {
-        if (!run->children[r].running)
-            continue;
-        kill(run->children[r].pid, SIGKILL);
-        reap(run, r, 0);
-    }
+    for (uint32_t r = 0; r < run->consumers; r++)
+        if (run->children[r].running) {
+            kill(run->children[r].pid, SIGKILL);
+            reap(run, r, 0);
+        }
 }
 
 void harness_close(bench_run *run)
@@ -459,9 +417,13 @@ void harness_close(bench_run *run)
     for (uint32_t r = 0; r < BENCH_MAX_RANKS; r++)
         if (run->children[r].sock >= 0)
             close(run->children[r].sock);
-    region_unmap(&run->region);
+    if (run->region.base)
+        munmap(run->region.base, run->region.bytes);
+    if (run->region.fd >= 0)
+        close(run->region.fd);
 }
 
+/* The first message a worker notes goes to its rank's slot (stderr before the region). */
 static void note(bench_worker *w, const char *fmt, va_list ap)
 {
     char text[BENCH_MESSAGE_MAX];
@@ -515,20 +477,21 @@ void worker_progress(bench_worker *w, int phase, uint32_t value)
         cli_futex_wake(word);
 }
 
+/* Blocks for the next message: a worker dies with its producer (PR_SET_PDEATHSIG), and the
+ * producer's end of the channel closes when it gives up, so this wait too has an end. */
 static int receive(bench_worker *w, bench_msg *m)
 {
-    for (;;) {
-        ssize_t n = recv(w->sock, m, sizeof(*m), 0);
-        if (n == (ssize_t)sizeof(*m))
-            return 0;
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n == 0)
-            return worker_fail(w, "the producer closed the channel before the end of the run");
-        if (n < 0)
-            return worker_fail(w, "receiving from the producer failed: %s", strerror(errno));
-        return worker_fail(w, "message of %zd bytes (expected %zu)", n, sizeof(*m));
-    }
+    ssize_t n;
+    do
+        n = recv(w->sock, m, sizeof(*m), 0);
+    while (n < 0 && errno == EINTR);
+    if (n == (ssize_t)sizeof(*m))
+        return 0;
+    if (n == 0)
+        return worker_fail(w, "the producer closed the channel before the end of the run");
+    if (n < 0)
+        return worker_fail(w, "receiving from the producer failed: %s", strerror(errno));
+    return worker_fail(w, "message of %zd bytes (expected %zu)", n, sizeof(*m));
 }
 
 /* Serves messages until DONE: exit 0 when every check passed, 1 otherwise. */

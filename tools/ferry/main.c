@@ -62,55 +62,54 @@ static int command_help(const char *name)
     return CLI_EXIT_USAGE;
 }
 
-/* Refuses arguments a command does not take; handles --help. -1: go on. */
+/* Refuses, in order, arguments a command does not take; handles --help. -1: go on. */
 static int plain_args(const char *name, int argc, char **argv, int nargs, const char *flag,
                       int *flag_set)
 {
+    const char *why = NULL, *arg = NULL;
     int positional = 0;
-    for (int i = 1; i < argc; i++) {
-        if (cli_is_help(argv[i]))
+    for (int i = 1; i < argc && !why; i++) {
+        arg = argv[i];
+        if (cli_is_help(arg))
             return command_help(name);
-        if (flag && strcmp(argv[i], flag) == 0) {
+        if (flag && strcmp(arg, flag) == 0)
             *flag_set = 1;
-        } else if (argv[i][0] == '-' && argv[i][1] && positional == 0 && nargs == 0) {
-            fprintf(stderr, "ferry %s: unknown option '%s'\n", name, argv[i]);
-            goto refused;
-        } else if (++positional > nargs) {
-            fprintf(stderr, "ferry %s: unexpected argument '%s'\n", name, argv[i]);
-            goto refused;
-        }
+        else if (nargs == 0 && arg[0] == '-' && arg[1])
+            why = "unknown option";
+        else if (++positional > nargs)
+            why = "unexpected argument";
     }
-    if (positional == nargs)
+    if (why)
+        fprintf(stderr, "ferry %s: %s '%s'\n", name, why, arg);
+    else if (positional < nargs) /* only split-budget has operands */
+        fprintf(stderr, "ferry %s: expected TOTAL WORKERS\n", name);
+    else
         return -1;
-    fprintf(stderr, "ferry %s: expected %s\n", name, nargs == 2 ? "TOTAL WORKERS" : "no argument");
-refused:
     fprintf(stderr, "Run 'ferry %s --help' for the options.\n", name);
     return CLI_EXIT_USAGE;
 }
 
+/* The library's report, sized by a first call. */
 static int cmd_doctor(int argc, char **argv)
 {
     int json = 0, rc = plain_args("doctor", argc, argv, 0, "--json", &json);
     size_t needed = 0;
+    char *text = NULL;
+    const char *why = NULL;
     if (rc >= 0)
         return rc;
-    if (ferry_doctor_report(json, NULL, 0, &needed) != FERRY_OK) {
-        fprintf(stderr, "ferry doctor: %s\n", ferry_last_error());
-        return CLI_EXIT_FAIL;
-    }
-    char *text = malloc(needed + 1);
-    if (!text || ferry_doctor_report(json, text, needed + 1, NULL) != FERRY_OK) {
-        fprintf(stderr, "ferry doctor: %s\n", text ? ferry_last_error() : "out of memory");
-        free(text);
-        return CLI_EXIT_FAIL;
-    }
-    fputs(text, stdout);
+    if (ferry_doctor_report(json, NULL, 0, &needed) != FERRY_OK)
+        why = ferry_last_error();
+    else if (!(text = malloc(needed + 1)))
+        why = "out of memory";
+    else if (ferry_doctor_report(json, text, needed + 1, NULL) != FERRY_OK)
+        why = ferry_last_error();
+    else if (fputs(text, stdout) < 0 || fflush(stdout) != 0 || ferror(stdout))
+        why = "cannot write the report";
     free(text);
-    if (fflush(stdout) != 0 || ferror(stdout)) {
-        fprintf(stderr, "ferry doctor: cannot write the report\n");
-        return CLI_EXIT_FAIL;
-    }
-    return CLI_EXIT_OK;
+    if (why)
+        fprintf(stderr, "ferry doctor: %s\n", why);
+    return why ? CLI_EXIT_FAIL : CLI_EXIT_OK;
 }
 
 static int cmd_split_budget(int argc, char **argv)

@@ -31,8 +31,7 @@ static const spec specs[] = {
       "host: handover (default), channel: send/recv round trip; GPU: rtt (default): round "
       "trip, stream: throughput, cpu: CPU cost per call"),
     O("--consumers", "N", K_INT, consumers, BOTH,
-      "consumer processes (host 4; GPU 1 or one per "
-      "--consumer-devices entry)"),
+      "consumer processes (host 4; GPU 1 or one per --consumer-devices entry)"),
     O("--items", "N", K_INT, items, BOTH,
       "items handed over (host 2000; channel: timed round trips of each kind, 2000, after a "
       "tenth as many untimed; stream 200)"),
@@ -54,8 +53,7 @@ static const spec specs[] = {
     O("--iterations", "N", K_INT, iterations, FAMILY_GPU,
       "rtt: timed round trips (1000); cpu: calls (10000)"),
     O("--warmup", "N", K_INT, warmup, FAMILY_GPU,
-      "untimed round trips (rtt 100) or items "
-      "(stream 8)"),
+      "untimed round trips (rtt 100) or items (stream 8)"),
     O("--verify-every", "N", K_INT, verify_every, FAMILY_GPU,
       "check every Nth item (rtt 100; stream, cpu 1)"),
     O("--floor-copies", "N", K_INT, floor_copies, FAMILY_GPU,
@@ -73,6 +71,8 @@ static const spec specs[] = {
 
 void bench_help(void)
 {
+    static const char *const tags[] = {
+        [FAMILY_HOST] = "[host] ", [FAMILY_GPU] = "[GPU] ", [BOTH] = ""};
     printf("usage: ferry bench [OPTIONS]\n\n"
            "Hands items from one producer to consumer processes through a ferry pool, checks\n"
            "the data, and measures ferry against a floor without pool logic in the same run.\n"
@@ -81,11 +81,7 @@ void bench_help(void)
         char left[64];
         snprintf(left, sizeof(left), "%s%s%s", specs[i].name, specs[i].arg ? " " : "",
                  specs[i].arg ? specs[i].arg : "");
-        printf("  %-30s %s%s\n", left,
-               specs[i].families == FAMILY_HOST  ? "[host] "
-               : specs[i].families == FAMILY_GPU ? "[GPU] "
-                                                 : "",
-               specs[i].help);
+        printf("  %-30s %s%s\n", left, tags[specs[i].families], specs[i].help);
     }
 }
 
@@ -95,9 +91,7 @@ void bench_default(int64_t *v, int64_t value)
         *v = value;
 }
 
-static int usage(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-
-static int usage(const char *fmt, ...)
+static __attribute__((format(printf, 1, 2))) int usage(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -126,21 +120,25 @@ static int split_list(const char *opt, const char *text, char items[][64], uint3
     }
 }
 
-/* host: SIZE or LO-HI (into sizes[0], sizes[1]); GPU: SIZE[,SIZE...]. Positive sizes. */
+/* host: SIZE or LO-HI, the range's ends (a lone SIZE is both, parsed twice); GPU:
+ * SIZE[,SIZE...]. Positive sizes. */
 static int parse_sizes(const char *text, unsigned family, bench_opts *o)
 {
     char items[BENCH_MAX_SIZES][64];
-    const char *dash = text[0] ? strchr(text + 1, '-') : NULL;
-    if (family == FAMILY_HOST && dash && (size_t)(dash - text) < 64) {
-        memcpy(items[0], text, (size_t)(dash - text));
-        items[0][dash - text] = '\0';
-        snprintf(items[1], sizeof(items[1]), "%s", dash + 1);
+    if (family == FAMILY_GPU) {
+        if (split_list("--item-size", text, items, BENCH_MAX_SIZES, &o->nsizes) != 0)
+            return -1;
+    } else {
+        const char *dash = text[0] ? strchr(text + 1, '-') : NULL;
+        int range = dash && dash - text < 64;
+        size_t len = range ? (size_t)(dash - text) : strnlen(text, 63);
+        memcpy(items[0], text, len);
+        items[0][len] = '\0';
+        if (range)
+            snprintf(items[1], sizeof(items[1]), "%s", dash + 1);
+        else
+            memcpy(items[1], items[0], sizeof(items[1]));
         o->nsizes = 2;
-    } else if (family == FAMILY_HOST) {
-        snprintf(items[0], sizeof(items[0]), "%s", text);
-        o->nsizes = 1;
-    } else if (split_list("--item-size", text, items, BENCH_MAX_SIZES, &o->nsizes) != 0) {
-        return -1;
     }
     for (uint32_t i = 0; i < o->nsizes; i++) {
         int64_t v;
@@ -150,9 +148,7 @@ static int parse_sizes(const char *text, unsigned family, bench_opts *o)
             return usage("invalid --item-size '%s': sizes must be positive", text);
         o->sizes[i] = (uint64_t)v;
     }
-    if (family == FAMILY_HOST && o->nsizes == 1)
-        o->sizes[o->nsizes++] = o->sizes[0];
-    if (o->sizes[0] > o->sizes[1] && family == FAMILY_HOST)
+    if (family == FAMILY_HOST && o->sizes[0] > o->sizes[1])
         return usage("invalid --item-size '%s': the range's low end exceeds its high end", text);
     return 0;
 }
@@ -201,17 +197,10 @@ static int store(const spec *s, const char *value, unsigned family, bench_opts *
     case K_CONTROL:
         return parse_control(value, o);
     case K_FLAG:
-        break;
+        *(int *)field = 1;
+        return 0;
     }
     return -1;
-}
-
-static const spec *find(const char *arg, size_t len)
-{
-    for (size_t i = 0; i < NSPECS; i++)
-        if (strlen(specs[i].name) == len && strncmp(arg, specs[i].name, len) == 0)
-            return &specs[i];
-    return NULL;
 }
 
 /* argv[*i]; advances *i past a separate value. */
@@ -219,22 +208,20 @@ static int parse_one(int argc, char **argv, int *i, unsigned family, bench_opts 
 {
     const char *arg = argv[*i], *eq = strchr(arg, '=');
     size_t len = eq ? (size_t)(eq - arg) : strlen(arg);
-    const spec *s = find(arg, len);
-    if (!s)
+    const spec *s = specs;
+    while (s < specs + NSPECS && (strlen(s->name) != len || strncmp(arg, s->name, len) != 0))
+        s++;
+    if (s == specs + NSPECS)
         return usage("unknown option '%s'", arg);
     if (!(s->families & family))
         return usage("%s does not apply to --backend %s (it is an option of --backend %s)", s->name,
                      o->backend_name,
                      s->families == FAMILY_HOST ? "host" : "cuda_ipc and cuda_vmm");
-    if (s->kind == K_FLAG) {
-        if (eq)
-            return usage("%s takes no value", s->name);
-        *(int *)((char *)o + s->offset) = 1;
-        return 0;
-    }
-    if (!eq && *i + 1 >= argc)
+    if (s->kind == K_FLAG && eq)
+        return usage("%s takes no value", s->name);
+    if (s->kind != K_FLAG && !eq && *i + 1 >= argc)
         return usage("%s needs a value", s->name);
-    return store(s, eq ? eq + 1 : argv[++*i], family, o);
+    return store(s, s->kind == K_FLAG ? NULL : eq ? eq + 1 : argv[++*i], family, o);
 }
 
 /* The value of --backend or --mode, looked for before the rest is parsed. */

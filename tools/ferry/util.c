@@ -12,17 +12,10 @@
 
 #include "bench.h"
 
-static const struct {
-    const char *name;
-    uint64_t bytes;
-} units[] = {{"", 1},
-             {"b", 1},
-             {"kib", 1ull << 10},
-             {"mib", 1ull << 20},
-             {"gib", 1ull << 30},
-             {"kb", 1000ull},
-             {"mb", 1000000ull},
-             {"gb", 1000000000ull}};
+/* The units, lower case, and their bytes ("" is bytes). */
+static const char *const unit_names[] = {"", "b", "kib", "mib", "gib", "kb", "mb", "gb"};
+static const uint64_t unit_bytes[] = {1,          1,       1ull << 10, 1ull << 20,
+                                      1ull << 30, 1000ull, 1000000ull, 1000000000ull};
 
 static int size_error(const char *cmd, const char *what, const char *text, const char *why)
 {
@@ -59,9 +52,9 @@ int cli_parse_size(const char *cmd, const char *what, const char *text, int64_t 
         return size_error(cmd, what, text, "bad fraction");
     if (nwhole == 0 && nfrac == 0)
         return size_error(cmd, what, text, "no number");
-    for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++)
-        if (strcasecmp(p, units[i].name) == 0)
-            mult = units[i].bytes;
+    for (size_t i = 0; i < sizeof(unit_bytes) / sizeof(unit_bytes[0]); i++)
+        if (strcasecmp(p, unit_names[i]) == 0)
+            mult = unit_bytes[i];
     if (!mult)
         return size_error(cmd, what, text, "unknown unit");
     if (whole > (uint64_t)INT64_MAX / mult)
@@ -77,49 +70,48 @@ int cli_parse_size(const char *cmd, const char *what, const char *text, int64_t 
     return 0;
 }
 
-static int number_error(const char *cmd, const char *what, const char *text, const char *kind)
+/* strtoll or strtoull, refusing what they would skip or wrap: blanks, a sign (a minus sign
+ * in the unsigned case), garbage after the number, a value out of range. */
+static int parse_number(const char *cmd, const char *what, const char *text, int is_signed,
+                        void *out)
 {
-    fprintf(stderr, "ferry %s: invalid %s '%s': expected %s\n", cmd, what, text, kind);
+    char *end = NULL;
+    errno = 0;
+    if (is_signed)
+        *(int64_t *)out = strtoll(text, &end, 10);
+    else
+        *(uint64_t *)out = strtoull(text, &end, 0);
+    if (!errno && text[0] && !*end && text[0] != ' ' && text[0] != '+' &&
+        (is_signed || text[0] != '-'))
+        return 0;
+    fprintf(stderr, "ferry %s: invalid %s '%s': expected %s\n", cmd, what, text,
+            is_signed ? "an integer" : "an unsigned integer");
     return -1;
 }
 
 int cli_parse_int(const char *cmd, const char *what, const char *text, int64_t *out)
 {
-    char *end = NULL;
-    errno = 0;
-    long long v = strtoll(text, &end, 10);
-    if (errno || !text[0] || *end || text[0] == ' ' || text[0] == '+')
-        return number_error(cmd, what, text, "an integer");
-    *out = (int64_t)v;
-    return 0;
+    return parse_number(cmd, what, text, 1, out);
 }
 
 int cli_parse_u64(const char *cmd, const char *what, const char *text, uint64_t *out)
 {
-    char *end = NULL;
-    errno = 0;
-    unsigned long long v = strtoull(text, &end, 0);
-    if (errno || !text[0] || *end || text[0] == '-' || text[0] == ' ' || text[0] == '+')
-        return number_error(cmd, what, text, "an unsigned integer");
-    *out = (uint64_t)v;
-    return 0;
+    return parse_number(cmd, what, text, 0, out);
 }
 
+/* In the largest binary unit that divides it, else to two decimals in the largest below it. */
 void cli_format_size(uint64_t bytes, char *buf, size_t size)
 {
-    static const char *const names[] = {"GiB", "MiB", "KiB"};
-    for (int exact = 1; exact >= 0; exact--)
-        for (int i = 0; i < 3; i++) {
-            uint64_t unit = 1ull << (10 * (3 - i));
-            if (bytes >= unit && (exact ? bytes % unit == 0 : 1)) {
-                if (exact)
-                    snprintf(buf, size, "%llu%s", (unsigned long long)(bytes / unit), names[i]);
-                else
-                    snprintf(buf, size, "%.2f%s", (double)bytes / (double)unit, names[i]);
-                return;
-            }
-        }
-    snprintf(buf, size, "%lluB", (unsigned long long)bytes);
+    static const char *const names[] = {"B", "KiB", "MiB", "GiB"};
+    int exact = 3, below = 3;
+    while (exact > 0 && (bytes < 1ull << 10 * exact || bytes % (1ull << 10 * exact)))
+        exact--;
+    while (below > 0 && bytes < 1ull << 10 * below)
+        below--;
+    if (exact > 0 || below == 0)
+        snprintf(buf, size, "%llu%s", (unsigned long long)(bytes >> 10 * exact), names[exact]);
+    else
+        snprintf(buf, size, "%.2f%s", (double)bytes / (double)(1ull << 10 * below), names[below]);
 }
 
 int cli_is_help(const char *arg)
@@ -182,12 +174,11 @@ static int compare_u64(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Nearest rank: the smallest sample with at least p% of the samples at or below it. */
+/* Nearest rank: the smallest sample with at least p% of the n > 0 samples at or below it
+ * (0 < p < 100, so the rank is 1 to n). */
 static double nearest_rank_us(const uint64_t *sorted, size_t n, double p)
 {
-    double rank = ceil(p / 100.0 * (double)n);
-    size_t idx = rank < 1.0 ? 0 : (size_t)rank - 1;
-    return (double)sorted[idx < n ? idx : n - 1] / 1e3;
+    return (double)sorted[(size_t)ceil(p / 100.0 * (double)n) - 1] / 1e3;
 }
 
 void cli_p50_p99_us(uint64_t *ns_values, size_t n, double *p50_us, double *p99_us)
