@@ -39,7 +39,6 @@ int cmd_bench(int argc, char **argv)
     run.opt = &opt;
     run.mode = mode;
     run.consumers = (uint32_t)opt.consumers;
-    run.extra_fd = -1;
     run.region.fd = -1;
     for (uint32_t r = 0; r < BENCH_MAX_RANKS; r++) /* closed at the end, a failed prepare too */
         run.children[r].sock = -1;
@@ -68,18 +67,17 @@ int cmd_bench(int argc, char **argv)
 /* A consumer process of `ferry bench`: dies with the producer, never outlives it waiting. */
 int cmd_bench_worker(int argc, char **argv)
 {
-    static const char *const names[] = {"--rank", "--fd", "--results-fd", "--extra-fd"};
-    int64_t v[4] = {0};
-    int ok = argc == 9;
-    for (int i = 0; ok && i < 4; i++)
+    static const char *const names[] = {"--rank", "--fd", "--results-fd"};
+    int64_t v[3] = {0};
+    int ok = argc == 7;
+    for (int i = 0; ok && i < 3; i++)
         ok = strcmp(argv[1 + 2 * i], names[i]) == 0 &&
              cli_parse_int("bench-worker", names[i], argv[2 + 2 * i], &v[i]) == 0;
     if (!ok || v[0] < 0 || v[0] >= BENCH_MAX_RANKS) {
         fprintf(stderr, "ferry bench-worker: internal command of 'ferry bench'\n");
         return CLI_EXIT_USAGE;
     }
-    bench_worker w = {
-        .rank = (uint32_t)v[0], .sock = (int)v[1], .region.fd = (int)v[2], .extra_fd = (int)v[3]};
+    bench_worker w = {.rank = (uint32_t)v[0], .sock = (int)v[1], .region.fd = (int)v[2]};
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
     prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0); /* the handover's reclaim phase sleeps 0-200 us */
     return worker_serve(&w, modes, NMODES);

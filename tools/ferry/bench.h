@@ -152,7 +152,6 @@ typedef struct bench_run {
     bench_region region;
     bench_child children[BENCH_MAX_RANKS];
     uint32_t consumers;
-    int extra_fd; /* a third fd for the workers (the handover floor's ring), -1 if none */
     uint64_t seq;
     uint64_t last_check_ns;
     int failed;
@@ -200,7 +199,7 @@ void harness_close(bench_run *run);
 
 typedef struct bench_worker {
     uint32_t rank;
-    int sock, extra_fd;
+    int sock;
     bench_region region;
     bench_params p;
     bench_rank *me;

@@ -1,6 +1,5 @@
 /* The host mode of `ferry bench`: items through the pool, or through a plain shared ring
  * (the floor), to every consumer, every byte checked; the reclaim delay (docs/cli.md). */
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -91,7 +90,6 @@ typedef struct handover {
     ferry_pool *pool;
     ferry_backend backend; /* what the pool resolved to */
     uint8_t *patterns;     /* the staging ring, stamped in place */
-    uint8_t *floor_ring;
     uint64_t run_start_ns, chunk_start_ns, last_progress_ns;
     phase_result ph[2];
     uint64_t reclaim_rounds; /* counted */
@@ -105,6 +103,12 @@ static uint64_t *ack_slot(const bench_region *r, int phase, uint64_t item, uint3
     return phase == PH_RECLAIM
                ? &t[2 * n + item]
                : &t[((uint64_t)phase * r->p->items + item) * r->p->consumers + rank];
+}
+
+/* The floor's ring of floor_slots slots, at the end of the mode's tables. */
+static uint8_t *floor_ring(const bench_region *r)
+{
+    return (uint8_t *)r->tables + r->p->table_bytes - r->p->floor_bytes;
 }
 
 static void defaults(const bench_mode *mode, bench_opts *o)
@@ -153,20 +157,8 @@ static void fill_params(bench_run *run)
     p->floor_bytes = p->floor_slots * p->floor_slot_bytes;
     p->reclaim_rounds = (uint64_t)o->reclaim_rounds;
     p->reclaim_item = o->sizes[1] < RECLAIM_ITEM_BYTES ? o->sizes[1] : RECLAIM_ITEM_BYTES;
-    p->table_bytes = (2 * p->items * (uint64_t)o->consumers + p->reclaim_rounds + 1) * 8;
-}
-
-static int create_floor(bench_run *run, handover *h)
-{
-    size_t bytes = (size_t)run->params.floor_bytes;
-    int fd = run->extra_fd = memfd_create("ferry-bench-floor", MFD_CLOEXEC); /* release closes it */
-    if (fd < 0 || ftruncate(fd, (off_t)bytes) != 0)
-        return run_fail(run, "the floor ring of %zu bytes: %s", bytes, strerror(errno));
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED)
-        return run_fail(run, "mapping the floor ring failed: %s", strerror(errno));
-    h->floor_ring = p;
-    return 0;
+    k = (2 * p->items * (uint64_t)o->consumers + p->reclaim_rounds + 1) * 8; /* the acks */
+    p->table_bytes = ((k + BENCH_PAGE - 1) & ~(uint64_t)(BENCH_PAGE - 1)) + p->floor_bytes;
 }
 
 /* The library's checks and the pool before any worker exists, then the run's buffers. */
@@ -189,7 +181,7 @@ static int prepare(bench_run *run)
     h->patterns = patterns_create(&run->params);
     if (!h->ph[0].start_ns || !h->ph[1].start_ns || !h->patterns)
         return run_fail(run, "out of memory for %llu items", (unsigned long long)run->params.items);
-    return run->params.floor_slots ? create_floor(run, h) : 0;
+    return 0;
 }
 
 static void release(bench_run *run, int failed)
@@ -199,10 +191,6 @@ static void release(bench_run *run, int failed)
     if (!h)
         return;
     ferry_pool_destroy(h->pool);
-    if (h->floor_ring)
-        munmap(h->floor_ring, (size_t)run->params.floor_bytes);
-    if (run->extra_fd >= 0)
-        close(run->extra_fd);
     free(h->patterns);
     free(h->ph[0].start_ns);
     free(h->ph[1].start_ns);
@@ -279,7 +267,7 @@ static int hand_item(bench_run *run, int phase, uint64_t item)
         if (item >= p->floor_slots &&
             run_wait(run, PH_FLOOR, run->consumers, item - p->floor_slots + 1, &waited) != 0)
             return -1;
-        memcpy(h->floor_ring + m.key * p->floor_slot_bytes, src, m.size);
+        memcpy(floor_ring(&run->region) + m.key * p->floor_slot_bytes, src, m.size);
     }
     h->ph[phase].start_ns[item] = t0;
     h->ph[phase].full_events += (uint64_t)waited; /* the floor's; ferry's are the pool's */
@@ -514,13 +502,7 @@ static int worker_init(bench_worker *w)
     hworker *s = calloc(1, sizeof(*s));
     if (!(w->state = s))
         return worker_fail(w, "out of memory");
-    if (w->extra_fd >= 0) {
-        void *p = mmap(NULL, (size_t)w->p.floor_bytes, PROT_READ, MAP_SHARED, w->extra_fd, 0);
-        close(w->extra_fd);
-        if (p == MAP_FAILED)
-            return worker_fail(w, "mapping the floor ring failed: %s", strerror(errno));
-        s->floor = p;
-    }
+    s->floor = w->p.floor_slots ? floor_ring(&w->region) : NULL;
     s->buf = aligned_alloc(64, align64(w->p.size_hi));
     s->patterns = patterns_create(&w->p);
     if (!s->buf || !s->patterns)

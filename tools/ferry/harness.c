@@ -44,7 +44,7 @@ static size_t tables_at(uint32_t consumers)
     return RANKS_AT + (size_t)consumers * sizeof(bench_rank);
 }
 
-/* Makes fd close-on-exec and numbered at least 10 (the spawn's dup2 to 3..5 never meets it). */
+/* Makes fd close-on-exec and numbered at least 10 (the spawn's dup2 to 3 and 4 never meets it). */
 static int high_fd(int fd)
 {
     int nfd = fd < 0 ? -1 : fcntl(fd, F_DUPFD_CLOEXEC, 10), err = errno;
@@ -95,15 +95,13 @@ static int region_create(bench_run *run)
     return 0;
 }
 
-/* Every consumer gets a SOCK_SEQPACKET channel; its end, the region and the extra fd become
- * descriptors 3, 4 and 5 of `ferry bench-worker`. */
+/* Every consumer gets a SOCK_SEQPACKET channel; its end and the region become descriptors 3
+ * and 4 of `ferry bench-worker`. */
 static int spawn_workers(bench_run *run)
 {
     char rank_text[16];
-    char *argv[] = {
-        "ferry", "bench-worker", "--rank", rank_text,    "--fd",
-        "3",     "--results-fd", "4",      "--extra-fd", run->extra_fd >= 0 ? "5" : "-1",
-        NULL};
+    char *argv[] = {"ferry", "bench-worker", "--rank", rank_text, "--fd",
+                    "3",     "--results-fd", "4",      NULL};
     for (uint32_t r = 0; r < run->consumers; r++) {
         bench_child *c = &run->children[r];
         int sv[2] = {-1, -1}, err;
@@ -118,12 +116,10 @@ static int spawn_workers(bench_run *run)
                 close(sv[1]);
             return run_fail(run, "the channel of consumer rank %u: %s", r, strerror(err));
         }
-        int fds[3] = {sv[1], run->region.fd, run->extra_fd};
         posix_spawn_file_actions_t fa;
         posix_spawn_file_actions_init(&fa);
-        for (int i = 0; i < 3; i++)
-            if (fds[i] >= 0)
-                posix_spawn_file_actions_adddup2(&fa, fds[i], 3 + i);
+        posix_spawn_file_actions_adddup2(&fa, sv[1], 3);
+        posix_spawn_file_actions_adddup2(&fa, run->region.fd, 4);
         snprintf(rank_text, sizeof(rank_text), "%u", r);
         err = posix_spawn(&c->pid, "/proc/self/exe", &fa, NULL, argv, environ);
         posix_spawn_file_actions_destroy(&fa);
