@@ -14,6 +14,11 @@
 #define F_BATCH_END 0x2u
 #define F_WARMUP    0x4u
 enum { STAT_READ_NS = 0, STAT_RAW_NS = 1, STAT_DECODE_NS = 2, STAT_CALLS = 3 };
+/* A row's numbers (gpu_row.cpu): ns per call. */
+enum { PUBLISH, PUBLISH_RAW, PUBLISH_FERRY, READ, READ_RAW, READ_FERRY, DECODE, CONTEXT, VALUES };
+static const char *const keys[VALUES] = {"publish_ns", "publish_driver_ns", "publish_ferry_ns",
+                                         "read_ns",    "read_driver_ns",    "read_ferry_ns",
+                                         "decode_ns",  "context_ns"};
 
 static uint32_t batch_size(bench_run *run, uint64_t size)
 {
@@ -94,7 +99,7 @@ static int raw_batch(bench_run *run, CUdeviceptr dst, CUdeviceptr word, uint64_t
     }
     *ns += cli_thread_cpu_ns() - t0;
     if (rc != CUDA_SUCCESS)
-        return gpu_cu_fail(run, "cpu: raw calls", call, rc);
+        return gpu_cu(run, "cpu: raw calls", call, rc);
     return gpu_stream_drained(run, "the producer's stream");
 }
 
@@ -128,8 +133,8 @@ static int context_cost(bench_run *run, gpu_row *row)
     uint64_t n = (uint64_t)run->opt->iterations, t0 = cli_thread_cpu_ns();
     for (uint64_t i = 0; i < n && rc == CUDA_SUCCESS; i++)
         rc = cu->cuCtxSetCurrent(ctx);
-    row->context_ns = (double)(cli_thread_cpu_ns() - t0) / (double)n;
-    return rc == CUDA_SUCCESS ? 0 : gpu_cu_fail(run, "cpu", "cuCtxSetCurrent", rc);
+    row->cpu[CONTEXT] = (double)(cli_thread_cpu_ns() - t0) / (double)n;
+    return gpu_cu(run, "cpu", "cuCtxSetCurrent", rc);
 }
 
 static int cpu_row(bench_run *run, gpu_row *row)
@@ -141,15 +146,17 @@ static int cpu_row(bench_run *run, gpu_row *row)
                         (unsigned long long)row->size);
     if (batches(run, row->size, per, ns) != 0 || context_cost(run, row) != 0)
         return -1;
-    double calls = (double)run->opt->iterations;
+    double calls = (double)run->opt->iterations, *v = row->cpu;
     const uint64_t *c = run->region.ranks[0].stat;
-    row->publish_ns = (double)ns[0] / calls;
-    row->publish_raw_ns = (double)ns[1] / calls;
+    v[PUBLISH] = (double)ns[0] / calls;
+    v[PUBLISH_RAW] = (double)ns[1] / calls;
     if (c[STAT_CALLS]) {
-        row->read_ns = (double)c[STAT_READ_NS] / (double)c[STAT_CALLS];
-        row->read_raw_ns = (double)c[STAT_RAW_NS] / (double)c[STAT_CALLS];
-        row->decode_ns = (double)c[STAT_DECODE_NS] / (double)c[STAT_CALLS];
+        v[READ] = (double)c[STAT_READ_NS] / (double)c[STAT_CALLS];
+        v[READ_RAW] = (double)c[STAT_RAW_NS] / (double)c[STAT_CALLS];
+        v[DECODE] = (double)c[STAT_DECODE_NS] / (double)c[STAT_CALLS];
     }
+    v[PUBLISH_FERRY] = v[PUBLISH] - v[PUBLISH_RAW];
+    v[READ_FERRY] = v[READ] - v[READ_RAW];
     return 0;
 }
 
@@ -161,13 +168,13 @@ static void cpu_text(const bench_run *run)
     printf("\n%-8s %9s %8s %11s %11s %11s %10s\n", "control", "size", "call", "total ns",
            "driver ns", "ferry ns", "decode ns");
     for (uint32_t i = 0; i < g->nrows; i++) {
-        const gpu_row *r = &g->rows[i];
+        const double *v = g->rows[i].cpu;
         char size[32];
-        cli_format_size(r->size, size, sizeof(size));
-        printf("%-8s %9s %8s %11.1f %11.1f %11.1f %10s\n", gpu_placement(r->placement), size,
-               "publish", r->publish_ns, r->publish_raw_ns, r->publish_ns - r->publish_raw_ns, "-");
-        printf("%-8s %9s %8s %11.1f %11.1f %11.1f %10.1f\n", "", "", "read", r->read_ns,
-               r->read_raw_ns, r->read_ns - r->read_raw_ns, r->decode_ns);
+        cli_format_size(g->rows[i].size, size, sizeof(size));
+        printf("%-8s %9s %8s %11.1f %11.1f %11.1f %10s\n", gpu_placement(g->rows[i].placement),
+               size, "publish", v[PUBLISH], v[PUBLISH_RAW], v[PUBLISH_FERRY], "-");
+        printf("%-8s %9s %8s %11.1f %11.1f %11.1f %10.1f\n", "", "", "read", v[READ], v[READ_RAW],
+               v[READ_FERRY], v[DECODE]);
     }
     printf(
         "\nferry ns = ferry's own CPU time per call: the call's thread CPU time minus that of the\n"
@@ -178,34 +185,27 @@ static void cpu_text(const bench_run *run)
                i ? ", "
                  : "one cuCtxSetCurrent (counted as ferry's, which makes its device current in "
                    "every call): ns ",
-               g->rows[i].context_ns);
+               g->rows[i].cpu[CONTEXT]);
     printf("\n");
 }
 
 static void cpu_json_row(const bench_run *run, const gpu_row *r)
 {
     (void)run;
-    cli_json_num("publish_ns", r->publish_ns, ", ");
-    cli_json_num("publish_driver_ns", r->publish_raw_ns, ", ");
-    cli_json_num("publish_ferry_ns", r->publish_ns - r->publish_raw_ns, ", ");
-    cli_json_num("read_ns", r->read_ns, ", ");
-    cli_json_num("read_driver_ns", r->read_raw_ns, ", ");
-    cli_json_num("read_ferry_ns", r->read_ns - r->read_raw_ns, ", ");
-    cli_json_num("decode_ns", r->decode_ns, ", ");
-    cli_json_num("context_ns", r->context_ns, ", ");
+    for (int k = 0; k < VALUES; k++)
+        cli_json_num(keys[k], r->cpu[k], ", ");
 }
 
 /* The consumer:
  * --------------------------------------------------------------------------------- */
 
-static int cpu_worker_init(bench_worker *w)
+/* The raw calls' target and device words, and room for a batch of messages. */
+static int cpu_init(bench_worker *w)
 {
-    if (gpu_worker_init(w) != 0)
-        return -1;
     gpu_worker *g = GW(w);
-    if (gpu_worker_cu(w, "cuMemAlloc", cu->cuMemAlloc(&g->raw_dst, w->p.max_item)) ||
-        gpu_worker_cu(w, "cuMemAlloc", cu->cuMemAlloc(&g->word, DEVICE_WORD)) ||
-        gpu_worker_cu(w, "cuMemsetD32", cu->cuMemsetD32(g->word, 0, DEVICE_WORD / 4)))
+    if (WORKER_CU(w, cuMemAlloc, &g->raw_dst, w->p.max_item) ||
+        WORKER_CU(w, cuMemAlloc, &g->word, DEVICE_WORD) ||
+        WORKER_CU(w, cuMemsetD32, g->word, 0, DEVICE_WORD / 4))
         return -1;
     g->batch = calloc(BATCH, sizeof(*g->batch));
     return g->batch ? 0 : worker_fail(w, "out of memory for a batch");
@@ -288,8 +288,6 @@ static int run_batch(bench_worker *w)
 static int cpu_handle(bench_worker *w, const bench_msg *m)
 {
     gpu_worker *g = GW(w);
-    if (m->type != MSG_ITEM)
-        return worker_fail(w, "a message the run did not prepare for (type %u)", m->type);
     if (g->nbatch == BATCH)
         return worker_fail(w, "cpu: a batch of more than %d descriptors", BATCH);
     g->batch[g->nbatch++] = *m;
@@ -300,7 +298,7 @@ static int cpu_handle(bench_worker *w, const bench_msg *m)
     return rc;
 }
 
-static const gpu_mode_ops cpu_ops = {
+const gpu_mode_ops cpu_ops = {
     .needs = NEED_WORD | NEED_FLAGS,
     .defaults = {.pool_size = 64ll << 20,
                  .item_size = 4096,
@@ -312,7 +310,6 @@ static const gpu_mode_ops cpu_ops = {
     .row = cpu_row,
     .text = cpu_text,
     .json_row = cpu_json_row,
+    .init = cpu_init,
     .handle = cpu_handle,
 };
-
-const bench_mode cpu_mode = GPU_MODE("cpu", &cpu_ops, gpu_prepare, cpu_worker_init);

@@ -1,7 +1,6 @@
 /* What the GPU modes of `ferry bench` share: the CUDA driver, the payload patterns, the
  * producer's device buffers and its rows, a consumer's device setup, the report's frame. */
 #include <dlfcn.h>
-#include <math.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,10 +8,11 @@
 
 #include "gpu.h"
 
-#define GOLDEN     0x9e3779b97f4a7c15ull
-#define FILL_STAGE (16ull << 20) /* host staging for filling device buffers */
-#define QUERY_SPIN 64            /* cuStreamQuery polls before the first short sleep */
-#define WORD_BYTES 256           /* the raw calls' device words */
+#define GOLDEN      0x9e3779b97f4a7c15ull
+#define FILL_STAGE  (16ull << 20) /* host staging for filling device buffers */
+#define QUERY_SPIN  64            /* cuStreamQuery polls before the first short sleep */
+#define WORD_BYTES  256           /* the raw calls' device words */
+#define CHECK_CHUNK 4096          /* bytes of the pattern made at a time for a check */
 
 const cu_api *cu;
 
@@ -57,14 +57,14 @@ static int load(void)
     return 0;
 }
 
-static const cu_api *cu_get(char *why, size_t size)
+/* Loads the driver the first time: NULL, or why it could not be loaded. */
+static const char *cu_load(void)
 {
     static int state; /* 0: not tried, 1: loaded, -1: failed */
     if (!state)
         state = load() == 0 ? 1 : -1;
-    if (state < 0)
-        snprintf(why, size, "%s", load_error);
-    return cu = state > 0 ? &api : NULL;
+    cu = state > 0 ? &api : NULL;
+    return cu ? NULL : load_error;
 }
 
 const char *cu_error(const char *call, CUresult rc)
@@ -91,19 +91,22 @@ static CUresult cu_use_device(int device)
     return rc == CUDA_SUCCESS ? cu->cuCtxSetCurrent(primary[device]) : rc;
 }
 
-static int cu_stream_wait(CUstream s, uint64_t timeout_ns, const char *what, char *why, size_t size)
+/* Polls until the stream has run everything: NULL, or why not (in a thread-local buffer). */
+static const char *cu_stream_wait(CUstream s, uint64_t timeout_ns, const char *what)
 {
+    static __thread char why[256];
     uint64_t start = cli_now_ns();
     for (unsigned spins = 0;; spins++) {
         CUresult rc = cu->cuStreamQuery(s);
         if (rc == CUDA_SUCCESS)
-            return 0;
+            return NULL;
         if (rc != CUDA_ERROR_NOT_READY)
-            return snprintf(why, size, "%s", cu_error("cuStreamQuery", rc)), -1;
-        if (cli_now_ns() - start >= timeout_ns)
-            return snprintf(why, size, "%s did not finish within %llu ms", what,
-                            (unsigned long long)(timeout_ns / 1000000)),
-                   -1;
+            return cu_error("cuStreamQuery", rc);
+        if (cli_now_ns() - start >= timeout_ns) {
+            snprintf(why, sizeof(why), "%s did not finish within %llu ms", what,
+                     (unsigned long long)(timeout_ns / 1000000));
+            return why;
+        }
         if (spins < QUERY_SPIN)
             sched_yield();
         else
@@ -128,6 +131,8 @@ static uint64_t pattern_word(uint64_t seed, uint64_t key, uint64_t index)
     return cli_mix64(cli_mix64(seed ^ cli_mix64(key + 0x6b657967707531ull)) + index * GOLDEN);
 }
 
+/* Byte off of pattern key is byte off % 8 of word off / 8 of a splitmix64 stream keyed by
+ * (seed, key). */
 static void pattern_fill(uint8_t *buf, uint64_t off, uint64_t len, uint64_t seed, uint64_t key)
 {
     for (uint64_t i = 0; i < len;) {
@@ -138,28 +143,28 @@ static void pattern_fill(uint8_t *buf, uint64_t off, uint64_t len, uint64_t seed
     }
 }
 
-int64_t pattern_check(const uint8_t *buf, uint64_t off, uint64_t len, uint64_t seed, uint64_t key,
-                      uint8_t *got, uint8_t *want)
+/* -1 when buf matches bytes [off, off + len) of pattern key, else the first offset that
+ * differs. */
+static int64_t pattern_check(const uint8_t *buf, uint64_t off, uint64_t len, uint64_t seed,
+                             uint64_t key, uint8_t *got, uint8_t *want)
 {
-    for (uint64_t i = 0; i < len;) {
-        uint64_t at = off + i, w = pattern_word(seed, key, at / 8), skip = at % 8;
-        uint64_t n = 8 - skip < len - i ? 8 - skip : len - i;
-        const uint8_t *expect = (const uint8_t *)&w + skip;
-        if (memcmp(buf + i, expect, n) != 0) {
-            uint64_t k = 0;
-            while (buf[i + k] == expect[k])
-                k++;
-            *got = buf[i + k];
-            *want = expect[k];
-            return (int64_t)(at + k);
-        }
-        i += n;
+    uint8_t expect[CHECK_CHUNK];
+    for (uint64_t i = 0; i < len; i += CHECK_CHUNK) {
+        uint64_t n = len - i < CHECK_CHUNK ? len - i : CHECK_CHUNK, k = 0;
+        pattern_fill(expect, off + i, n, seed, key);
+        if (memcmp(buf + i, expect, n) == 0)
+            continue;
+        while (buf[i + k] == expect[k])
+            k++;
+        *got = buf[i + k];
+        *want = expect[k];
+        return (int64_t)(off + i + k);
     }
     return -1;
 }
 
 /* The key after the last one for item `item`: seeded, never equal to the last. */
-uint64_t gpu_take_key(bench_run *run, uint64_t item)
+static uint64_t take_key(bench_run *run, uint64_t item)
 {
     gpu_run *g = GPU(run);
     uint64_t step = 1 + cli_mix64(run->opt->seed ^ (item * GOLDEN) ^ 0x6b6579ull) % (GPU_KEYS - 1);
@@ -167,7 +172,7 @@ uint64_t gpu_take_key(bench_run *run, uint64_t item)
     return g->key;
 }
 
-void gpu_defaults(const bench_mode *mode, bench_opts *o)
+static void gpu_defaults(const bench_mode *mode, bench_opts *o)
 {
     const gpu_mode_ops *ops = mode->family_ops;
     bench_default(&o->iterations, ops->defaults.iterations);
@@ -206,7 +211,7 @@ static int check_range(const char *name, int64_t v, int64_t lo, int64_t hi)
     return -1;
 }
 
-int gpu_check(const bench_opts *o)
+static int gpu_check(const bench_opts *o)
 {
     if (o->mode_name && strcmp(o->mode_name, "cpu") == 0 && o->consumers != 1) {
         fprintf(stderr, "ferry bench: --mode cpu runs one consumer (--consumers 1)\n");
@@ -240,27 +245,20 @@ static const gpu_mode_ops *ops_of(const bench_run *run)
     return run->mode->family_ops;
 }
 
-int gpu_cu_fail(bench_run *run, const char *what, const char *call, CUresult rc)
+int gpu_cu(bench_run *run, const char *what, const char *call, CUresult rc)
 {
-    return run_fail(run, "%s: %s", what, cu_error(call, rc));
+    return rc == CUDA_SUCCESS ? 0 : run_fail(run, "%s: %s", what, cu_error(call, rc));
 }
 
 int gpu_stream_drained(bench_run *run, const char *what)
 {
-    char why[256];
-    if (cu_stream_wait(GPU(run)->stream, run->params.timeout_ns, what, why, sizeof(why)) != 0)
-        return run_fail(run, "%s", why);
-    return 0;
+    const char *why = cu_stream_wait(GPU(run)->stream, run->params.timeout_ns, what);
+    return why ? run_fail(run, "%s", why) : 0;
 }
 
 const char *gpu_placement(int placement)
 {
     return placement == FERRY_CONTROL_DEVICE ? "device" : "host";
-}
-
-double gpu_ratio(double a, double b)
-{
-    return isfinite(a) && isfinite(b) && b > 0 ? a / b : NAN;
 }
 
 int gpu_has_remote(const bench_opts *o)
@@ -301,20 +299,18 @@ static int create_pool(bench_run *run, int placement)
 static int load_driver(bench_run *run)
 {
     const bench_opts *o = run->opt;
-    char why[512];
-    CUresult rc;
-    if (!cu_get(why, sizeof(why)))
+    const char *why = cu_load();
+    if (why)
         return run_fail(run, "%s", why);
     for (int64_t r = 0; r < o->consumers; r++)
         if (o->devices[r] >= cu->device_count)
             return run_fail(run, "consumer device %lld does not exist (%d devices)",
                             (long long)o->devices[r], cu->device_count);
-    if ((rc = cu_use_device((int)o->producer_device)) != CUDA_SUCCESS)
-        return gpu_cu_fail(run, "making the producer's device current", "cuCtxSetCurrent", rc);
-    if ((rc = cu->cuStreamCreate(&GPU(run)->stream, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS) {
-        GPU(run)->stream = NULL;
-        return gpu_cu_fail(run, "the producer's stream", "cuStreamCreate", rc);
-    }
+    if (gpu_cu(run, "making the producer's device current", "cuCtxSetCurrent",
+               cu_use_device((int)o->producer_device)) ||
+        RUN_CU(run, "the producer's stream", cuStreamCreate, &GPU(run)->stream,
+               CU_STREAM_NON_BLOCKING))
+        return -1;
     return 0;
 }
 
@@ -340,23 +336,21 @@ static int device_buffers(bench_run *run, unsigned needs)
 {
     gpu_run *g = GPU(run);
     uint64_t bytes = max_size(run->opt);
+    const char *sources = "the producer's source buffers";
     CUipcMemHandle h;
-    CUresult rc = CUDA_SUCCESS;
-    const char *call = "cuMemAlloc";
-    for (uint32_t k = 0; k < GPU_KEYS && rc == CUDA_SUCCESS; k++)
-        if ((rc = cu->cuMemAlloc(&g->src[k], bytes)) == CUDA_SUCCESS &&
-            (rc = fill_device(g->src[k], bytes, run->opt->seed, k)) != CUDA_SUCCESS)
-            call = "cuMemcpy";
-    if (rc != CUDA_SUCCESS)
-        return gpu_cu_fail(run, "the producer's source buffers", call, rc);
-    if ((needs & NEED_AUX) && (rc = cu->cuMemAlloc(&g->aux, bytes)) != CUDA_SUCCESS)
-        return gpu_cu_fail(run, "the floor's device buffer", "cuMemAlloc", rc);
-    if ((needs & NEED_WORD) && (rc = cu->cuMemAlloc(&g->word, WORD_BYTES)) != CUDA_SUCCESS)
-        return gpu_cu_fail(run, "the raw calls' device word", "cuMemAlloc", rc);
+    for (uint32_t k = 0; k < GPU_KEYS; k++)
+        if (RUN_CU(run, sources, cuMemAlloc, &g->src[k], bytes) ||
+            gpu_cu(run, sources, "cuMemcpy", fill_device(g->src[k], bytes, run->opt->seed, k)))
+            return -1;
+    if (((needs & NEED_AUX) &&
+         RUN_CU(run, "the floor's device buffer", cuMemAlloc, &g->aux, bytes)) ||
+        ((needs & NEED_WORD) &&
+         RUN_CU(run, "the raw calls' device word", cuMemAlloc, &g->word, WORD_BYTES)))
+        return -1;
     if (!(needs & NEED_EXPORT) && !((needs & NEED_EXPORT_REMOTE) && gpu_has_remote(run->opt)))
         return 0;
-    if ((rc = cu->cuIpcGetMemHandle(&h, g->aux)) != CUDA_SUCCESS)
-        return gpu_cu_fail(run, "exporting the floor's device buffer", "cuIpcGetMemHandle", rc);
+    if (RUN_CU(run, "exporting the floor's device buffer", cuIpcGetMemHandle, &h, g->aux))
+        return -1;
     memcpy(run->params.floor_handle, &h, sizeof(h));
     run->params.has_floor = 1;
     return 0;
@@ -364,14 +358,14 @@ static int device_buffers(bench_run *run, unsigned needs)
 
 /* Every configuration through the library first, then the first pool (which loads the
  * library's driver), then the devices. */
-int gpu_prepare(bench_run *run)
+static int gpu_prepare(bench_run *run)
 {
     const bench_opts *o = run->opt;
     bench_params *p = &run->params;
-    unsigned needs = ops_of(run)->needs;
+    const gpu_mode_ops *ops = ops_of(run);
     if (!(run->state = calloc(1, sizeof(gpu_run))))
         return run_fail(run, "out of memory");
-    run->log_muted = o->quiet || o->json || (needs & NEED_QUIET_LIBRARY);
+    run->log_muted = o->quiet || o->json || (ops->needs & NEED_QUIET_LIBRARY);
     for (uint32_t i = 0; i < o->nplacements; i++) {
         ferry_pool_config c = pool_config(o, o->placements[i]);
         if (ferry_pool_config_check(&c) != FERRY_OK)
@@ -383,7 +377,9 @@ int gpu_prepare(bench_run *run)
     p->items = (uint64_t)(o->items + o->warmup);
     for (uint32_t r = 0; r < run->consumers; r++)
         p->devices[r] = (int32_t)o->devices[r];
-    return device_buffers(run, needs);
+    if (ops->prepare)
+        ops->prepare(run);
+    return device_buffers(run, ops->needs);
 }
 
 int gpu_drain_pool(bench_run *run)
@@ -407,12 +403,19 @@ int gpu_drain_pool(bench_run *run)
     }
 }
 
-int gpu_publish(bench_run *run, uint64_t key, uint64_t size, bench_msg *m, const char *what)
+bench_msg gpu_item(bench_run *run, uint32_t type, uint64_t iter, uint64_t size)
+{
+    uint32_t flags = iter % (uint64_t)run->opt->verify_every == 0 ? MSG_F_VERIFY : 0;
+    return (bench_msg){
+        .type = type, .flags = flags, .item = iter, .key = take_key(run, iter), .size = size};
+}
+
+int gpu_publish(bench_run *run, bench_msg *m, const char *what)
 {
     gpu_run *g = GPU(run);
-    ferry_tensor t = ferry_tensor_bytes(size);
+    ferry_tensor t = ferry_tensor_bytes(m->size);
     ferry_descriptor d;
-    if (ferry_pool_publish_async(g->pool, &t, (const void *)(uintptr_t)g->src[key], g->stream,
+    if (ferry_pool_publish_async(g->pool, &t, (const void *)(uintptr_t)g->src[m->key], g->stream,
                                  run->params.timeout_ns, &d) != FERRY_OK)
         return run_fail(run, "%s %llu: ferry_pool_publish_async failed: %s", what,
                         (unsigned long long)m->item, ferry_last_error());
@@ -421,20 +424,19 @@ int gpu_publish(bench_run *run, uint64_t key, uint64_t size, bench_msg *m, const
     return 0;
 }
 
+/* One row; its verified and error counts are what the consumers' counters gained. */
 static int run_row(bench_run *run, uint64_t size)
 {
     gpu_run *g = GPU(run);
     gpu_row *row = &g->rows[g->nrows];
-    uint64_t v0, e0, v1, e1;
-    memset(row, 0, sizeof(*row));
-    row->placement = g->placement;
-    row->size = size;
-    run_counters(run, &v0, &e0);
+    uint64_t verified, errors;
+    *row = (gpu_row){.placement = g->placement, .size = size};
+    run_counters(run, &row->verified, &row->errors);
     if (ops_of(run)->row(run, row) != 0)
         return -1;
-    run_counters(run, &v1, &e1);
-    row->verified = v1 - v0;
-    row->errors = e1 - e0;
+    run_counters(run, &verified, &errors);
+    row->verified = verified - row->verified;
+    row->errors = errors - row->errors;
     g->nrows++;
     if (!run->opt->quiet && !run->opt->json)
         fprintf(stderr, "ferry bench: %s, control %s, %llu-byte items: done\n", run->mode->name,
@@ -443,14 +445,14 @@ static int run_row(bench_run *run, uint64_t size)
 }
 
 /* For each control placement a pool, for each item size a row. */
-int gpu_measure(bench_run *run)
+static int gpu_measure(bench_run *run)
 {
     gpu_run *g = GPU(run);
     const bench_opts *o = run->opt;
-    CUresult rc;
     if ((ops_of(run)->needs & NEED_FLAGS) &&
-        (rc = cu_register_flags(&run->region, &g->flags_dev)) != CUDA_SUCCESS)
-        return gpu_cu_fail(run, "registering the flag pages", "cuMemHostRegister", rc);
+        gpu_cu(run, "registering the flag pages", "cuMemHostRegister",
+               cu_register_flags(&run->region, &g->flags_dev)))
+        return -1;
     for (uint32_t i = 0; i < o->nplacements; i++) {
         if (!g->pool && create_pool(run, o->placements[i]) != 0)
             return -1;
@@ -463,7 +465,7 @@ int gpu_measure(bench_run *run)
     return 0;
 }
 
-void gpu_release(bench_run *run, int failed)
+static void gpu_release(bench_run *run, int failed)
 {
     gpu_run *g = GPU(run);
     if (!g)
@@ -473,10 +475,10 @@ void gpu_release(bench_run *run, int failed)
     if (!failed && cu && cu_use_device((int)run->opt->producer_device) == CUDA_SUCCESS) {
         if (g->stream)
             cu->cuStreamDestroy(g->stream);
-        CUdeviceptr *bufs[] = {&g->src[0], &g->src[1], &g->src[2], &g->src[3], &g->aux, &g->word};
+        CUdeviceptr bufs[] = {g->src[0], g->src[1], g->src[2], g->src[3], g->aux, g->word};
         for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
-            if (*bufs[i])
-                cu->cuMemFree(*bufs[i]);
+            if (bufs[i])
+                cu->cuMemFree(bufs[i]);
         if (g->flags_dev)
             cu->cuMemHostUnregister(run->region.flags);
     }
@@ -484,17 +486,7 @@ void gpu_release(bench_run *run, int failed)
     run->state = NULL;
 }
 
-static void totals(const bench_run *run, uint64_t *verified, uint64_t *errors)
-{
-    const gpu_run *g = GPU(run);
-    *verified = *errors = 0;
-    for (uint32_t i = 0; i < g->nrows; i++) {
-        *verified += g->rows[i].verified;
-        *errors += g->rows[i].errors;
-    }
-}
-
-void gpu_text(const bench_run *run)
+static void gpu_text(const bench_run *run)
 {
     const bench_opts *o = run->opt;
     uint64_t verified, errors;
@@ -508,12 +500,12 @@ void gpu_text(const bench_run *run)
     printf(", pool %s, max-inflight %lld, seed %llu\n", pool, (long long)o->max_inflight,
            (unsigned long long)o->seed);
     ops_of(run)->text(run);
-    totals(run, &verified, &errors);
+    run_counters(run, &verified, &errors);
     printf("verified: %llu items, errors: %llu\n", (unsigned long long)verified,
            (unsigned long long)errors);
 }
 
-void gpu_json(const bench_run *run)
+static void gpu_json(const bench_run *run)
 {
     const bench_opts *o = run->opt;
     const gpu_run *g = GPU(run);
@@ -537,7 +529,7 @@ void gpu_json(const bench_run *run)
         printf("\"verified\": %llu, \"errors\": %llu}", (unsigned long long)g->rows[i].verified,
                (unsigned long long)g->rows[i].errors);
     }
-    totals(run, &verified, &errors);
+    run_counters(run, &verified, &errors);
     printf("], \"verified\": %llu, \"errors\": %llu}\n", (unsigned long long)verified,
            (unsigned long long)errors);
 }
@@ -549,29 +541,37 @@ int gpu_worker_cu(bench_worker *w, const char *call, CUresult rc)
 
 int gpu_worker_sync(bench_worker *w, const char *what)
 {
-    char why[256];
-    if (cu_stream_wait(GW(w)->stream, w->p.timeout_ns, what, why, sizeof(why)) != 0)
-        return worker_fail(w, "%s", why);
-    return 0;
+    const char *why = cu_stream_wait(GW(w)->stream, w->p.timeout_ns, what);
+    return why ? worker_fail(w, "%s", why) : 0;
+}
+
+void gpu_worker_verify(bench_worker *w, const char *what, const gpu_pending *e, const uint8_t *buf,
+                       const gpu_span *spans, uint32_t n)
+{
+    uint8_t got, want;
+    for (uint32_t i = 0; i < n; buf += spans[i].len, i++) {
+        int64_t off =
+            pattern_check(buf, spans[i].off, spans[i].len, w->p.seed, e->key, &got, &want);
+        if (off >= 0) {
+            worker_error(w, 0,
+                         "%s item %llu (%llu bytes, pattern %llu): byte %lld is 0x%02x, expected "
+                         "0x%02x",
+                         what, (unsigned long long)e->iter, (unsigned long long)e->size,
+                         (unsigned long long)e->key, (long long)off, got, want);
+            return;
+        }
+    }
+    __atomic_add_fetch(&w->me->verified[0], 1, __ATOMIC_RELEASE);
 }
 
 int gpu_worker_check(bench_worker *w, CUdeviceptr dev, uint64_t n, uint64_t key, uint64_t iter,
                      const char *what)
 {
     gpu_worker *g = GW(w);
-    uint8_t got, want;
     if (gpu_worker_sync(w, "the consumer's stream") != 0 ||
-        gpu_worker_cu(w, "cuMemcpy", cu->cuMemcpy((CUdeviceptr)(uintptr_t)g->host, dev, n)) != 0)
+        WORKER_CU(w, cuMemcpy, (CUdeviceptr)(uintptr_t)g->host, dev, n))
         return -1;
-    int64_t off = pattern_check(g->host, 0, n, w->p.seed, key, &got, &want);
-    if (off < 0)
-        __atomic_add_fetch(&w->me->verified[0], 1, __ATOMIC_RELEASE);
-    else
-        worker_error(w, 0,
-                     "%s item %llu (%llu bytes, pattern %llu): byte %lld is 0x%02x, expected "
-                     "0x%02x",
-                     what, (unsigned long long)iter, (unsigned long long)n, (unsigned long long)key,
-                     (long long)off, got, want);
+    gpu_worker_verify(w, what, &(gpu_pending){iter, key, n, 0}, g->host, &(gpu_span){0, n}, 1);
     return 0;
 }
 
@@ -579,39 +579,40 @@ int gpu_worker_open_floor(bench_worker *w)
 {
     CUipcMemHandle h;
     memcpy(&h, w->p.floor_handle, sizeof(h));
-    return gpu_worker_cu(w, "cuIpcOpenMemHandle",
-                         cu->cuIpcOpenMemHandle(&GW(w)->peer, h, CU_IPC_LAZY_PEER_ACCESS));
+    return WORKER_CU(w, cuIpcOpenMemHandle, &GW(w)->peer, h, CU_IPC_LAZY_PEER_ACCESS);
 }
 
-int gpu_worker_init(bench_worker *w)
+static int gpu_worker_init(bench_worker *w)
 {
     const gpu_mode_ops *ops = w->mode->family_ops;
-    char why[512];
+    const char *why;
     gpu_worker *g = calloc(1, sizeof(*g));
     if (!(w->state = g))
         return worker_fail(w, "out of memory");
     g->device = w->p.devices[w->rank];
-    if (!cu_get(why, sizeof(why)))
+    if ((why = cu_load()))
         return worker_fail(w, "device %d: %s", g->device, why);
     if (gpu_worker_cu(w, "cuCtxSetCurrent", cu_use_device(g->device)) ||
-        gpu_worker_cu(w, "cuStreamCreate",
-                      cu->cuStreamCreate(&g->stream, CU_STREAM_NON_BLOCKING)) ||
-        gpu_worker_cu(w, "cuMemAlloc", cu->cuMemAlloc(&g->dst, w->p.max_item)))
+        WORKER_CU(w, cuStreamCreate, &g->stream, CU_STREAM_NON_BLOCKING) ||
+        WORKER_CU(w, cuMemAlloc, &g->dst, w->p.max_item))
         return -1;
-    g->host_bytes = w->p.max_item;
-    if (!(g->host = malloc(g->host_bytes)))
+    if (!(g->host = malloc(w->p.max_item)))
         return worker_fail(w, "out of memory for the host staging buffer");
     if ((ops->needs & NEED_FLAGS) && cu_register_flags(&w->region, &g->flags_dev) != CUDA_SUCCESS)
         return worker_fail(w, "registering the flag pages failed");
-    return (ops->needs & NEED_FLAGS) && w->p.has_floor ? gpu_worker_open_floor(w) : 0;
+    if ((ops->needs & NEED_FLAGS) && w->p.has_floor && gpu_worker_open_floor(w) != 0)
+        return -1;
+    return ops->init ? ops->init(w) : 0;
 }
 
 /* After a clean run only: a failed one may leave a stream waiting on a word nobody writes,
  * and freeing what it uses could block; the exit releases everything anyway. */
-void gpu_worker_release(bench_worker *w, int clean)
+static void gpu_worker_release(bench_worker *w, int clean)
 {
     gpu_worker *g = GW(w);
-    if (g && clean && cu) {
+    if (!g)
+        return;
+    if (clean && cu) {
         ferry_consumer_destroy(g->consumer);
         if (g->peer)
             cu->cuIpcCloseMemHandle(g->peer);
@@ -624,12 +625,10 @@ void gpu_worker_release(bench_worker *w, int clean)
         if (g->stream)
             cu->cuStreamDestroy(g->stream);
     }
-    if (g) {
-        free(g->host);
-        free(g->pending);
-        free(g->batch);
-        free(g);
-    }
+    free(g->host);
+    free(g->pending);
+    free(g->batch);
+    free(g);
 }
 
 int gpu_worker_read(bench_worker *w, const bench_msg *m)
@@ -646,10 +645,10 @@ int gpu_worker_read(bench_worker *w, const bench_msg *m)
 }
 
 /* BEGIN and END, and the consumer in between; the mode's messages. */
-int gpu_worker_handle(bench_worker *w, const bench_msg *m)
+static int gpu_worker_handle(bench_worker *w, const bench_msg *m)
 {
     gpu_worker *g = GW(w);
-    int (*flush)(bench_worker *) = ((const gpu_mode_ops *)w->mode->family_ops)->flush;
+    const gpu_mode_ops *ops = w->mode->family_ops;
     if (m->type == MSG_BEGIN) {
         if (g->consumer)
             return worker_fail(w, "BEGIN inside a phase");
@@ -663,13 +662,28 @@ int gpu_worker_handle(bench_worker *w, const bench_msg *m)
     }
     if (m->type == MSG_END) {
         if (gpu_worker_sync(w, "the consumer's stream at the end of a phase") != 0 ||
-            (flush && flush(w) != 0))
+            (ops->flush && ops->flush(w) != 0))
             return -1;
         ferry_consumer_destroy(g->consumer);
         g->consumer = NULL;
         return 0;
     }
-    if (m->type == MSG_ITEM && (!g->consumer || m->key >= GPU_KEYS || m->size > w->p.max_item))
+    if (m->type == MSG_ITEM ? !g->consumer || m->key >= GPU_KEYS || m->size > w->p.max_item
+                            : m->type != MSG_OWN || !ops->own_msg)
         return worker_fail(w, "a message the run did not prepare for (type %u)", m->type);
-    return ((const gpu_mode_ops *)w->mode->family_ops)->handle(w, m);
+    return ops->handle(w, m);
 }
+
+/* The GPU modes: the bench_mode slots they share, and each one's own part (ops). */
+#define GPU_MODE(mode_name, ops)                                                                   \
+    {                                                                                              \
+        .name = mode_name, .family = FAMILY_GPU, .progress_by_seq = 1, .family_ops = &ops,         \
+        .defaults = gpu_defaults, .check = gpu_check, .prepare = gpu_prepare,                      \
+        .measure = gpu_measure, .report_text = gpu_text, .report_json = gpu_json,                  \
+        .release = gpu_release, .worker_init = gpu_worker_init,                                    \
+        .worker_handle = gpu_worker_handle, .worker_release = gpu_worker_release,                  \
+    }
+
+const bench_mode rtt_mode = GPU_MODE("rtt", rtt_ops);
+const bench_mode stream_mode = GPU_MODE("stream", stream_ops);
+const bench_mode cpu_mode = GPU_MODE("cpu", cpu_ops);

@@ -65,36 +65,27 @@ extern const cu_api *cu;
 
 #define GPU_KEYS 4 /* pre-filled source buffers, each with its own pattern */
 
-/* Byte off of pattern key is byte off % 8 of word off / 8 of a splitmix64 stream keyed by
- * (seed, key): -1 when buf matches bytes [off, off + len) of it, else the first offset that
- * differs. */
-int64_t pattern_check(const uint8_t *buf, uint64_t off, uint64_t len, uint64_t seed, uint64_t key,
-                      uint8_t *got, uint8_t *want);
-
-typedef struct gpu_lat {
-    uint64_t samples;
-    double mean_us, p50_us, p99_us;
-    uint64_t background; /* rtt: iterations the background reclaimer took (not counted) */
-    double items_per_s;
-} gpu_lat;
-
-typedef struct gpu_peer {
+/* A timed run of copies: the stream's floors. */
+typedef struct gpu_copies {
     int device;
     uint64_t copies;
-    double seconds, gbps; /* bytes read per second */
-} gpu_peer;
+    double seconds, gbps;
+} gpu_copies;
 
-/* One result row: a (control placement, item size) pair. */
+/* One result row: a (control placement, item size) pair, and the mode's numbers. */
 typedef struct gpu_row {
     int placement;
     uint64_t size, verified, errors;
-    gpu_lat ferry, floor;                                      /* rtt */
-    double seconds, items_per_s, payload_gbps, effective_gbps; /* stream */
-    uint64_t pool_full, floor_copies;
-    double floor_gbps, floor_seconds, read_gbps;
-    gpu_peer peers[BENCH_MAX_RANKS];
-    uint32_t npeers;
-    double publish_ns, publish_raw_ns, read_ns, read_raw_ns, decode_ns, context_ns; /* cpu */
+    union {
+        lat_stats lat[2]; /* rtt: ferry, floor */
+        struct stream_row {
+            double seconds, items_per_s, payload_gbps, effective_gbps, read_gbps;
+            uint64_t pool_full;
+            gpu_copies floor, peers[BENCH_MAX_RANKS]; /* floor: read + written; peers: read */
+            uint32_t npeers;
+        } stream;
+        double cpu[8]; /* ns, in the order of cpu.c's JSON keys */
+    };
 } gpu_row;
 
 typedef struct gpu_run {
@@ -108,6 +99,7 @@ typedef struct gpu_run {
     uint64_t key;              /* last key handed out */
     gpu_row rows[2 * BENCH_MAX_SIZES];
     uint32_t nrows;
+    uint64_t size, *lat[2], busy_ns[2]; /* rtt: the row being measured (ferry, floor) */
 } gpu_run;
 
 #define GPU(run) ((gpu_run *)(run)->state)
@@ -121,55 +113,44 @@ enum {
     NEED_QUIET_LIBRARY = 32, /* a full pool is the steady state: no library warnings */
 };
 
-/* The mode's part of a GPU mode (bench_mode.family_ops): what it needs, the defaults of the
- * options the user did not give, one row, its report; a consumer's messages other than BEGIN
- * and END (MSG_ITEM: an item of the pool, checked against the run first) and its drain at the
- * end of a phase (may be NULL). */
+enum { MSG_ITEM = 8, MSG_OWN = 9 }; /* an item of the pool; the mode's own message */
+
+/* The mode's part of a GPU mode (gpu.c makes the bench_mode): what it needs, whether it has
+ * a message of its own, the defaults of the options the user did not give; the producer's
+ * params of its own (may be NULL), one row, its report; a consumer's setup of its own (may be
+ * NULL), its messages other than BEGIN and END (MSG_ITEM: an item of the pool, checked
+ * against the run first) and its drain at the end of a phase (may be NULL). */
 typedef struct gpu_mode_ops {
     unsigned needs;
+    int own_msg;
     struct {
         int64_t pool_size, item_size, item_size2, max_inflight, verify_every, iterations, warmup;
         int64_t reclaim_interval_us;
     } defaults;
+    void (*prepare)(bench_run *run);
     int (*row)(bench_run *run, gpu_row *row);
     void (*text)(const bench_run *run);
     void (*json_row)(const bench_run *run, const gpu_row *row);
+    int (*init)(bench_worker *w);
     int (*handle)(bench_worker *w, const bench_msg *m);
     int (*flush)(bench_worker *w);
 } gpu_mode_ops;
 
-enum { MSG_ITEM = 8 }; /* the modes' other messages are 9 and up */
+extern const gpu_mode_ops rtt_ops, stream_ops, cpu_ops;
 
-/* The bench_mode slots every GPU mode shares. */
-void gpu_defaults(const bench_mode *mode, bench_opts *o);
-int gpu_check(const bench_opts *o);
-int gpu_prepare(bench_run *run);
-int gpu_measure(bench_run *run);
-void gpu_release(bench_run *run, int failed);
-void gpu_text(const bench_run *run);
-void gpu_json(const bench_run *run);
-int gpu_worker_init(bench_worker *w);
-int gpu_worker_handle(bench_worker *w, const bench_msg *m);
-void gpu_worker_release(bench_worker *w, int clean);
+/* A driver call: 0, or the run (the worker) fails with its name and error. */
+#define RUN_CU(run, what, fn, ...) gpu_cu(run, what, #fn, cu->fn(__VA_ARGS__))
+#define WORKER_CU(w, fn, ...)      gpu_worker_cu(w, #fn, cu->fn(__VA_ARGS__))
+int gpu_cu(bench_run *run, const char *what, const char *call, CUresult rc);
+int gpu_worker_cu(bench_worker *w, const char *call, CUresult rc);
 
-/* A GPU mode's bench_mode: the slots every GPU mode shares, and its own. */
-#define GPU_MODE(mode_name, ops, prepare_fn, init_fn)                                              \
-    {                                                                                              \
-        .name = mode_name, .family = FAMILY_GPU, .progress_by_seq = 1, .family_ops = ops,          \
-        .defaults = gpu_defaults, .check = gpu_check, .prepare = prepare_fn,                       \
-        .measure = gpu_measure, .report_text = gpu_text, .report_json = gpu_json,                  \
-        .release = gpu_release, .worker_init = init_fn, .worker_handle = gpu_worker_handle,        \
-        .worker_release = gpu_worker_release,                                                      \
-    }
-
-uint64_t gpu_take_key(bench_run *run, uint64_t item);
+/* Item iter of size bytes: its key, checked when iter is a multiple of --verify-every. */
+bench_msg gpu_item(bench_run *run, uint32_t type, uint64_t iter, uint64_t size);
 /* Loops ferry_pool_reclaim until no lease is in flight (or the timeout). */
 int gpu_drain_pool(bench_run *run);
-int gpu_cu_fail(bench_run *run, const char *what, const char *call, CUresult rc);
 int gpu_stream_drained(bench_run *run, const char *what);
-/* Publishes from source key on the producer's stream, encodes into m->desc. */
-int gpu_publish(bench_run *run, uint64_t key, uint64_t size, bench_msg *m, const char *what);
-double gpu_ratio(double a, double b);
+/* Publishes m's item from its source on the producer's stream, encodes into m->desc. */
+int gpu_publish(bench_run *run, bench_msg *m, const char *what);
 const char *gpu_placement(int placement);
 /* Whether any consumer is on a GPU other than the producer's. */
 int gpu_has_remote(const bench_opts *o);
@@ -178,16 +159,19 @@ typedef struct gpu_pending {
     uint64_t iter, key, size, at; /* at: offset of its samples in the ring */
 } gpu_pending;
 
+typedef struct gpu_span {
+    uint64_t off, len;
+} gpu_span;
+
 typedef struct gpu_worker {
     int device;
     CUstream stream;
-    CUdeviceptr dst;       /* max_item bytes: where ferry's reads land */
-    CUdeviceptr raw_dst;   /* cpu: where the raw calls' copies land */
-    CUdeviceptr word;      /* cpu: the raw calls' device words */
-    CUdeviceptr flags_dev; /* the flag pages, registered (rtt, cpu) */
-    CUdeviceptr peer;      /* the producer's floor buffer, opened through CUDA IPC */
-    uint8_t *host;         /* verification staging */
-    uint64_t host_bytes;
+    CUdeviceptr dst;          /* max_item bytes: where ferry's reads land */
+    CUdeviceptr raw_dst;      /* cpu: where the raw calls' copies land */
+    CUdeviceptr word;         /* cpu: the raw calls' device words */
+    CUdeviceptr flags_dev;    /* the flag pages, registered (rtt, cpu) */
+    CUdeviceptr peer;         /* the producer's floor buffer, opened through CUDA IPC */
+    uint8_t *host;            /* verification staging */
     ferry_consumer *consumer; /* between BEGIN and END */
     CUdeviceptr ring;         /* stream: the sample ring */
     uint64_t ring_bytes, ring_used;
@@ -201,8 +185,11 @@ typedef struct gpu_worker {
 
 #define GW(w) ((gpu_worker *)(w)->state)
 
-int gpu_worker_cu(bench_worker *w, const char *call, CUresult rc);
 int gpu_worker_sync(bench_worker *w, const char *what);
+/* Checks item e's spans, staged one after another at buf, against its pattern: it counts as
+ * verified, or the error is counted and noted. */
+void gpu_worker_verify(bench_worker *w, const char *what, const gpu_pending *e, const uint8_t *buf,
+                       const gpu_span *spans, uint32_t n);
 /* Copies n bytes at dev to the host and checks them against pattern key. */
 int gpu_worker_check(bench_worker *w, CUdeviceptr dev, uint64_t n, uint64_t key, uint64_t iter,
                      const char *what);

@@ -1,6 +1,5 @@
 /* --mode rtt: the round trip of one item through the pool to every consumer, against a
  * floor without pool logic in the same processes over the same channels (docs/cli.md). */
-#include <math.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,18 +10,9 @@
 #define LOOK_PERIOD_NS 1000000ull /* checks while spinning: workers, timeout, background */
 #define WORD_READY     0          /* the flag word the producer's stream writes */
 #define WORD_ACK(rank) (128u + 16u * (uint32_t)(rank))
-enum { MSG_FLOOR = 9 };
+enum { MSG_FLOOR = MSG_OWN };
 
-/* One iteration: *ns its round trip (0: not counted), *check the message the consumers
- * verify before the next iteration (0: none). */
-typedef int (*iteration_fn)(bench_run *run, uint64_t size, uint64_t iter, uint64_t *ns,
-                            uint64_t *check);
-
-typedef struct side {
-    iteration_fn fn;
-    uint64_t *lat;    /* round trips of the timed iterations */
-    uint64_t busy_ns; /* time in the timed iterations, verification pauses not counted */
-} side;
+static const char *const side_names[2] = {"ferry", "floor"};
 
 /* Whether every rank's ack word reached value. */
 static int acked(bench_run *run, uint32_t value)
@@ -65,114 +55,76 @@ static int spin(bench_run *run, uint32_t value, int *taken, const char *what, ui
     }
 }
 
-static bench_msg message(bench_run *run, uint32_t type, uint64_t iter, uint64_t size)
-{
-    uint32_t flags = iter % (uint64_t)run->opt->verify_every == 0 ? MSG_F_VERIFY : 0;
-    return (bench_msg){
-        .type = type, .flags = flags, .item = iter, .key = gpu_take_key(run, iter), .size = size};
-}
-
-static int ferry_once(bench_run *run, uint64_t size, uint64_t iter, uint64_t *ns, uint64_t *check)
-{
-    bench_msg m = message(run, MSG_ITEM, iter, size);
-    int taken = 0;
-    uint64_t t0 = cli_now_ns();
-    if (gpu_publish(run, m.key, size, &m, "rtt iteration") != 0 ||
-        run_send(run, run->consumers, &m) != 0 || spin(run, 0, &taken, "iteration", iter) != 0)
-        return -1;
-    *ns = taken ? 0 : cli_now_ns() - t0;
-    *check = m.flags & MSG_F_VERIFY ? m.seq : 0;
-    return 0;
-}
-
-static int floor_once(bench_run *run, uint64_t size, uint64_t iter, uint64_t *ns, uint64_t *check)
+/* The floor's start: the copy into the buffer the consumers copy from, then the ready word
+ * (value), on the producer's stream. */
+static int floor_start(bench_run *run, const bench_msg *m, uint32_t value)
 {
     gpu_run *g = GPU(run);
-    bench_msg m = message(run, MSG_FLOOR, iter, size);
-    CUresult rc;
-    /* run_send numbers the message run->seq + 1: that is the value of the words. */
-    uint32_t value = (uint32_t)(run->seq + 1);
-    uint64_t t0 = cli_now_ns();
-    if ((rc = cu->cuMemcpyAsync(g->aux, g->src[m.key], size, g->stream)) != CUDA_SUCCESS)
-        return gpu_cu_fail(run, "rtt floor", "cuMemcpyAsync", rc);
-    if ((rc = cu->cuStreamWriteValue32(g->stream, g->flags_dev + WORD_READY * 4, value, 0)) !=
-        CUDA_SUCCESS)
-        return gpu_cu_fail(run, "rtt floor", "cuStreamWriteValue32", rc);
-    if (run_send(run, run->consumers, &m) != 0 ||
-        spin(run, value, NULL, "floor iteration", iter) != 0)
+    if (RUN_CU(run, "rtt floor", cuMemcpyAsync, g->aux, g->src[m->key], m->size, g->stream) ||
+        RUN_CU(run, "rtt floor", cuStreamWriteValue32, g->stream, g->flags_dev + WORD_READY * 4,
+               value, 0))
         return -1;
-    *ns = cli_now_ns() - t0;
-    *check = m.flags & MSG_F_VERIFY ? m.seq : 0;
     return 0;
 }
 
-/* Iterations [first, first + n) of one side; lat (NULL: the warm-up) gets their round trips. */
-static int iterations(bench_run *run, side *s, uint64_t size, uint64_t first, uint64_t n,
-                      uint64_t *lat)
+/* Iterations [first, first + n) of side k (0: ferry, 1: the floor); lat (NULL: the warm-up)
+ * gets their round trips (0: the background reclaimer took the lease, not counted), and the
+ * side's busy time the time they took, the waits for the consumers' checks not counted. */
+static int iterations(bench_run *run, int k, uint64_t first, uint64_t n, uint64_t *lat)
 {
-    for (uint64_t i = 0; i < n; i++) {
-        uint64_t ns = 0, check = 0, t0 = cli_now_ns();
-        if (s->fn(run, size, first + i, &ns, &check) != 0)
+    gpu_run *g = GPU(run);
+    for (uint64_t i = first; i < first + n; i++) {
+        uint64_t t0 = cli_now_ns();
+        bench_msg m = gpu_item(run, k ? MSG_FLOOR : MSG_ITEM, i, g->size);
+        /* run_send numbers the message run->seq + 1: that is the value of the floor's words. */
+        uint32_t value = (uint32_t)(run->seq + 1);
+        int taken = 0;
+        uint64_t start = cli_now_ns();
+        if ((k == 0 ? gpu_publish(run, &m, "rtt iteration") : floor_start(run, &m, value)) != 0 ||
+            run_send(run, run->consumers, &m) != 0 ||
+            spin(run, value, k ? NULL : &taken, k ? "floor iteration" : "iteration", i) != 0)
             return -1;
+        uint64_t end = cli_now_ns();
         if (lat) {
-            s->busy_ns += cli_now_ns() - t0;
-            lat[i] = ns;
+            g->busy_ns[k] += end - t0;
+            lat[i - first] = taken ? 0 : end - start;
         }
-        if ((check && run_wait(run, 0, run->consumers, check, NULL) != 0) ||
+        if (((m.flags & MSG_F_VERIFY) && run_wait(run, 0, run->consumers, m.seq, NULL) != 0) ||
             run_check_often(run) != 0)
             return -1;
     }
     return 0;
 }
 
-/* Mean, p50 and p99 of the counted samples (zeros were not counted), and the rate of all n. */
-static void summarize(side *s, uint64_t n, gpu_lat *out)
+static int timed(bench_run *run, int k, uint64_t begin, uint64_t end)
 {
-    uint64_t kept = 0;
-    double sum = 0;
-    for (uint64_t i = 0; i < n; i++)
-        if (s->lat[i]) {
-            s->lat[kept++] = s->lat[i];
-            sum += (double)s->lat[i];
-        }
-    out->samples = kept;
-    out->background = n - kept;
-    out->mean_us = kept ? sum / (double)kept / 1e3 : NAN;
-    cli_p50_p99_us(s->lat, kept, &out->p50_us, &out->p99_us);
-    out->items_per_s = s->busy_ns ? (double)n * 1e9 / (double)s->busy_ns : NAN;
+    gpu_run *g = GPU(run);
+    return iterations(run, k, (uint64_t)run->opt->warmup + begin, end - begin, g->lat[k] + begin);
 }
 
-static int measure(bench_run *run, gpu_row *row, side sides[2])
-{
-    const bench_opts *o = run->opt;
-    uint64_t n = (uint64_t)o->iterations, warm = (uint64_t)o->warmup;
-    for (int k = 0; k < 2; k++)
-        if (iterations(run, &sides[k], row->size, 0, warm, NULL) != 0)
-            return -1;
-    for (uint64_t c = 0; c < (uint64_t)o->rounds; c++) {
-        uint64_t begin = n * c / (uint64_t)o->rounds, end = n * (c + 1) / (uint64_t)o->rounds;
-        for (int k = 0; k < 2; k++)
-            if (iterations(run, &sides[k], row->size, warm + begin, end - begin,
-                           sides[k].lat + begin) != 0)
-                return -1;
-    }
-    summarize(&sides[0], n, &row->ferry);
-    summarize(&sides[1], n, &row->floor);
-    return 0;
-}
-
+/* --warmup iterations of each side, then the timed ones in --rounds rounds of both. */
 static int rtt_row(bench_run *run, gpu_row *row)
 {
-    uint64_t n = (uint64_t)run->opt->iterations;
-    side sides[2] = {{ferry_once, calloc(n, sizeof(uint64_t)), 0},
-                     {floor_once, calloc(n, sizeof(uint64_t)), 0}};
+    gpu_run *g = GPU(run);
+    uint64_t n = (uint64_t)run->opt->iterations, warm = (uint64_t)run->opt->warmup;
     int rc = -1;
-    if (!sides[0].lat || !sides[1].lat)
+    g->size = row->size;
+    g->busy_ns[0] = g->busy_ns[1] = 0;
+    g->lat[0] = calloc(n, sizeof(uint64_t));
+    g->lat[1] = calloc(n, sizeof(uint64_t));
+    if (!g->lat[0] || !g->lat[1])
         run_fail(run, "out of memory for %llu samples", (unsigned long long)n);
-    else if (run_send_type(run, run->consumers, MSG_BEGIN) == 0 && measure(run, row, sides) == 0)
+    else if (run_send_type(run, run->consumers, MSG_BEGIN) == 0 &&
+             iterations(run, 0, 0, warm, NULL) == 0 && iterations(run, 1, 0, warm, NULL) == 0 &&
+             run_rounds(run, n, (uint64_t)run->opt->rounds, 2, timed) == 0) {
+        for (int k = 0; k < 2; k++)
+            lat_summarize(g->lat[k], n, g->busy_ns[k], &row->lat[k]);
         rc = run_phase_end(run, run->consumers);
-    free(sides[0].lat);
-    free(sides[1].lat);
+    }
+    for (int k = 0; k < 2; k++) {
+        free(g->lat[k]);
+        g->lat[k] = NULL;
+    }
     return rc;
 }
 
@@ -187,40 +139,30 @@ static void rtt_text(const bench_run *run)
            "p50 us", "p99 us", "samples", "items/s");
     for (uint32_t i = 0; i < g->nrows; i++) {
         const gpu_row *r = &g->rows[i];
-        const gpu_lat *l[2] = {&r->ferry, &r->floor};
         char size[32];
         cli_format_size(r->size, size, sizeof(size));
         for (int k = 0; k < 2; k++)
             printf("%-8s %9s %6s %10.1f %10.1f %10.1f %8llu %10.1f\n", gpu_placement(r->placement),
-                   size, k ? "floor" : "ferry", l[k]->mean_us, l[k]->p50_us, l[k]->p99_us,
-                   (unsigned long long)l[k]->samples, l[k]->items_per_s);
+                   size, side_names[k], r->lat[k].mean_us, r->lat[k].p50_us, r->lat[k].p99_us,
+                   (unsigned long long)r->lat[k].samples, r->lat[k].items_per_s);
         printf("%-8s %9s ferry/floor mean: %.3f\n", "", "",
-               gpu_ratio(r->ferry.mean_us, r->floor.mean_us));
+               cli_ratio(r->lat[0].mean_us, r->lat[1].mean_us));
     }
     if (run->consumers > 1)
         printf("\nround trip = publish to the acknowledgement of the last of the %u consumers\n",
                run->consumers);
 }
 
-static void json_lat(const char *key, const gpu_lat *l)
-{
-    printf("\"%s\": {", key);
-    cli_json_num("mean_us", l->mean_us, ", ");
-    cli_json_num("p50_us", l->p50_us, ", ");
-    cli_json_num("p99_us", l->p99_us, ", ");
-    cli_json_num("items_per_s", l->items_per_s, ", ");
-    printf("\"samples\": %llu, \"background_reclaims\": %llu}, ", (unsigned long long)l->samples,
-           (unsigned long long)l->background);
-}
-
 static void rtt_json_row(const bench_run *run, const gpu_row *r)
 {
     (void)run;
-    json_lat("ferry", &r->ferry);
-    json_lat("floor", &r->floor);
-    cli_json_num("ratio_vs_floor", gpu_ratio(r->ferry.mean_us, r->floor.mean_us), ", ");
+    for (int k = 0; k < 2; k++)
+        lat_json(side_names[k], &r->lat[k], 1);
+    cli_json_num("ratio_vs_floor", cli_ratio(r->lat[0].mean_us, r->lat[1].mean_us), ", ");
 }
 
+/* A pool item (the frame checked it), or a floor message: wait for the ready word, copy
+ * from the producer's floor buffer, write the ack word, all on the consumer's stream. */
 static int rtt_handle(bench_worker *w, const bench_msg *m)
 {
     gpu_worker *g = GW(w);
@@ -228,18 +170,15 @@ static int rtt_handle(bench_worker *w, const bench_msg *m)
     if (m->type == MSG_ITEM) {
         if (gpu_worker_read(w, m) != 0)
             return -1;
-    } else if (m->type != MSG_FLOOR || m->size > w->p.max_item || m->key >= GPU_KEYS) {
+    } else if (m->size > w->p.max_item || m->key >= GPU_KEYS) {
         return worker_fail(w, "a message the run did not prepare for (type %u)", m->type);
     } else if (!g->peer) {
         return worker_fail(w, "a floor message the run did not prepare for");
-    } else if (gpu_worker_cu(w, "cuStreamWaitValue32",
-                             cu->cuStreamWaitValue32(g->stream, g->flags_dev + WORD_READY * 4,
-                                                     value, CU_STREAM_WAIT_VALUE_GEQ)) ||
-               gpu_worker_cu(w, "cuMemcpyAsync",
-                             cu->cuMemcpyAsync(g->dst, g->peer, m->size, g->stream)) ||
-               gpu_worker_cu(w, "cuStreamWriteValue32",
-                             cu->cuStreamWriteValue32(
-                                 g->stream, g->flags_dev + WORD_ACK(w->rank) * 4, value, 0))) {
+    } else if (WORKER_CU(w, cuStreamWaitValue32, g->stream, g->flags_dev + WORD_READY * 4, value,
+                         CU_STREAM_WAIT_VALUE_GEQ) ||
+               WORKER_CU(w, cuMemcpyAsync, g->dst, g->peer, m->size, g->stream) ||
+               WORKER_CU(w, cuStreamWriteValue32, g->stream, g->flags_dev + WORD_ACK(w->rank) * 4,
+                         value, 0)) {
         return -1;
     }
     if (m->flags & MSG_F_VERIFY)
@@ -248,8 +187,9 @@ static int rtt_handle(bench_worker *w, const bench_msg *m)
     return 0;
 }
 
-static const gpu_mode_ops rtt_ops = {
+const gpu_mode_ops rtt_ops = {
     .needs = NEED_AUX | NEED_EXPORT | NEED_FLAGS,
+    .own_msg = 1,
     /* rtt observes acknowledgements itself: the background reclaimer stays out of the way. */
     .defaults = {.pool_size = 64ll << 20,
                  .item_size = 4096,
@@ -264,5 +204,3 @@ static const gpu_mode_ops rtt_ops = {
     .json_row = rtt_json_row,
     .handle = rtt_handle,
 };
-
-const bench_mode rtt_mode = GPU_MODE("rtt", &rtt_ops, gpu_prepare, gpu_worker_init);

@@ -16,45 +16,35 @@
 #define WHOLE_MAX    (1ull << 20)
 #define MAX_SPANS    258
 #define RING_MAX     (64ull << 20) /* device (and host) bytes of the sample ring */
-enum { MSG_PEER = 9 };
+enum { MSG_PEER = MSG_OWN };
 enum { STAT_PEER_NS = 0, STAT_PEER_COPIES = 1 };
 
-typedef struct span {
-    uint64_t off, len;
-} span;
-
-/* The spans of an item a consumer checks: the whole item up to 1 MiB; else the first and last
- * 4 KiB and one 4 KiB block per 8 MiB at a seeded offset. */
-static uint32_t sample_spans(uint64_t seed, uint64_t item, uint64_t size, span *spans)
+/* The spans of an item a consumer checks (*count of them), and their bytes: the whole item up to
+ * 1 MiB; else the first and last 4 KiB and one 4 KiB block per 8 MiB at a seeded offset. */
+static uint64_t sample_spans(uint64_t seed, uint64_t item, uint64_t size, gpu_span *spans,
+                             uint32_t *count)
 {
-    if (size <= WHOLE_MAX) {
-        spans[0] = (span){0, size};
-        return 1;
-    }
     uint32_t n = 0, most = MAX_SPANS - 2;
     uint64_t chunk = SAMPLE_CHUNK;
+    if (size <= WHOLE_MAX) {
+        spans[0] = (gpu_span){0, size};
+        *count = 1;
+        return size;
+    }
     if ((size + chunk - 1) / chunk > most)
         chunk = (size + most - 1) / most;
-    spans[n++] = (span){0, SAMPLE};
-    spans[n++] = (span){size - SAMPLE, SAMPLE};
+    spans[n++] = (gpu_span){0, SAMPLE};
+    spans[n++] = (gpu_span){size - SAMPLE, SAMPLE};
     for (uint64_t c = 0; c * chunk < size; c++) {
         uint64_t start = c * chunk, room = size - start < chunk ? size - start : chunk;
         if (room < SAMPLE)
             break;
         uint64_t r =
             cli_mix64(seed ^ cli_mix64(item * 0x9e3779b97f4a7c15ull + c)) % (room - SAMPLE + 1);
-        spans[n++] = (span){start + (r & ~7ull), SAMPLE};
+        spans[n++] = (gpu_span){start + (r & ~7ull), SAMPLE};
     }
-    return n;
-}
-
-static uint64_t sample_bytes(uint64_t size)
-{
-    span spans[MAX_SPANS];
-    uint64_t total = 0;
-    for (uint32_t i = 0, n = sample_spans(0, 0, size, spans); i < n; i++)
-        total += spans[i].len;
-    return total;
+    *count = n;
+    return n * SAMPLE;
 }
 
 static uint64_t floor_copies(const bench_opts *o, uint64_t size)
@@ -65,17 +55,22 @@ static uint64_t floor_copies(const bench_opts *o, uint64_t size)
     return n < FLOOR_MIN ? FLOOR_MIN : n > FLOOR_MAX ? FLOOR_MAX : n;
 }
 
+/* n copies in ns, each counted as `bytes`. */
+static gpu_copies copy_rate(int device, uint64_t n, uint64_t ns, double bytes)
+{
+    return (gpu_copies){device, n, (double)ns / 1e9, ns ? bytes * (double)n / (double)ns : 0};
+}
+
 static int copies(bench_run *run, uint64_t size, uint64_t n)
 {
     gpu_run *g = GPU(run);
-    for (uint64_t i = 0; i < n; i++) {
-        CUresult rc = cu->cuMemcpyAsync(g->aux, g->src[0], size, g->stream);
-        if (rc != CUDA_SUCCESS)
-            return gpu_cu_fail(run, "the copy floor", "cuMemcpyAsync", rc);
-    }
+    for (uint64_t i = 0; i < n; i++)
+        if (RUN_CU(run, "the copy floor", cuMemcpyAsync, g->aux, g->src[0], size, g->stream))
+            return -1;
     return gpu_stream_drained(run, "the copy floor");
 }
 
+/* Its bytes count twice: read and written. */
 static int copy_floor(bench_run *run, gpu_row *row)
 {
     uint64_t n = floor_copies(run->opt, row->size);
@@ -84,10 +79,7 @@ static int copy_floor(bench_run *run, gpu_row *row)
     uint64_t t0 = cli_now_ns();
     if (copies(run, row->size, n) != 0)
         return -1;
-    uint64_t ns = cli_now_ns() - t0;
-    row->floor_copies = n;
-    row->floor_seconds = (double)ns / 1e9;
-    row->floor_gbps = ns ? 2.0 * (double)row->size * (double)n / (double)ns : 0;
+    row->stream.floor = copy_rate(0, n, cli_now_ns() - t0, 2.0 * (double)row->size);
     return 0;
 }
 
@@ -113,13 +105,9 @@ static int peer_floors(bench_run *run, gpu_row *row)
             run_wait(run, 0, run->consumers, m.seq, NULL) != 0)
             return -1;
         const uint64_t *stat = run->region.ranks[r].stat;
-        gpu_peer *p = &row->peers[row->npeers++];
-        p->device = (int)run->opt->devices[r];
-        p->copies = stat[STAT_PEER_COPIES];
-        p->seconds = (double)stat[STAT_PEER_NS] / 1e9;
-        p->gbps = stat[STAT_PEER_NS]
-                      ? (double)row->size * (double)p->copies / (double)stat[STAT_PEER_NS]
-                      : 0;
+        row->stream.peers[row->stream.npeers++] =
+            copy_rate((int)run->opt->devices[r], stat[STAT_PEER_COPIES], stat[STAT_PEER_NS],
+                      (double)row->size);
     }
     return 0;
 }
@@ -127,13 +115,9 @@ static int peer_floors(bench_run *run, gpu_row *row)
 static int publish_range(bench_run *run, uint64_t size, uint64_t first, uint64_t n)
 {
     for (uint64_t i = first; i < first + n; i++) {
-        bench_msg m = {.type = MSG_ITEM,
-                       .flags = i % (uint64_t)run->opt->verify_every == 0 ? MSG_F_VERIFY : 0,
-                       .item = i,
-                       .key = gpu_take_key(run, i),
-                       .size = size};
-        if (gpu_publish(run, m.key, size, &m, "stream item") != 0 ||
-            run_send(run, run->consumers, &m) != 0 || run_check_often(run) != 0)
+        bench_msg m = gpu_item(run, MSG_ITEM, i, size);
+        if (gpu_publish(run, &m, "stream item") != 0 || run_send(run, run->consumers, &m) != 0 ||
+            run_check_often(run) != 0)
             return -1;
     }
     return gpu_drain_pool(run);
@@ -142,6 +126,7 @@ static int publish_range(bench_run *run, uint64_t size, uint64_t first, uint64_t
 /* --warmup items first (the consumers open the pool then), not timed. */
 static int handoff(bench_run *run, gpu_row *row)
 {
+    struct stream_row *s = &row->stream;
     uint64_t items = (uint64_t)run->opt->items, warm = (uint64_t)run->opt->warmup, full0, full1;
     if (publish_range(run, row->size, 0, warm) != 0 ||
         run_full_events(run, GPU(run)->pool, &full0) != 0)
@@ -149,15 +134,14 @@ static int handoff(bench_run *run, gpu_row *row)
     uint64_t t0 = cli_now_ns();
     if (publish_range(run, row->size, warm, items) != 0)
         return -1;
-    double seconds = (double)(cli_now_ns() - t0) / 1e9;
+    s->seconds = (double)(cli_now_ns() - t0) / 1e9;
     if (run_full_events(run, GPU(run)->pool, &full1) != 0)
         return -1;
-    row->seconds = seconds;
-    row->items_per_s = (double)items / seconds;
-    row->payload_gbps = (double)items * (double)row->size / seconds / 1e9;
-    row->effective_gbps = row->payload_gbps * 2.0 * (1.0 + (double)run->consumers);
-    row->read_gbps = row->payload_gbps * (double)run->consumers;
-    row->pool_full = full1 - full0;
+    s->items_per_s = (double)items / s->seconds;
+    s->payload_gbps = (double)items * (double)row->size / s->seconds / 1e9;
+    s->effective_gbps = s->payload_gbps * 2.0 * (1.0 + (double)run->consumers);
+    s->read_gbps = s->payload_gbps * (double)run->consumers;
+    s->pool_full = full1 - full0;
     return 0;
 }
 
@@ -170,12 +154,16 @@ static int stream_row(bench_run *run, gpu_row *row)
     return run_phase_end(run, run->consumers);
 }
 
-static int stream_prepare(bench_run *run)
+/* The consumers' sample ring holds the samples of at least one item of every size. */
+static void stream_prepare(bench_run *run)
 {
-    for (uint32_t i = 0; i < run->opt->nsizes; i++)
-        if (sample_bytes(run->opt->sizes[i]) > run->params.sample_bytes)
-            run->params.sample_bytes = sample_bytes(run->opt->sizes[i]);
-    return gpu_prepare(run);
+    gpu_span spans[MAX_SPANS];
+    uint32_t n;
+    for (uint32_t i = 0; i < run->opt->nsizes; i++) {
+        uint64_t bytes = sample_spans(0, 0, run->opt->sizes[i], spans, &n);
+        if (bytes > run->params.sample_bytes)
+            run->params.sample_bytes = bytes;
+    }
 }
 
 /* Consumer read GB/s / the peer floor when every consumer is on one GPU other than the
@@ -185,7 +173,7 @@ static double peer_ratio(const bench_run *run, const gpu_row *r)
     for (uint32_t c = 1; c < run->consumers; c++)
         if (run->opt->devices[c] != run->opt->devices[0])
             return NAN;
-    return r->npeers == 1 ? gpu_ratio(r->read_gbps, r->peers[0].gbps) : NAN;
+    return r->stream.npeers == 1 ? cli_ratio(r->stream.read_gbps, r->stream.peers[0].gbps) : NAN;
 }
 
 static void stream_text(const bench_run *run)
@@ -199,17 +187,18 @@ static void stream_text(const bench_run *run)
            "items/s", "payload GB/s", "effective GB/s", "floor GB/s", "ratio", "pool-full",
            "read GB/s");
     for (uint32_t i = 0; i < g->nrows; i++) {
-        const gpu_row *r = &g->rows[i];
+        const struct stream_row *s = &g->rows[i].stream;
         char size[32];
-        cli_format_size(r->size, size, sizeof(size));
+        cli_format_size(g->rows[i].size, size, sizeof(size));
         printf("%-8s %9s %9.4f %10.1f %11.2f %13.2f %11.2f %7.3f %9llu %10.2f\n",
-               gpu_placement(r->placement), size, r->seconds, r->items_per_s, r->payload_gbps,
-               r->effective_gbps, r->floor_gbps, gpu_ratio(r->effective_gbps, r->floor_gbps),
-               (unsigned long long)r->pool_full, r->read_gbps);
-        for (uint32_t p = 0; p < r->npeers; p++)
+               gpu_placement(g->rows[i].placement), size, s->seconds, s->items_per_s,
+               s->payload_gbps, s->effective_gbps, s->floor.gbps,
+               cli_ratio(s->effective_gbps, s->floor.gbps), (unsigned long long)s->pool_full,
+               s->read_gbps);
+        for (uint32_t p = 0; p < s->npeers; p++)
             printf("%-8s %9s peer floor GPU %d: %.2f GB/s read (%llu copies)\n", "", "",
-                   r->peers[p].device, r->peers[p].gbps, (unsigned long long)r->peers[p].copies);
-        double pr = peer_ratio(run, r);
+                   s->peers[p].device, s->peers[p].gbps, (unsigned long long)s->peers[p].copies);
+        double pr = peer_ratio(run, &g->rows[i]);
         if (isfinite(pr))
             printf("%-8s %9s consumer read / peer floor: %.3f\n", "", "", pr);
     }
@@ -223,33 +212,37 @@ static void stream_text(const bench_run *run)
                "when every consumer is on that GPU\n");
 }
 
+static void copies_json(const gpu_copies *c, const char *after)
+{
+    printf("\"copies\": %llu, ", (unsigned long long)c->copies);
+    cli_json_num("seconds", c->seconds, ", ");
+    cli_json_num("gbytes_per_s", c->gbps, after);
+}
+
 static void stream_json_row(const bench_run *run, const gpu_row *r)
 {
-    cli_json_num("seconds", r->seconds, ", ");
-    cli_json_num("items_per_s", r->items_per_s, ", ");
-    cli_json_num("gbytes_per_s", r->payload_gbps, ", ");
-    cli_json_num("effective_gbytes_per_s", r->effective_gbps, ", ");
-    printf("\"pool_full\": %llu, \"floor\": {\"copies\": %llu, ", (unsigned long long)r->pool_full,
-           (unsigned long long)r->floor_copies);
-    cli_json_num("seconds", r->floor_seconds, ", ");
-    cli_json_num("gbytes_per_s", r->floor_gbps, "}, ");
-    cli_json_num("ratio_vs_floor", gpu_ratio(r->effective_gbps, r->floor_gbps), ", ");
-    cli_json_num("consumer_read_gbytes_per_s", r->read_gbps, ", ");
+    const struct stream_row *s = &r->stream;
+    cli_json_num("seconds", s->seconds, ", ");
+    cli_json_num("items_per_s", s->items_per_s, ", ");
+    cli_json_num("gbytes_per_s", s->payload_gbps, ", ");
+    cli_json_num("effective_gbytes_per_s", s->effective_gbps, ", ");
+    printf("\"pool_full\": %llu, \"floor\": {", (unsigned long long)s->pool_full);
+    copies_json(&s->floor, "}, ");
+    cli_json_num("ratio_vs_floor", cli_ratio(s->effective_gbps, s->floor.gbps), ", ");
+    cli_json_num("consumer_read_gbytes_per_s", s->read_gbps, ", ");
     printf("\"peer_floor\": [");
-    for (uint32_t p = 0; p < r->npeers; p++) {
-        printf("%s{\"device\": %d, \"copies\": %llu, ", p ? ", " : "", r->peers[p].device,
-               (unsigned long long)r->peers[p].copies);
-        cli_json_num("seconds", r->peers[p].seconds, ", ");
-        cli_json_num("gbytes_per_s", r->peers[p].gbps, "}");
+    for (uint32_t p = 0; p < s->npeers; p++) {
+        printf("%s{\"device\": %d, ", p ? ", " : "", s->peers[p].device);
+        copies_json(&s->peers[p], "}");
     }
     printf("], ");
     cli_json_num("ratio_vs_peer_floor", peer_ratio(run, r), ", ");
 }
 
-static int stream_worker_init(bench_worker *w)
+/* The sample ring: room for the samples of every item of a phase, up to RING_MAX; the host
+ * staging buffer is its size. */
+static int stream_init(bench_worker *w)
 {
-    if (gpu_worker_init(w) != 0)
-        return -1;
     gpu_worker *g = GW(w);
     uint64_t per = w->p.sample_bytes ? w->p.sample_bytes : 1;
     uint64_t want = per * (w->p.items ? w->p.items : 1);
@@ -257,46 +250,29 @@ static int stream_worker_init(bench_worker *w)
     g->ring_bytes = g->ring_bytes < per ? per : g->ring_bytes;
     g->max_pending = (uint32_t)(g->ring_bytes / per);
     free(g->host);
-    g->host_bytes = g->ring_bytes;
-    g->host = malloc(g->host_bytes);
+    g->host = malloc(g->ring_bytes);
     g->pending = calloc(g->max_pending, sizeof(*g->pending));
     if (!g->host || !g->pending)
         return worker_fail(w, "out of memory for the sample ring");
-    return gpu_worker_cu(w, "cuMemAlloc", cu->cuMemAlloc(&g->ring, g->ring_bytes));
-}
-
-static void check_pending(bench_worker *w, const gpu_pending *e)
-{
-    span spans[MAX_SPANS];
-    uint32_t n = sample_spans(w->p.seed, e->iter, e->size, spans);
-    const uint8_t *at = GW(w)->host + e->at;
-    uint8_t got, want;
-    for (uint32_t i = 0; i < n; at += spans[i].len, i++) {
-        int64_t off = pattern_check(at, spans[i].off, spans[i].len, w->p.seed, e->key, &got, &want);
-        if (off >= 0) {
-            worker_error(w, 0,
-                         "stream item %llu (%llu bytes, pattern %llu): byte %lld is 0x%02x, "
-                         "expected 0x%02x",
-                         (unsigned long long)e->iter, (unsigned long long)e->size,
-                         (unsigned long long)e->key, (long long)off, got, want);
-            return;
-        }
-    }
-    __atomic_add_fetch(&w->me->verified[0], 1, __ATOMIC_RELEASE);
+    return WORKER_CU(w, cuMemAlloc, &g->ring, g->ring_bytes);
 }
 
 /* Checks every item whose samples wait in the ring. */
 static int flush(bench_worker *w)
 {
     gpu_worker *g = GW(w);
+    gpu_span spans[MAX_SPANS];
+    uint32_t n;
     if (!g->npending)
         return 0;
     if (gpu_worker_sync(w, "the consumer's stream before checking samples") != 0 ||
-        gpu_worker_cu(w, "cuMemcpy",
-                      cu->cuMemcpy((CUdeviceptr)(uintptr_t)g->host, g->ring, g->ring_used)))
+        WORKER_CU(w, cuMemcpy, (CUdeviceptr)(uintptr_t)g->host, g->ring, g->ring_used))
         return -1;
-    for (uint32_t i = 0; i < g->npending; i++)
-        check_pending(w, &g->pending[i]);
+    for (uint32_t i = 0; i < g->npending; i++) {
+        const gpu_pending *e = &g->pending[i];
+        sample_spans(w->p.seed, e->iter, e->size, spans, &n);
+        gpu_worker_verify(w, "stream", e, g->host + e->at, spans, n);
+    }
     g->npending = 0;
     g->ring_used = 0;
     return 0;
@@ -306,11 +282,9 @@ static int flush(bench_worker *w)
 static int keep_samples(bench_worker *w, const bench_msg *m)
 {
     gpu_worker *g = GW(w);
-    span spans[MAX_SPANS];
-    uint32_t n = sample_spans(w->p.seed, m->item, m->size, spans);
-    uint64_t bytes = 0;
-    for (uint32_t i = 0; i < n; i++)
-        bytes += spans[i].len;
+    gpu_span spans[MAX_SPANS];
+    uint32_t n;
+    uint64_t bytes = sample_spans(w->p.seed, m->item, m->size, spans, &n);
     if (bytes > g->ring_bytes)
         return worker_fail(w, "stream item %llu: %llu sampled bytes exceed the ring's %llu",
                            (unsigned long long)m->item, (unsigned long long)bytes,
@@ -319,9 +293,8 @@ static int keep_samples(bench_worker *w, const bench_msg *m)
         return -1;
     g->pending[g->npending++] = (gpu_pending){m->item, m->key, m->size, g->ring_used};
     for (uint32_t i = 0; i < n; i++) {
-        if (gpu_worker_cu(w, "cuMemcpyAsync",
-                          cu->cuMemcpyAsync(g->ring + g->ring_used, g->dst + spans[i].off,
-                                            spans[i].len, g->stream)))
+        if (WORKER_CU(w, cuMemcpyAsync, g->ring + g->ring_used, g->dst + spans[i].off, spans[i].len,
+                      g->stream))
             return -1;
         g->ring_used += spans[i].len;
     }
@@ -332,11 +305,12 @@ static int peer_copies(bench_worker *w, uint64_t size, uint64_t n)
 {
     gpu_worker *g = GW(w);
     for (uint64_t i = 0; i < n; i++)
-        if (gpu_worker_cu(w, "cuMemcpyAsync", cu->cuMemcpyAsync(g->dst, g->peer, size, g->stream)))
+        if (WORKER_CU(w, cuMemcpyAsync, g->dst, g->peer, size, g->stream))
             return -1;
     return gpu_worker_sync(w, "the peer floor");
 }
 
+/* The peer floor, timed by the rank the message names. */
 static int on_peer(bench_worker *w, const bench_msg *m)
 {
     gpu_worker *g = GW(w);
@@ -358,15 +332,14 @@ static int stream_handle(bench_worker *w, const bench_msg *m)
 {
     if (m->type == MSG_PEER)
         return on_peer(w, m);
-    if (m->type != MSG_ITEM)
-        return worker_fail(w, "a message the run did not prepare for (type %u)", m->type);
     if (gpu_worker_read(w, m) != 0)
         return -1;
     return m->flags & MSG_F_VERIFY ? keep_samples(w, m) : 0;
 }
 
-static const gpu_mode_ops stream_ops = {
+const gpu_mode_ops stream_ops = {
     .needs = NEED_AUX | NEED_EXPORT_REMOTE | NEED_QUIET_LIBRARY,
+    .own_msg = 1,
     .defaults = {.pool_size = 1ll << 30,
                  .item_size = 64ll << 20,
                  .max_inflight = 64,
@@ -374,11 +347,11 @@ static const gpu_mode_ops stream_ops = {
                  .iterations = 1000,
                  .warmup = 8,
                  .reclaim_interval_us = 1000},
+    .prepare = stream_prepare,
     .row = stream_row,
     .text = stream_text,
     .json_row = stream_json_row,
+    .init = stream_init,
     .handle = stream_handle,
     .flush = flush,
 };
-
-const bench_mode stream_mode = GPU_MODE("stream", &stream_ops, stream_prepare, stream_worker_init);
