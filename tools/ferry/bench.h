@@ -27,13 +27,10 @@ void cli_format_size(uint64_t bytes, char *buf, size_t size);
 /* Whether arg is --help or -h. */
 int cli_is_help(const char *arg);
 
-/* CLOCK_MONOTONIC (shared by the processes of one machine), CPU time of this thread, sleeps,
- * and a process-shared futex on a 32-bit word. */
-uint64_t cli_now_ns(void);
+/* CPU time of this thread, and sleeps. (The clock and the futex are the library's:
+ * ferry_now_ns, ferry_futex_wait, ferry_futex_wake.) */
 uint64_t cli_thread_cpu_ns(void);
 void cli_sleep_ns(uint64_t ns);
-void cli_futex_wait(uint32_t *word, uint32_t expected, uint64_t timeout_ns);
-void cli_futex_wake(uint32_t *word);
 
 uint64_t cli_mix64(uint64_t x); /* splitmix64's finaliser */
 /* p50 and p99 (nearest rank) of ns_values, sorted in place, in microseconds; NAN if n == 0. */

@@ -114,7 +114,7 @@ static int hand_one(bench_run *run, int k, uint64_t *ns)
     memcpy(c->src, &item, 8);
     ferry_tensor t = ferry_tensor_bytes(size);
     const void *src = c->src;
-    uint64_t t0 = cli_now_ns();
+    uint64_t t0 = ferry_now_ns();
     if (k == PH_CHANNEL) {
         if (ferry_pool_send(c->pool, &t, &src, 1, NULL, NULL, run->params.timeout_ns, NULL) !=
             FERRY_OK)
@@ -125,7 +125,7 @@ static int hand_one(bench_run *run, int k, uint64_t *ns)
         memcpy(run->region.tables, c->src, size);
         __atomic_store_n(&flags[WORD_FLOOR], (uint32_t)(item + 1), __ATOMIC_SEQ_CST);
         if (__atomic_load_n(&flags[WORD_WAITERS], __ATOMIC_SEQ_CST))
-            cli_futex_wake(&flags[WORD_FLOOR]);
+            ferry_futex_wake(&flags[WORD_FLOOR]);
     } else {
         ferry_descriptor d;
         bench_msg m = {.type = MSG_ITEM, .phase = PH_SOCKET, .item = item, .size = size};
@@ -138,7 +138,7 @@ static int hand_one(bench_run *run, int k, uint64_t *ns)
     }
     if (run_wait(run, k, run->consumers, item + 1, NULL) != 0)
         return -1;
-    *ns = cli_now_ns() - t0;
+    *ns = ferry_now_ns() - t0;
     c->done[k]++;
     return 0;
 }
@@ -152,7 +152,7 @@ static int hand_many(bench_run *run, int k, uint64_t n, uint64_t *lat)
     bench_msg loop = {.type = MSG_LOOP, .phase = (uint32_t)k, .item = n};
     if (k != PH_SOCKET && run_send(run, run->consumers, &loop) != 0)
         return -1;
-    uint64_t t0 = cli_now_ns();
+    uint64_t t0 = ferry_now_ns();
     for (uint64_t i = 0; i < n; i++) {
         uint64_t ns = 0;
         if (hand_one(run, k, &ns) != 0 || run_check_often(run) != 0)
@@ -161,7 +161,7 @@ static int hand_many(bench_run *run, int k, uint64_t n, uint64_t *lat)
             lat[i] = ns;
     }
     if (lat)
-        c->busy_ns[k] += cli_now_ns() - t0;
+        c->busy_ns[k] += ferry_now_ns() - t0;
     return 0;
 }
 
@@ -285,12 +285,12 @@ static int floor_wait(bench_worker *w)
     channel_worker *s = w->state;
     uint32_t *word = &w->region.flags[WORD_FLOOR], *waiters = &w->region.flags[WORD_WAITERS];
     uint32_t need = (uint32_t)(s->done[PH_FLOOR] + 1);
-    uint64_t start = cli_now_ns();
+    uint64_t start = ferry_now_ns();
     for (;;) {
         uint32_t seen = __atomic_load_n(word, __ATOMIC_ACQUIRE);
         if ((int32_t)(seen - need) >= 0)
             return 0;
-        uint64_t now = cli_now_ns();
+        uint64_t now = ferry_now_ns();
         if (now - start >= w->p.timeout_ns)
             return worker_fail(w, "floor item %u never came", need - 1);
         if (now - start < SPIN_NS) {
@@ -299,7 +299,7 @@ static int floor_wait(bench_worker *w)
         }
         __atomic_fetch_add(waiters, 1, __ATOMIC_SEQ_CST);
         if (__atomic_load_n(word, __ATOMIC_SEQ_CST) == seen)
-            cli_futex_wait(word, seen, SLEEP_SLICE_NS);
+            ferry_futex_wait(word, seen, SLEEP_SLICE_NS);
         __atomic_fetch_sub(waiters, 1, __ATOMIC_SEQ_CST);
     }
 }

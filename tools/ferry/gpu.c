@@ -95,14 +95,14 @@ static CUresult cu_use_device(int device)
 static const char *cu_stream_wait(CUstream s, uint64_t timeout_ns, const char *what)
 {
     static __thread char why[256];
-    uint64_t start = cli_now_ns();
+    uint64_t start = ferry_now_ns();
     for (unsigned spins = 0;; spins++) {
         CUresult rc = cu->cuStreamQuery(s);
         if (rc == CUDA_SUCCESS)
             return NULL;
         if (rc != CUDA_ERROR_NOT_READY)
             return cu_error("cuStreamQuery", rc);
-        if (cli_now_ns() - start >= timeout_ns) {
+        if (ferry_now_ns() - start >= timeout_ns) {
             snprintf(why, sizeof(why), "%s did not finish within %llu ms", what,
                      (unsigned long long)(timeout_ns / 1000000));
             return why;
@@ -385,7 +385,7 @@ static int gpu_prepare(bench_run *run)
 int gpu_drain_pool(bench_run *run)
 {
     gpu_run *g = GPU(run);
-    uint64_t start = cli_now_ns(), timeout = run->params.timeout_ns;
+    uint64_t start = ferry_now_ns(), timeout = run->params.timeout_ns;
     for (;;) {
         ferry_pool_stats s;
         if (ferry_pool_reclaim(g->pool, NULL) != FERRY_OK ||
@@ -395,7 +395,7 @@ int gpu_drain_pool(bench_run *run)
             return 0;
         if (run_check_often(run) != 0)
             return -1;
-        if (cli_now_ns() - start >= timeout)
+        if (ferry_now_ns() - start >= timeout)
             return run_fail(run, "%llu leases were not acknowledged within %llu ms",
                             (unsigned long long)s.leases_in_flight,
                             (unsigned long long)(timeout / 1000000));

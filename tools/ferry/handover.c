@@ -201,7 +201,7 @@ static void release(bench_run *run, int failed)
 static void progress(bench_run *run, int phase, uint64_t bytes)
 {
     handover *h = run->state;
-    uint64_t t = cli_now_ns();
+    uint64_t t = ferry_now_ns();
     h->ph[phase].items++;
     h->ph[phase].bytes += bytes;
     if (run->opt->quiet || run->opt->json || t - h->run_start_ns < 2000000000ull ||
@@ -241,7 +241,7 @@ static int publish(bench_run *run, ferry_pool *pool, const uint8_t *src, bench_m
     ferry_descriptor d;
     ferry_status st = ferry_pool_publish(pool, &t, src, run->params.timeout_ns, &d);
     if (t_ret)
-        *t_ret = cli_now_ns();
+        *t_ret = ferry_now_ns();
     if (st != FERRY_OK || ferry_descriptor_encode(&d, m->desc) != FERRY_OK)
         return run_fail(run, "%s item %llu (%llu bytes): publishing failed: %s",
                         phase_names[m->phase], (unsigned long long)m->item,
@@ -258,7 +258,7 @@ static int hand_item(bench_run *run, int phase, uint64_t item)
     bench_msg m;
     int waited = 0;
     const uint8_t *src = stage(run, item, &m, MSG_FERRY + (uint32_t)phase);
-    uint64_t t0 = cli_now_ns(); /* the item's bytes are ready: the handoff starts here */
+    uint64_t t0 = ferry_now_ns(); /* the item's bytes are ready: the handoff starts here */
     if (phase == PH_FERRY && publish(run, h->pool, src, &m, NULL) != 0)
         return -1;
     if (phase == PH_FLOOR) {
@@ -279,13 +279,13 @@ static int hand_item(bench_run *run, int phase, uint64_t item)
 static int chunk(bench_run *run, int phase, uint64_t begin, uint64_t end)
 {
     handover *h = run->state;
-    h->chunk_start_ns = cli_now_ns();
+    h->chunk_start_ns = ferry_now_ns();
     for (uint64_t i = begin; i < end; i++)
         if (hand_item(run, phase, i) != 0 || run_check_often(run) != 0)
             return -1;
     if (run_wait(run, phase, run->consumers, end, NULL) != 0)
         return -1;
-    h->ph[phase].busy_ns += cli_now_ns() - h->chunk_start_ns;
+    h->ph[phase].busy_ns += ferry_now_ns() - h->chunk_start_ns;
     return 0;
 }
 
@@ -395,7 +395,7 @@ static int measure(bench_run *run)
     int kinds = run->params.floor_slots ? 2 : 1;
     if (run_full_events(run, h->pool, &before) != 0)
         return -1;
-    h->run_start_ns = h->last_progress_ns = cli_now_ns();
+    h->run_start_ns = h->last_progress_ns = ferry_now_ns();
     if (run_rounds(run, n, rounds, kinds, chunk) != 0 || run_full_events(run, h->pool, &after) != 0)
         return -1;
     run_rounds(run, n, rounds, kinds, chunk_metrics);
@@ -574,13 +574,13 @@ static int worker_handle(bench_worker *w, const bench_msg *m)
     if (m->type == MSG_RECLAIM) {
         cli_sleep_ns(cli_mix64(w->p.seed ^ (m->item << 17) ^ 0x51ee9ull) % (RECLAIM_SLEEP_MAX + 1));
         /* Before the ack (a release store): the producer sees it once it sees the ack. */
-        *t_ack = cli_now_ns();
+        *t_ack = ferry_now_ns();
     }
     if (m->type != MSG_FLOOR && ferry_consumer_ack(s->consumer, &d) != FERRY_OK)
         return worker_fail(w, "%s item %llu: ferry_consumer_ack: %s", phase,
                            (unsigned long long)m->item, ferry_last_error());
     if (m->type != MSG_RECLAIM) /* the floor's "ack" is its progress word */
-        *t_ack = cli_now_ns();
+        *t_ack = ferry_now_ns();
     worker_progress(w, (int)m->phase, (uint32_t)(m->item + 1));
     return 0;
 }

@@ -163,7 +163,7 @@ static uint32_t rank_state(const bench_run *run, uint32_t rank)
 
 int run_check(bench_run *run)
 {
-    run->last_check_ns = cli_now_ns();
+    run->last_check_ns = ferry_now_ns();
     for (uint32_t r = 0; r < run->consumers; r++) {
         if (rank_state(run, r) == STATE_FAILED)
             return run_fail(run, "consumer rank %u failed: %s", r, rank_message(run, r));
@@ -175,7 +175,7 @@ int run_check(bench_run *run)
 
 int run_check_often(bench_run *run)
 {
-    if (cli_now_ns() - run->last_check_ns < CHECK_PERIOD_NS)
+    if (ferry_now_ns() - run->last_check_ns < CHECK_PERIOD_NS)
         return run->failed ? -1 : 0;
     return run_check(run);
 }
@@ -185,7 +185,7 @@ int run_check_often(bench_run *run)
  * or the time is up; the caller's run_fail then names the wait unless the run had failed. */
 static int tick(bench_run *run, uint64_t deadline, int check, uint64_t nap_ns, int fd)
 {
-    if ((check && run_check(run) != 0) || cli_now_ns() >= deadline)
+    if ((check && run_check(run) != 0) || ferry_now_ns() >= deadline)
         return -1;
     struct pollfd pfd = {.fd = fd, .events = POLLOUT};
     struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)nap_ns};
@@ -195,7 +195,7 @@ static int tick(bench_run *run, uint64_t deadline, int check, uint64_t nap_ns, i
 
 static int wait_ready(bench_run *run)
 {
-    uint64_t deadline = cli_now_ns() + run->params.timeout_ns;
+    uint64_t deadline = ferry_now_ns() + run->params.timeout_ns;
     for (uint32_t r = 0; r < run->consumers; r++)
         while (rank_state(run, r) == STATE_STARTING)
             if (tick(run, deadline, 1, 200000, -1) != 0)
@@ -214,7 +214,7 @@ int harness_start(bench_run *run)
 /* A worker that closed its channel is given a moment to exit, so that the report says why. */
 static int channel_broken(bench_run *run, uint32_t rank, int err)
 {
-    uint64_t deadline = cli_now_ns() + REAP_GRACE_NS;
+    uint64_t deadline = ferry_now_ns() + REAP_GRACE_NS;
     while (!reap(run, rank, WNOHANG))
         if (tick(run, deadline, 0, 1000000, -1) != 0)
             return run_fail(run, "sending to consumer rank %u failed: %s", rank, strerror(err));
@@ -223,7 +223,7 @@ static int channel_broken(bench_run *run, uint32_t rank, int err)
 
 static int send_one(bench_run *run, uint32_t rank, const bench_msg *msg)
 {
-    uint64_t deadline = cli_now_ns() + run->params.timeout_ns;
+    uint64_t deadline = ferry_now_ns() + run->params.timeout_ns;
     int sock = run->children[rank].sock;
     for (;;) {
         ssize_t n = send(sock, msg, sizeof(*msg), MSG_DONTWAIT | MSG_NOSIGNAL);
@@ -274,7 +274,7 @@ static void sleep_on(bench_run *run, int phase, uint32_t rank, uint64_t need)
     __atomic_store_n(flag, 1, __ATOMIC_SEQ_CST);
     uint32_t now = __atomic_load_n(word, __ATOMIC_SEQ_CST);
     if (now < need)
-        cli_futex_wait(word, now, SLICE_NS);
+        ferry_futex_wait(word, now, SLICE_NS);
     __atomic_store_n(flag, 0, __ATOMIC_SEQ_CST);
 }
 
@@ -291,9 +291,9 @@ int run_wait(bench_run *run, int phase, uint32_t nranks, uint64_t need, int *wai
             return run_check_often(run);
         if (seen != last_seen) { /* progress: the limit starts again */
             last_seen = seen;
-            deadline = cli_now_ns() + run->params.timeout_ns;
+            deadline = ferry_now_ns() + run->params.timeout_ns;
         }
-        if (run_check_often(run) != 0 || cli_now_ns() >= deadline)
+        if (run_check_often(run) != 0 || ferry_now_ns() >= deadline)
             return run_fail(run, "consumer rank %u made no progress for %llu ms (%u of %llu done)",
                             r, (unsigned long long)(run->params.timeout_ns / 1000000), seen,
                             (unsigned long long)need);
@@ -383,7 +383,7 @@ int harness_finish(bench_run *run)
 {
     if (run_send_type(run, run->consumers, MSG_DONE) != 0)
         return -1;
-    uint64_t deadline = cli_now_ns() + run->params.timeout_ns;
+    uint64_t deadline = ferry_now_ns() + run->params.timeout_ns;
     for (uint32_t r = 0; r < run->consumers; r++) {
         const bench_child *c = &run->children[r];
         while (c->running && !reap(run, r, WNOHANG))
@@ -470,7 +470,7 @@ void worker_progress(bench_worker *w, int phase, uint32_t value)
     /* Store, then look for a sleeper: paired with the producer's flag-then-load. */
     __atomic_store_n(word, value, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&w->region.p->producer_waiting, __ATOMIC_SEQ_CST))
-        cli_futex_wake(word);
+        ferry_futex_wake(word);
 }
 
 /* Blocks for the next message: a worker dies with its producer (PR_SET_PDEATHSIG), and the

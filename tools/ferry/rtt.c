@@ -30,7 +30,7 @@ static int acked(bench_run *run, uint32_t value)
 static int spin(bench_run *run, uint32_t value, int *taken, const char *what, uint64_t iter)
 {
     ferry_pool *pool = GPU(run)->pool;
-    uint64_t start = cli_now_ns(), next_look = start + LOOK_PERIOD_NS, n = 0;
+    uint64_t start = ferry_now_ns(), next_look = start + LOOK_PERIOD_NS, n = 0;
     ferry_pool_stats s;
     for (;;) {
         if (taken && ferry_pool_reclaim(pool, &n) != FERRY_OK)
@@ -38,7 +38,7 @@ static int spin(bench_run *run, uint32_t value, int *taken, const char *what, ui
         if (taken ? n != 0 : acked(run, value))
             return 0;
         sched_yield();
-        uint64_t now = cli_now_ns();
+        uint64_t now = ferry_now_ns();
         if (now < next_look)
             continue;
         next_look = now + LOOK_PERIOD_NS;
@@ -74,17 +74,17 @@ static int iterations(bench_run *run, int k, uint64_t first, uint64_t n, uint64_
 {
     gpu_run *g = GPU(run);
     for (uint64_t i = first; i < first + n; i++) {
-        uint64_t t0 = cli_now_ns();
+        uint64_t t0 = ferry_now_ns();
         bench_msg m = gpu_item(run, k ? MSG_FLOOR : MSG_ITEM, i, g->size);
         /* run_send numbers the message run->seq + 1: that is the value of the floor's words. */
         uint32_t value = (uint32_t)(run->seq + 1);
         int taken = 0;
-        uint64_t start = cli_now_ns();
+        uint64_t start = ferry_now_ns();
         if ((k == 0 ? gpu_publish(run, &m, "rtt iteration") : floor_start(run, &m, value)) != 0 ||
             run_send(run, run->consumers, &m) != 0 ||
             spin(run, value, k ? NULL : &taken, k ? "floor iteration" : "iteration", i) != 0)
             return -1;
-        uint64_t end = cli_now_ns();
+        uint64_t end = ferry_now_ns();
         if (lat) {
             g->busy_ns[k] += end - t0;
             lat[i - first] = taken ? 0 : end - start;

@@ -76,10 +76,10 @@ static int copy_floor(bench_run *run, gpu_row *row)
     uint64_t n = floor_copies(run->opt, row->size);
     if (copies(run, row->size, FLOOR_WARMUP) != 0)
         return -1;
-    uint64_t t0 = cli_now_ns();
+    uint64_t t0 = ferry_now_ns();
     if (copies(run, row->size, n) != 0)
         return -1;
-    row->stream.floor = copy_rate(0, n, cli_now_ns() - t0, 2.0 * (double)row->size);
+    row->stream.floor = copy_rate(0, n, ferry_now_ns() - t0, 2.0 * (double)row->size);
     return 0;
 }
 
@@ -131,10 +131,10 @@ static int handoff(bench_run *run, gpu_row *row)
     if (publish_range(run, row->size, 0, warm) != 0 ||
         run_full_events(run, GPU(run)->pool, &full0) != 0)
         return -1;
-    uint64_t t0 = cli_now_ns();
+    uint64_t t0 = ferry_now_ns();
     if (publish_range(run, row->size, warm, items) != 0)
         return -1;
-    s->seconds = (double)(cli_now_ns() - t0) / 1e9;
+    s->seconds = (double)(ferry_now_ns() - t0) / 1e9;
     if (run_full_events(run, GPU(run)->pool, &full1) != 0)
         return -1;
     s->items_per_s = (double)items / s->seconds;
@@ -320,10 +320,10 @@ static int on_peer(bench_worker *w, const bench_msg *m)
         return worker_fail(w, "a peer floor the run did not prepare for");
     if ((!g->peer && gpu_worker_open_floor(w) != 0) || peer_copies(w, m->size, FLOOR_WARMUP) != 0)
         return -1;
-    uint64_t t0 = cli_now_ns();
+    uint64_t t0 = ferry_now_ns();
     if (peer_copies(w, m->size, m->item) != 0)
         return -1;
-    w->me->stat[STAT_PEER_NS] = cli_now_ns() - t0;
+    w->me->stat[STAT_PEER_NS] = ferry_now_ns() - t0;
     w->me->stat[STAT_PEER_COPIES] = m->item;
     return 0;
 }

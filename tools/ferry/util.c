@@ -1,12 +1,11 @@
-/* Helpers of the ferry tool: sizes and numbers on the command line, time, futex, statistics. */
+/* Helpers of the ferry tool: sizes and numbers on the command line, CPU time and sleeps,
+ * statistics. */
 #include <errno.h>
-#include <linux/futex.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -119,45 +118,20 @@ int cli_is_help(const char *arg)
     return strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0;
 }
 
-static uint64_t clock_ns(clockid_t id)
-{
-    struct timespec ts;
-    clock_gettime(id, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-uint64_t cli_now_ns(void)
-{
-    return clock_ns(CLOCK_MONOTONIC);
-}
-
 uint64_t cli_thread_cpu_ns(void)
 {
-    return clock_ns(CLOCK_THREAD_CPUTIME_ID);
-}
-
-static struct timespec to_timespec(uint64_t ns)
-{
-    return (struct timespec){.tv_sec = (time_t)(ns / 1000000000ull),
-                             .tv_nsec = (long)(ns % 1000000000ull)};
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 void cli_sleep_ns(uint64_t ns)
 {
-    struct timespec ts = to_timespec(ns), rem;
+    struct timespec ts = {.tv_sec = (time_t)(ns / 1000000000ull),
+                          .tv_nsec = (long)(ns % 1000000000ull)},
+                    rem;
     while (nanosleep(&ts, &rem) != 0 && errno == EINTR)
         ts = rem;
-}
-
-void cli_futex_wait(uint32_t *word, uint32_t expected, uint64_t timeout_ns)
-{
-    struct timespec ts = to_timespec(timeout_ns);
-    syscall(SYS_futex, word, FUTEX_WAIT, expected, &ts, NULL, 0);
-}
-
-void cli_futex_wake(uint32_t *word)
-{
-    syscall(SYS_futex, word, FUTEX_WAKE, 0x7fffffff, NULL, NULL, 0);
 }
 
 uint64_t cli_mix64(uint64_t x)
