@@ -658,6 +658,13 @@ FERRY_API ferry_status ferry_backend_resolve(int32_t device, ferry_backend *back
  * DRIVER with the driver's error name when a call fails.
  * ---------------------------------------------------------------------------------- */
 
+/* The entry point `name` of the driver ferry loaded (FERRY_CUDA_DRIVER, else libcuda.so.1),
+ * with the ABI of CUDA version cuda_version (e.g. 12000), for programs that make driver calls
+ * of their own beside ferry's, on the same driver (the ferry CLI's GPU benchmarks). Raw: the
+ * caller's context is the caller's business. NOT_SUPPORTED without a driver, or when the
+ * driver has no such call for that version. */
+FERRY_API ferry_status ferry_gpu_driver_symbol(const char *name, int cuda_version, void **fn);
+
 /* Allocates size bytes of device memory on device (at least 1 byte). */
 FERRY_API ferry_status ferry_gpu_alloc(int32_t device, uint64_t size, void **ptr);
 

@@ -621,8 +621,9 @@ static void same_process_test(int placement)
             const void *view;
             if (ferry_consumer_view(c, &d, &view, 10000 * MS) != FERRY_OK)
                 fail_msg("view: %s", ferry_last_error());
-            assert_int_equal(cu->cuMemcpy((CUdeviceptr)(uintptr_t)host, (CUdeviceptr)(uintptr_t)view, n),
-                             CUDA_SUCCESS);
+            assert_int_equal(
+                cu->cuMemcpy((CUdeviceptr)(uintptr_t)host, (CUdeviceptr)(uintptr_t)view, n),
+                CUDA_SUCCESS);
             assert_int_equal(ferry_consumer_ack(c, &d), FERRY_OK);
         } else {
             if (ferry_consumer_read(c, &d, host, MAX_ITEM, 10000 * MS) != FERRY_OK)
@@ -1187,6 +1188,27 @@ static void test_no_driver(void **state)
     assert_non_null(strstr(m.text, want));
 }
 
+/* ferry_gpu_driver_symbol hands out the loaded driver's own entry points, and refuses names
+ * the driver does not have. */
+static void test_driver_symbol(void **state)
+{
+    (void)state;
+    typedef int (*count_fn)(int *);
+    void *fn = NULL;
+    int count = -1;
+    assert_int_equal(ferry_gpu_driver_symbol("cuDeviceGetCount", 2000, &fn), FERRY_OK);
+    count_fn get_count;
+    memcpy(&get_count, &fn, sizeof(fn));
+    assert_int_equal(get_count(&count), 0);
+    assert_int_equal(count, cu->device_count);
+    fn = (void *)0x1;
+    assert_int_equal(ferry_gpu_driver_symbol("cuNoSuchCall", 12000, &fn), FERRY_NOT_SUPPORTED);
+    assert_non_null(strstr(ferry_last_error(), "has no cuNoSuchCall for CUDA 12000"));
+    assert_ptr_equal(fn, (void *)0x1);
+    assert_int_equal(ferry_gpu_driver_symbol(NULL, 12000, &fn), FERRY_INVALID_ARGUMENT);
+    assert_int_equal(ferry_gpu_driver_symbol("cuInit", 2000, NULL), FERRY_INVALID_ARGUMENT);
+}
+
 int main(int argc, char **argv)
 {
     if (argc >= 3 && strcmp(argv[1], "--helper") == 0) {
@@ -1217,6 +1239,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_consumer_killed),
         cmocka_unit_test(test_producer_killed),
         cmocka_unit_test(test_no_driver),
+        cmocka_unit_test(test_driver_symbol),
         cmocka_unit_test(test_create_rollback),
         cmocka_unit_test(test_open_retry),
         cmocka_unit_test(test_ready_wait_skipped),

@@ -88,6 +88,7 @@ static void cuda_load(void)
     }
     if (resolve_all(c, get_proc) != 0)
         goto close_library;
+    c->get_proc = sym;
     CUresult rc = c->cuInit(0);
     if (rc == CUDA_SUCCESS)
         rc = c->cuDriverGetVersion(&c->driver_version);
@@ -189,8 +190,8 @@ ferry_status ferry__cuda_words_write(const ferry__cuda *cuda, CUstream io, CUdev
                                      uint32_t count, uint32_t value)
 {
     for (uint32_t i = 0; i < count; i++)
-        FERRY_CU_TRY(cuda, cuStreamWriteValue32, (io, words + i * sizeof(uint32_t), value,
-                                                  CU_STREAM_WRITE_VALUE_DEFAULT));
+        FERRY_CU_TRY(cuda, cuStreamWriteValue32,
+                     (io, words + i * sizeof(uint32_t), value, CU_STREAM_WRITE_VALUE_DEFAULT));
     FERRY_CU_TRY(cuda, cuStreamSynchronize, (io));
     return FERRY_OK;
 }

@@ -75,6 +75,7 @@ typedef struct ferry__cuda {
     int driver_version; /* cuDriverGetVersion, e.g. 13000 */
     int device_count;
     char path[256]; /* the library that was loaded */
+    void *get_proc; /* its cuGetProcAddress_v2 */
 #define FERRY_CUDA_SLOT_(name, version, mandatory, params) CUresult(*name) params;
     FERRY_CUDA_FUNCTIONS(FERRY_CUDA_SLOT_)
 #undef FERRY_CUDA_SLOT_
@@ -118,7 +119,7 @@ ferry_status ferry__cuda_words_write(const ferry__cuda *cuda, CUstream io, CUdev
 int ferry__cuda_boundary_begin(void);
 void ferry__cuda_boundary_end(int *unused);
 #define FERRY_CUDA_BOUNDARY                                                                        \
-    int ferry__cuda_boundary_ __attribute__((cleanup(ferry__cuda_boundary_end), unused)) =        \
+    int ferry__cuda_boundary_ __attribute__((cleanup(ferry__cuda_boundary_end), unused)) =         \
         ferry__cuda_boundary_begin()
 
 #endif

@@ -1,6 +1,7 @@
 /* The public GPU helpers (ferry.h): a few driver calls for programs with no CUDA runtime of
  * their own, through the driver table loaded at run time. */
 #include <stdint.h>
+#include <string.h>
 
 #include "common/error.h"
 #include "driver/driver.h"
@@ -12,6 +13,29 @@ static ferry_status on_device(int32_t device, const ferry__cuda **cuda)
     if (st != FERRY_OK)
         return st;
     return ferry__cuda_use_device(*cuda, device);
+}
+
+ferry_status ferry_gpu_driver_symbol(const char *name, int cuda_version, void **fn)
+{
+    typedef CUresult (*get_proc_fn)(const char *, void **, int, unsigned long long, int *);
+    const ferry__cuda *cuda;
+    get_proc_fn get_proc;
+    void *p = NULL;
+    int found = 0;
+    if (!name || !fn)
+        return ferry__fail(FERRY_INVALID_ARGUMENT, "name or output pointer is NULL");
+    ferry_status st = ferry__cuda_get(&cuda);
+    if (st != FERRY_OK)
+        return st;
+    memcpy(&get_proc, &cuda->get_proc, sizeof(get_proc));
+    if (get_proc(name, &p, cuda_version, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &found) !=
+            CUDA_SUCCESS ||
+        found != 0 || !p)
+        return ferry__fail(FERRY_NOT_SUPPORTED, "CUDA driver %s has no %.100s for CUDA %d",
+                           cuda->path, name, cuda_version);
+    *fn = p;
+    ferry__clear_error();
+    return FERRY_OK;
 }
 
 ferry_status ferry_gpu_alloc(int32_t device, uint64_t size, void **ptr)

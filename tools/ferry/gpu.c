@@ -1,6 +1,5 @@
 /* What the GPU modes of `ferry bench` share: the CUDA driver, the payload patterns, the
  * producer's device buffers and its rows, a consumer's device setup, the report's frame. */
-#include <dlfcn.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,8 +15,6 @@
 
 const cu_api *cu;
 
-typedef CUresult (*get_proc_fn)(const char *, void **, int, uint64_t, int *);
-
 static cu_api api;
 static char load_error[512];
 
@@ -31,28 +28,16 @@ static const struct {
 #undef CU_ENTRY_
 };
 
+/* The entry points of the driver the library loaded (and initialised). */
 static int load(void)
 {
-    const char *path = getenv("FERRY_CUDA_DRIVER");
-    path = path && *path ? path : "libcuda.so.1";
-    void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL),
-         *sym = lib ? dlsym(lib, "cuGetProcAddress_v2") : NULL;
-    get_proc_fn get_proc;
-    memcpy(&get_proc, &sym, sizeof(sym));
-    if (!sym)
-        return snprintf(load_error, sizeof(load_error), "no CUDA driver: %s",
-                        lib ? path : dlerror()),
-               -1;
     for (size_t i = 0; i < sizeof(entries) / sizeof(entries[0]); i++) {
         void *fn = NULL;
-        int status = 0;
-        if (get_proc(entries[i].name, &fn, entries[i].version, 1, &status) != CUDA_SUCCESS ||
-            status != 0 || !fn)
-            return snprintf(load_error, sizeof(load_error), "%s lacks %s", path, entries[i].name),
-                   -1;
+        if (ferry_gpu_driver_symbol(entries[i].name, entries[i].version, &fn) != FERRY_OK)
+            return snprintf(load_error, sizeof(load_error), "%s", ferry_last_error()), -1;
         memcpy((char *)&api + entries[i].offset, &fn, sizeof(fn));
     }
-    if (api.cuInit(0) != CUDA_SUCCESS || api.cuDeviceGetCount(&api.device_count) != CUDA_SUCCESS)
+    if (api.cuDeviceGetCount(&api.device_count) != CUDA_SUCCESS)
         return snprintf(load_error, sizeof(load_error), "the CUDA driver failed to initialise"), -1;
     return 0;
 }

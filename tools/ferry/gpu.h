@@ -1,7 +1,8 @@
 /* The GPU modes of `ferry bench` (--backend cuda_ipc or cuda_vmm: rtt, stream, cpu): what they
- * share (gpu.c): the CUDA driver, loaded by the tool itself; the payload patterns; the
- * producer's device buffers and its loop over (control placement, item size) rows; a
- * consumer's device, stream and buffers; the report's frame. */
+ * share (gpu.c): their own driver calls (the library's driver, through
+ * ferry_gpu_driver_symbol); the payload patterns; the producer's device buffers and its loop
+ * over (control placement, item size) rows; a consumer's device, stream and buffers; the
+ * report's frame. */
 #ifndef FERRY_TOOL_GPU_H
 #define FERRY_TOOL_GPU_H
 
@@ -28,7 +29,6 @@ typedef struct {
 #define CU_FUNCTIONS(X)                                                                            \
     X(cuGetErrorName, 6000, (CUresult, const char **))                                             \
     X(cuGetErrorString, 6000, (CUresult, const char **))                                           \
-    X(cuInit, 2000, (unsigned int))                                                                \
     X(cuDeviceGetCount, 2000, (int *))                                                             \
     X(cuDeviceGet, 2000, (CUdevice *, int))                                                        \
     X(cuDevicePrimaryCtxRetain, 7000, (CUcontext *, CUdevice))                                     \
