@@ -117,6 +117,14 @@ expect_json "stream cuda_vmm" '"backend": "cuda_vmm"' '"mode": "stream"' -- \
 expect_json "cpu" '"mode": "cpu"' '"publish_ferry_ns": ' '"read_ferry_ns": ' -- \
     --mode cpu --iterations 300 --item-size 4KiB --control both
 
+# The cpu mode's raw side makes the driver calls ferry's read makes: with control words in host
+# memory, no stream wait (here every cuStreamWaitValue32 fails).
+out=$($limit env FERRY_FAKE_CUDA_FAIL=cuStreamWaitValue32:0:1 "$ferry" bench --backend cuda_ipc \
+    --mode cpu --iterations 300 --item-size 4KiB --json 2>&1)
+rc=$?
+[ $rc -eq 0 ] && [[ "$out" == *'"errors": 0}' ]] ||
+    fail "cpu, host control: a stream wait that ferry's read does not make (rc=$rc): $out"
+
 # The text report.
 out=$($limit "$ferry" bench --backend cuda_ipc --mode rtt --item-size 4KiB --iterations 5 \
     --warmup 1 --quiet 2>&1)

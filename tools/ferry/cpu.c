@@ -8,7 +8,6 @@
 
 #define BATCH       256 /* calls per batch at most */
 #define WORD_RAW_P  32  /* flag words: the producer's raw writes */
-#define WORD_RAW_W  48  /* the consumer's raw waits (always satisfied) */
 #define WORD_RAW_C  64  /* the consumer's raw writes */
 #define DEVICE_WORD 256 /* bytes of a consumer's device words */
 #define F_BATCH_END 0x2u
@@ -224,18 +223,20 @@ static int ferry_reads(bench_worker *w, const ferry_descriptor *d, uint32_t firs
     return 0;
 }
 
-/* The words the raw calls wait on (always satisfied: 0 >= 0) and write, of the kind the pool's
- * control words are. */
+/* The driver calls ferry's read makes, on words of the kind the pool's control words are: the
+ * stream's wait for the ready word (always satisfied: 0 >= 0), the copy, the acknowledgement's
+ * write. With control words in host memory ferry makes no wait: its CPU sees the ready word
+ * written (the producer's stream drained before the hand-over). */
 static int raw_calls(bench_worker *w, const ferry_descriptor *d, uint32_t n, uint64_t *ns)
 {
     gpu_worker *g = GW(w);
     int device = d->flags & FERRY_DESC_FLAG_DEVICE_CONTROL;
-    CUdeviceptr wait = device ? g->word : g->flags_dev + WORD_RAW_W * 4;
     CUdeviceptr write = device ? g->word + 64 : g->flags_dev + WORD_RAW_C * 4;
     CUresult rc = CUDA_SUCCESS;
     uint64_t t0 = cli_thread_cpu_ns();
     for (uint32_t j = 0; j < n && rc == CUDA_SUCCESS; j++) {
-        rc = cu->cuStreamWaitValue32(g->stream, wait, 0, CU_STREAM_WAIT_VALUE_GEQ);
+        if (device)
+            rc = cu->cuStreamWaitValue32(g->stream, g->word, 0, CU_STREAM_WAIT_VALUE_GEQ);
         if (rc == CUDA_SUCCESS)
             rc = cu->cuMemcpyAsync(g->raw_dst, g->raw_src, d->length, g->stream);
         if (rc == CUDA_SUCCESS)
