@@ -1,9 +1,11 @@
 /* The host mode of `ferry bench`: items through the pool, or through a plain shared ring
  * (the floor), to every consumer, every byte checked; the reclaim delay (docs/cli.md). */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "bench.h"
@@ -104,7 +106,8 @@ static uint64_t *ack_slot(const bench_region *r, int phase, uint64_t item, uint3
                : &t[((uint64_t)phase * r->p->items + item) * r->p->consumers + rank];
 }
 
-/* The floor's ring of floor_slots slots, at the end of the mode's tables. */
+/* The floor's ring of floor_slots slots, at the end of the mode's tables, on a page of its
+ * own (the tables start on one). */
 static uint8_t *floor_ring(const bench_region *r)
 {
     return (uint8_t *)r->tables + r->p->table_bytes - r->p->floor_bytes;
@@ -501,7 +504,10 @@ static int worker_init(bench_worker *w)
     hworker *s = calloc(1, sizeof(*s));
     if (!(w->state = s))
         return worker_fail(w, "out of memory");
+    /* The floor is read-only here: a stray write would otherwise pass for the producer's. */
     s->floor = w->p.floor_slots ? floor_ring(&w->region) : NULL;
+    if (s->floor && mprotect((void *)s->floor, (size_t)w->p.floor_bytes, PROT_READ) != 0)
+        return worker_fail(w, "protecting the floor ring failed: %s", strerror(errno));
     s->buf = aligned_alloc(64, align64(w->p.size_hi));
     s->patterns = patterns_create(&w->p);
     if (!s->buf || !s->patterns)

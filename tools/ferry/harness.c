@@ -39,9 +39,11 @@ int run_fail(bench_run *run, const char *fmt, ...)
     return -1;
 }
 
+/* The mode's tables start on a page of their own. */
 static size_t tables_at(uint32_t consumers)
 {
-    return RANKS_AT + (size_t)consumers * sizeof(bench_rank);
+    size_t end = RANKS_AT + (size_t)consumers * sizeof(bench_rank);
+    return (end + BENCH_PAGE - 1) & ~(size_t)(BENCH_PAGE - 1);
 }
 
 /* Makes fd close-on-exec and numbered at least 10 (the spawn's dup2 to 3 and 4 never meets it). */
@@ -89,9 +91,11 @@ static int region_create(bench_run *run)
     int fd = run->region.fd = high_fd(memfd_create("ferry-bench", MFD_CLOEXEC));
     if (fd < 0 || ftruncate(fd, (off_t)p->region_bytes) != 0 ||
         pwrite(fd, p, sizeof(*p), 0) != (ssize_t)sizeof(*p))
-        return run_fail(run, "creating the results region failed: %s", strerror(errno));
+        return run_fail(run, "creating the results region of %llu bytes failed: %s",
+                        (unsigned long long)p->region_bytes, strerror(errno));
     if (region_map(fd, &run->region) != 0)
-        return run_fail(run, "mapping the results region failed: %s", strerror(errno));
+        return run_fail(run, "mapping the results region of %llu bytes failed: %s",
+                        (unsigned long long)p->region_bytes, strerror(errno));
     return 0;
 }
 
