@@ -62,6 +62,8 @@ int cmd_bench_worker(int argc, char **argv);
 #define BENCH_FLAG_BYTES  (2 * BENCH_PAGE)
 #define BENCH_PHASES      3
 #define BENCH_UNSET       INT64_MIN
+/* The defaults every mode shares (bench_mode.defaults). */
+#define BENCH_DEFAULTS .timeout_ms = 10000, .rounds = 4
 
 enum { FAMILY_HOST = 1, FAMILY_GPU = 2 };
 
@@ -219,8 +221,11 @@ struct bench_mode {
     unsigned family;
     int progress_by_seq;    /* the harness notes progress[0] = seq after every message */
     const void *family_ops; /* what the family's shared code needs of the mode (gpu.h) */
-    /* Options: defaults for what was not given, then the mode's own limits. */
-    void (*defaults)(const bench_mode *mode, bench_opts *o);
+    /* Options: the mode's values of the number options and of --item-size where they were
+     * not given (the number fields of defaults, BENCH_UNSET for none; its sizes), then the
+     * family's own defaults (may be NULL), then the mode's limits. */
+    const bench_opts *defaults;
+    void (*adjust)(bench_opts *o);
     int (*check)(const bench_opts *o);
     /* The producer: before the workers start (pools, buffers, params, table_bytes), the
      * measurements, the report, and what is left to release (failed: after a failure). */

@@ -41,19 +41,12 @@ static void pattern(uint8_t *buf, uint64_t size, uint64_t seed)
     }
 }
 
-static void defaults(const bench_mode *mode, bench_opts *o)
-{
-    (void)mode;
-    bench_default(&o->consumers, 1);
-    bench_default(&o->items, 2000);
-    bench_default(&o->pool_size, 64ll << 20);
-    bench_default(&o->max_inflight, 256);
-    bench_default(&o->reclaim_interval_us, 1000);
-    bench_default(&o->timeout_ms, 10000);
-    bench_default(&o->rounds, 4);
-    if (!o->nsizes)
-        o->sizes[0] = o->sizes[1] = 4096;
-}
+static const bench_opts defaults = {
+    BENCH_DEFAULTS,      .consumers = 1,
+    .items = 2000,       .sizes = {4096, 4096}, /* [lo, hi]: one size */
+    .nsizes = 2,         .pool_size = 64ll << 20,
+    .max_inflight = 256, .reclaim_interval_us = 1000,
+};
 
 static int check(const bench_opts *o)
 {
@@ -357,7 +350,7 @@ const bench_mode channel_mode = {
     .name = "channel",
     .family = FAMILY_HOST,
     .progress_by_seq = 0,
-    .defaults = defaults,
+    .defaults = &defaults,
     .check = check,
     .prepare = prepare,
     .measure = measure,

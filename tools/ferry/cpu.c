@@ -301,13 +301,18 @@ static int cpu_handle(bench_worker *w, const bench_msg *m)
 
 const gpu_mode_ops cpu_ops = {
     .needs = NEED_WORD | NEED_FLAGS,
-    .defaults = {.pool_size = 64ll << 20,
-                 .item_size = 4096,
-                 .max_inflight = 1024,
-                 .verify_every = 1,
-                 .iterations = 10000,
-                 .warmup = 100,
-                 .reclaim_interval_us = 1000},
+    .defaults =
+        {
+            GPU_DEFAULTS,
+            .pool_size = 64ll << 20,
+            .sizes = {4096},
+            .nsizes = 1,
+            .max_inflight = 1024,
+            .verify_every = 1,
+            .iterations = 10000,
+            .warmup = 100,
+            .reclaim_interval_us = 1000,
+        },
     .row = cpu_row,
     .text = cpu_text,
     .json_row = cpu_json_row,

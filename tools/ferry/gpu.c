@@ -157,28 +157,10 @@ static uint64_t take_key(bench_run *run, uint64_t item)
     return g->key;
 }
 
-static void gpu_defaults(const bench_mode *mode, bench_opts *o)
+/* --consumer-devices with several GPUs implies one consumer each; --consumer-device D (default
+ * 0) is the shorthand of --consumer-devices D. */
+static void gpu_adjust(bench_opts *o)
 {
-    const gpu_mode_ops *ops = mode->family_ops;
-    bench_default(&o->iterations, ops->defaults.iterations);
-    bench_default(&o->warmup, ops->defaults.warmup);
-    bench_default(&o->rounds, 4);
-    bench_default(&o->items, 200);
-    bench_default(&o->verify_every, ops->defaults.verify_every);
-    bench_default(&o->floor_copies, 0); /* 0: about 4 GiB worth, 8 to 1000 copies */
-    bench_default(&o->producer_device, 0);
-    bench_default(&o->consumer_device, 0);
-    bench_default(&o->pool_size, ops->defaults.pool_size);
-    bench_default(&o->max_inflight, ops->defaults.max_inflight);
-    bench_default(&o->reclaim_interval_us, ops->defaults.reclaim_interval_us);
-    bench_default(&o->timeout_ms, 10000);
-    if (o->nsizes == 0) {
-        o->sizes[o->nsizes++] = (uint64_t)ops->defaults.item_size;
-        if (ops->defaults.item_size2)
-            o->sizes[o->nsizes++] = (uint64_t)ops->defaults.item_size2;
-    }
-    /* --consumer-devices with several GPUs implies one consumer each; --consumer-device D is
-     * the shorthand of --consumer-devices D. */
     bench_default(&o->consumers, o->ndevices > 1 ? o->ndevices : 1);
     if (o->ndevices == 0)
         o->devices[o->ndevices++] = o->consumer_device;
@@ -663,9 +645,9 @@ static int gpu_worker_handle(bench_worker *w, const bench_msg *m)
 #define GPU_MODE(mode_name, ops)                                                                   \
     {                                                                                              \
         .name = mode_name, .family = FAMILY_GPU, .progress_by_seq = 1, .family_ops = &ops,         \
-        .defaults = gpu_defaults, .check = gpu_check, .prepare = gpu_prepare,                      \
-        .measure = gpu_measure, .report_text = gpu_text, .report_json = gpu_json,                  \
-        .release = gpu_release, .worker_init = gpu_worker_init,                                    \
+        .defaults = &ops.defaults, .adjust = gpu_adjust, .check = gpu_check,                       \
+        .prepare = gpu_prepare, .measure = gpu_measure, .report_text = gpu_text,                   \
+        .report_json = gpu_json, .release = gpu_release, .worker_init = gpu_worker_init,           \
         .worker_handle = gpu_worker_handle, .worker_release = gpu_worker_release,                  \
     }
 

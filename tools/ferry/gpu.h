@@ -113,6 +113,9 @@ enum {
     NEED_QUIET_LIBRARY = 32, /* a full pool is the steady state: no library warnings */
 };
 
+/* The defaults of every GPU mode; the consumers follow --consumer-devices (gpu.c). */
+#define GPU_DEFAULTS BENCH_DEFAULTS, .consumers = BENCH_UNSET, .items = 200
+
 enum { MSG_ITEM = 8, MSG_OWN = 9 }; /* an item of the pool; the mode's own message */
 
 /* The mode's part of a GPU mode (gpu.c makes the bench_mode): what it needs, whether it has
@@ -123,10 +126,7 @@ enum { MSG_ITEM = 8, MSG_OWN = 9 }; /* an item of the pool; the mode's own messa
 typedef struct gpu_mode_ops {
     unsigned needs;
     int own_msg;
-    struct {
-        int64_t pool_size, item_size, item_size2, max_inflight, verify_every, iterations, warmup;
-        int64_t reclaim_interval_us;
-    } defaults;
+    bench_opts defaults; /* GPU_DEFAULTS and the mode's own */
     void (*prepare)(bench_run *run);
     int (*row)(bench_run *run, gpu_row *row);
     void (*text)(const bench_run *run);

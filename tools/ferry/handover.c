@@ -113,22 +113,13 @@ static uint8_t *floor_ring(const bench_region *r)
     return (uint8_t *)r->tables + r->p->table_bytes - r->p->floor_bytes;
 }
 
-static void defaults(const bench_mode *mode, bench_opts *o)
-{
-    (void)mode;
-    bench_default(&o->consumers, 4);
-    bench_default(&o->items, 2000);
-    bench_default(&o->pool_size, 256ll << 20);
-    bench_default(&o->max_inflight, 4096);
-    bench_default(&o->reclaim_interval_us, 1000);
-    bench_default(&o->timeout_ms, 10000);
-    bench_default(&o->reclaim_rounds, 300);
-    bench_default(&o->rounds, 4);
-    if (!o->nsizes) {
-        o->sizes[0] = 256ull << 10;
-        o->sizes[1] = 4ull << 20;
-    }
-}
+static const bench_opts defaults = {
+    BENCH_DEFAULTS,        .consumers = 4,
+    .items = 2000,         .sizes = {256ull << 10, 4ull << 20}, /* [lo, hi] */
+    .nsizes = 2,           .pool_size = 256ll << 20,
+    .max_inflight = 4096,  .reclaim_interval_us = 1000,
+    .reclaim_rounds = 300,
+};
 
 static int check(const bench_opts *o)
 {
@@ -606,7 +597,7 @@ static void worker_release(bench_worker *w, int clean)
 const bench_mode handover_mode = {
     .name = "handover",
     .family = FAMILY_HOST,
-    .defaults = defaults,
+    .defaults = &defaults,
     .check = check,
     .prepare = prepare,
     .measure = measure,

@@ -267,6 +267,19 @@ static int check_common(const bench_opts *o)
                                           : 0;
 }
 
+/* The mode's defaults d where the user gave nothing. */
+static void apply_defaults(const bench_opts *d, bench_opts *o)
+{
+    for (size_t i = 0; i < NSPECS; i++)
+        if (specs[i].kind == K_INT || specs[i].kind == K_SIZE)
+            bench_default((int64_t *)((char *)o + specs[i].offset),
+                          *(const int64_t *)((const char *)d + specs[i].offset));
+    if (!o->nsizes) {
+        memcpy(o->sizes, d->sizes, sizeof(o->sizes));
+        o->nsizes = d->nsizes;
+    }
+}
+
 /* Every number option unset (the mode's defaults fill them), the rest at its default. */
 static void init(bench_opts *o)
 {
@@ -302,7 +315,9 @@ int bench_parse_options(int argc, char **argv, const bench_mode *const *modes, s
             goto usage_error;
     if (pick_mode(o, family, modes, nmodes, mode) != 0)
         goto usage_error;
-    (*mode)->defaults(*mode, o);
+    apply_defaults((*mode)->defaults, o);
+    if ((*mode)->adjust)
+        (*mode)->adjust(o);
     if (check_common(o) != 0 || (*mode)->check(o) != 0)
         return CLI_EXIT_USAGE;
     return 0;

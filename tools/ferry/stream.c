@@ -340,13 +340,19 @@ static int stream_handle(bench_worker *w, const bench_msg *m)
 const gpu_mode_ops stream_ops = {
     .needs = NEED_AUX | NEED_EXPORT_REMOTE | NEED_QUIET_LIBRARY,
     .own_msg = 1,
-    .defaults = {.pool_size = 1ll << 30,
-                 .item_size = 64ll << 20,
-                 .max_inflight = 64,
-                 .verify_every = 1,
-                 .iterations = 1000,
-                 .warmup = 8,
-                 .reclaim_interval_us = 1000},
+    .defaults =
+        {
+            GPU_DEFAULTS,
+            .pool_size = 1ll << 30,
+            .sizes = {64ull << 20},
+            .nsizes = 1,
+            .max_inflight = 64,
+            .verify_every = 1,
+            .iterations = 1000,
+            .warmup = 8,
+            .floor_copies = 0, /* about 4 GiB worth, 8 to 1000 copies */
+            .reclaim_interval_us = 1000,
+        },
     .prepare = stream_prepare,
     .row = stream_row,
     .text = stream_text,
