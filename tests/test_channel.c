@@ -617,6 +617,12 @@ static void test_bad_input(void **state)
     assert_int_equal(ferry_consumer_connect("ferry:0123456789abcdef0123456789abcdef", 0, -1, &c),
                      FERRY_PRODUCER_GONE);
     assert_null(c);
+    /* the cause once, after the address (it was formatted over itself) */
+    const char *want = "no pool serves ferry:0123456789abcdef0123456789abcdef (its producer "
+                       "closed it or exited): ";
+    const char *gone = ferry_last_error();
+    assert_memory_equal(gone, want, strlen(want));
+    assert_null(strstr(gone + strlen(want), "no pool serves"));
     ferry_pool *pool = make_pool(2, 4);
     char addr[FERRY_ADDRESS_SIZE];
     char small[8];

@@ -4,6 +4,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -12,6 +13,7 @@
 
 #include <cmocka.h>
 
+#include "common/error.h"
 #include "ferry.h"
 
 static ferry_pool_config base_config(void)
@@ -236,13 +238,33 @@ static void test_clock_and_futex(void **state)
     munmap(word, 4096);
 }
 
+/* An error message may quote the one before it: ferry__fail formats aside, so that
+ * ferry_last_error() as an argument is not overwritten while it is read. */
+static void test_error_quotes_the_last(void **state)
+{
+    (void)state;
+    int64_t share;
+    assert_int_equal(ferry_split_budget(0, 4, &share), FERRY_INVALID_ARGUMENT);
+    char first[256];
+    snprintf(first, sizeof(first), "%s", ferry_last_error());
+    assert_int_equal(ferry__fail(FERRY_TIMEOUT, "outer (%s): %s", "x", ferry_last_error()),
+                     FERRY_TIMEOUT);
+    char want[300];
+    snprintf(want, sizeof(want), "outer (x): %s", first);
+    assert_string_equal(ferry_last_error(), want);
+    assert_int_equal(ferry__fail_errno(FERRY_SYSTEM, 2, "again: %s", ferry_last_error()),
+                     FERRY_SYSTEM);
+    snprintf(want, sizeof(want), "again: outer (x): %s: %s", first, strerror(2));
+    assert_string_equal(ferry_last_error(), want);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_non_positive_fields), cmocka_unit_test(test_too_small_after_control),
         cmocka_unit_test(test_struct_and_limits),   cmocka_unit_test(test_gpu_backends),
         cmocka_unit_test(test_split_budget),        cmocka_unit_test(test_status_table),
-        cmocka_unit_test(test_clock_and_futex),
+        cmocka_unit_test(test_clock_and_futex),     cmocka_unit_test(test_error_quotes_the_last),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

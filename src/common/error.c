@@ -62,25 +62,29 @@ void ferry__clear_error(void)
     last_error[0] = '\0';
 }
 
+/* The message is formatted aside, then copied: an argument may be ferry_last_error() itself. */
 ferry_status ferry__fail(ferry_status status, const char *fmt, ...)
 {
+    char text[FERRY_ERROR_MAX];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(last_error, sizeof(last_error), fmt, ap);
+    vsnprintf(text, sizeof(text), fmt, ap);
     va_end(ap);
+    memcpy(last_error, text, strlen(text) + 1);
     return status;
 }
 
 ferry_status ferry__fail_errno(ferry_status status, int err, const char *fmt, ...)
 {
-    char errbuf[128];
+    char errbuf[128], text[FERRY_ERROR_MAX];
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(last_error, sizeof(last_error), fmt, ap);
+    int n = vsnprintf(text, sizeof(text), fmt, ap);
     va_end(ap);
-    if (n >= 0 && (size_t)n < sizeof(last_error))
-        snprintf(last_error + n, sizeof(last_error) - (size_t)n, ": %s",
+    if (n >= 0 && (size_t)n < sizeof(text))
+        snprintf(text + n, sizeof(text) - (size_t)n, ": %s",
                  strerror_r(err, errbuf, sizeof(errbuf)));
+    memcpy(last_error, text, strlen(text) + 1);
     return status;
 }
 

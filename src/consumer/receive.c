@@ -60,10 +60,8 @@ static ferry_status describe(const uint8_t name[16], const char *address, uint64
     ferry_status st = ferry__broker_describe(name, "pool broker",
                                              deadline > now ? deadline - now : 0, buf, &ppid);
     if (st == FERRY_PRODUCER_GONE)
-        return ferry__fail(FERRY_PRODUCER_GONE,
-                           "no pool serves %s (its producer closed it or "
-                           "exited): %s",
-                           address, ferry_last_error());
+        return ferry__fail_wrap(FERRY_PRODUCER_GONE,
+                                "no pool serves %s (its producer closed it or exited)", address);
     if (st != FERRY_OK)
         return st;
     st = ferry_descriptor_decode(buf, sizeof(buf), d);
