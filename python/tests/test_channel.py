@@ -360,8 +360,11 @@ def test_bad_input():
     with pytest.raises(ValueError, match="'nope' is not a ferry address") as info:
         ferry.connect("nope", 0)
     assert info.value.status == "INVALID_ARGUMENT"
-    with pytest.raises(ferry.ProducerGone):
+    with pytest.raises(ferry.ProducerGone) as gone:
         ferry.connect("ferry:" + "0" * 32, 0)
+    # the address and the cause, once each
+    assert str(gone.value).count("no pool serves") == 1
+    assert "pool broker is not reachable" in str(gone.value)
     with pytest.raises(ValueError, match="power of two"):
         ferry.Pool("1MiB", 1, channel_depth=3)
     with pytest.raises(ValueError):
