@@ -167,6 +167,10 @@ FERRY_API const char *ferry_backend_name(ferry_backend backend);
 /* Parses a backend name; INVALID_ARGUMENT for an unknown one. */
 FERRY_API ferry_status ferry_backend_parse(const char *name, ferry_backend *backend);
 
+/* 1 when the pools of backend keep their data in GPU memory (cuda_ipc, cuda_vmm); 0 for
+ * host, for auto (decided at create) and for an unknown value. */
+FERRY_API int ferry_backend_uses_gpu(ferry_backend backend);
+
 /* The decoded form of a descriptor. One descriptor names one tensor inside one lease; the
  * tensors of a multi-tensor publish share slot and generation. */
 typedef struct ferry_descriptor {

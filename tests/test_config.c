@@ -238,6 +238,21 @@ static void test_clock_and_futex(void **state)
     munmap(word, 4096);
 }
 
+/* Whether a backend's pools live in GPU memory, answered by the transports; a query that
+ * leaves the last error as it was. */
+static void test_backend_uses_gpu(void **state)
+{
+    (void)state;
+    ferry__fail(FERRY_TIMEOUT, "before");
+    assert_int_equal(ferry_backend_uses_gpu(FERRY_BACKEND_HOST), 0);
+    assert_int_equal(ferry_backend_uses_gpu(FERRY_BACKEND_AUTO), 0);
+    assert_int_equal(ferry_backend_uses_gpu(FERRY_BACKEND_CUDA_IPC), 1);
+    assert_int_equal(ferry_backend_uses_gpu(FERRY_BACKEND_CUDA_VMM), 1);
+    assert_int_equal(ferry_backend_uses_gpu((ferry_backend)99), 0);
+    assert_int_equal(ferry_backend_uses_gpu((ferry_backend)-1), 0);
+    assert_string_equal(ferry_last_error(), "before");
+}
+
 /* An error message may quote the one before it: ferry__fail formats aside, so that
  * ferry_last_error() as an argument is not overwritten while it is read. */
 static void test_error_quotes_the_last(void **state)
@@ -265,6 +280,7 @@ int main(void)
         cmocka_unit_test(test_struct_and_limits),   cmocka_unit_test(test_gpu_backends),
         cmocka_unit_test(test_split_budget),        cmocka_unit_test(test_status_table),
         cmocka_unit_test(test_clock_and_futex),     cmocka_unit_test(test_error_quotes_the_last),
+        cmocka_unit_test(test_backend_uses_gpu),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

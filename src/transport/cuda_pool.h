@@ -95,7 +95,7 @@ ferry_status ferry__cuda_view_enqueue_store(ferry__mapped_pool *p, int device, u
 /* The entries every GPU transport's ops table shares: the producer's data path and the
  * whole consumer side. */
 #define FERRY_CUDA_SHARED_OPS                                                                      \
-    .device_placement = 1, .space_poll_ns = 20000ull, .copy_in = ferry__cuda_copy_in,             \
+    .gpu = 1, .device_placement = 1, .space_poll_ns = 20000ull, .copy_in = ferry__cuda_copy_in,             \
     .mark_ready = ferry__cuda_mark_ready, .write_words = ferry__cuda_write_words,                 \
     .sync_control = ferry__cuda_sync_control, .slice_ptr = ferry__cuda_slice_ptr,                 \
     FERRY_CUDA_VIEW_OPS

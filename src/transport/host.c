@@ -311,6 +311,7 @@ const ferry__transport_ops ferry__host_transport = {
     .name = "host",
     .pool_name = "host",
     .backend = FERRY_BACKEND_HOST,
+    .gpu = 0,
     .device_placement = 0,
     .rounds_size = 0,
     .space_poll_ns = 100000000ull,
@@ -353,6 +354,14 @@ ferry_status ferry__transport_of(uint32_t backend, const ferry__transport_ops **
     default:
         return ferry__fail(FERRY_MISMATCH, "pool has unknown backend %u", backend);
     }
+}
+
+int ferry_backend_uses_gpu(ferry_backend backend)
+{
+    const ferry__transport_ops *ops;
+    if (backend < FERRY_BACKEND_HOST || backend > FERRY_BACKEND_CUDA_VMM) /* auto, unknown */
+        return 0;
+    return ferry__transport_of((uint32_t)backend, &ops) == FERRY_OK && ops->gpu;
 }
 
 ferry_status ferry__transport_select(ferry_backend backend, const ferry__transport_ops **ops)

@@ -37,6 +37,8 @@ typedef struct ferry__transport_ops {
     const char *name;      /* "host", "CUDA IPC", "CUDA VMM": used in messages */
     const char *pool_name; /* in "<pool_name> pool failed" / "... is closing" */
     ferry_backend backend;
+    /* 1 if the pool's data is GPU memory (ferry_backend_uses_gpu). */
+    int gpu;
     /* 1 if create rounds memory_size (the engine checks the control metadata afterwards). */
     int rounds_size;
     /* 1 if the control words may live in the device pool (FERRY_CONTROL_DEVICE). */

@@ -307,9 +307,7 @@ int bench_parse_options(int argc, char **argv, const bench_mode *const *modes, s
         usage("--backend %s: %s", o->backend_name, ferry_last_error());
         goto usage_error;
     }
-    unsigned family = o->backend == FERRY_BACKEND_CUDA_IPC || o->backend == FERRY_BACKEND_CUDA_VMM
-                          ? FAMILY_GPU
-                          : FAMILY_HOST;
+    unsigned family = ferry_backend_uses_gpu(o->backend) ? FAMILY_GPU : FAMILY_HOST;
     for (int i = 1; i < argc; i++)
         if (parse_one(argc, argv, &i, family, o) != 0)
             goto usage_error;
