@@ -116,6 +116,11 @@ uint64_t fy_wait_slice(const fy_wait *w);
 /* After a slice ran out: 1 to wait on, 0 once the whole wait is over, -1 with the exception
  * of a signal handler (KeyboardInterrupt). */
 int fy_wait_next(fy_wait *w);
+/* Runs call(ctx, slice_ns) without the GIL, one slice of w after the other, while it answers
+ * TIMEOUT: 0 with its last answer in *status, or -1 with the exception of a signal handler
+ * (KeyboardInterrupt). */
+int fy_wait_call(fy_wait *w, ferry_status (*call)(void *ctx, uint64_t slice_ns), void *ctx,
+                 ferry_status *status);
 
 /* ---- dtype.c -------------------------------------------------------------------------- */
 

@@ -322,26 +322,21 @@ static void drain_message(char *text, size_t size, const char *message, uint64_t
              ms);
 }
 
+static ferry_status drain_slice(void *pool, uint64_t slice_ns)
+{
+    return ferry_pool_drain(pool, slice_ns);
+}
+
 /* ferry_pool_drain for up to ns, in slices: 0 with *status (and the exception's message in
  * text for TIMEOUT), or -1 with the exception of a signal handler (KeyboardInterrupt). */
 static int drain_sliced(fy_pool *self, uint64_t ns, ferry_status *status, char *text, size_t size)
 {
     fy_wait w;
-    ferry_status st;
     fy_wait_start(&w, ns);
-    for (;;) {
-        uint64_t slice = fy_wait_slice(&w);
-        Py_BEGIN_ALLOW_THREADS st = ferry_pool_drain(self->pool, slice);
-        Py_END_ALLOW_THREADS if (st != FERRY_TIMEOUT) break;
-        int more = fy_wait_next(&w);
-        if (more < 0)
-            return -1;
-        if (more == 0)
-            break;
-    }
-    if (st == FERRY_TIMEOUT)
+    if (fy_wait_call(&w, drain_slice, self->pool, status) < 0)
+        return -1;
+    if (*status == FERRY_TIMEOUT)
         drain_message(text, size, ferry_last_error(), ns);
-    *status = st;
     return 0;
 }
 

@@ -233,26 +233,20 @@ static ferry_status run(recv_call *c, uint64_t wait_ns)
     return st;
 }
 
+static ferry_status run_slice(void *c, uint64_t slice_ns)
+{
+    return run(c, slice_ns);
+}
+
 /* run, waiting in slices: returns -1 with the exception of a signal handler (nothing was
  * read or acknowledged), else 0 with *status. */
 static int run_sliced(recv_call *c, ferry_status *status)
 {
     fy_wait w;
-    ferry_status st;
     fy_wait_start(&w, c->timeout_ns);
-    for (;;) {
-        uint64_t slice = fy_wait_slice(&w);
-        Py_BEGIN_ALLOW_THREADS st = run(c, slice);
-        Py_END_ALLOW_THREADS if (st != FERRY_TIMEOUT) break;
-        int more = fy_wait_next(&w);
-        if (more < 0)
-            return -1;
-        if (more == 0)
-            break;
-    }
+    int rc = fy_wait_call(&w, run_slice, c, status);
     c->sliced = w.sliced;
-    *status = st;
-    return 0;
+    return rc;
 }
 
 /* ---- arguments and results ------------------------------------------------------------ */

@@ -35,3 +35,21 @@ int fy_wait_next(fy_wait *w)
     w->sliced = 1;
     return 1;
 }
+
+int fy_wait_call(fy_wait *w, ferry_status (*call)(void *ctx, uint64_t slice_ns), void *ctx,
+                 ferry_status *status)
+{
+    for (;;) {
+        uint64_t slice = fy_wait_slice(w);
+        ferry_status st;
+        Py_BEGIN_ALLOW_THREADS
+        st = call(ctx, slice);
+        Py_END_ALLOW_THREADS
+        *status = st;
+        if (st != FERRY_TIMEOUT)
+            return 0;
+        int more = fy_wait_next(w);
+        if (more <= 0)
+            return more;
+    }
+}
