@@ -33,6 +33,9 @@ uint64_t cli_thread_cpu_ns(void);
 void cli_sleep_ns(uint64_t ns);
 
 uint64_t cli_mix64(uint64_t x); /* splitmix64's finaliser */
+/* Bytes [off, off + len) of the payload pattern keyed by (seed, key): byte at is byte at % 8 of
+ * word at / 8 of a splitmix64 stream. Every mode's payloads are made of it. */
+void cli_pattern_fill(uint8_t *buf, uint64_t off, uint64_t len, uint64_t seed, uint64_t key);
 /* p50 and p99 (nearest rank) of ns_values, sorted in place, in microseconds; NAN if n == 0. */
 void cli_p50_p99_us(uint64_t *ns_values, size_t n, double *p50_us, double *p99_us);
 /* "key": v with three decimals (null when not finite), then after. */

@@ -32,15 +32,6 @@ typedef struct channel_run {
 
 #define CH(run) ((channel_run *)(run)->state)
 
-/* The item's bytes: word 0 is its number, the rest a pattern of the seed. */
-static void pattern(uint8_t *buf, uint64_t size, uint64_t seed)
-{
-    for (uint64_t off = 0; off < size; off += 8) {
-        uint64_t w = cli_mix64(seed ^ off);
-        memcpy(buf + off, &w, size - off < 8 ? size - off : 8);
-    }
-}
-
 static const bench_opts defaults = {
     BENCH_DEFAULTS,      .consumers = 1,
     .items = 2000,       .sizes = {4096, 4096}, /* [lo, hi]: one size */
@@ -78,7 +69,7 @@ static int prepare(bench_run *run)
         c->lat[k] = calloc(n, sizeof(uint64_t));
     if (!c->src || !c->lat[0] || !c->lat[1] || !c->lat[2])
         return run_fail(run, "out of memory for %llu items", (unsigned long long)n);
-    pattern(c->src, size, run->opt->seed);
+    cli_pattern_fill(c->src, 0, size, run->opt->seed, 0); /* word 0 becomes the item number */
     run->params.size_lo = run->params.size_hi = size;
     run->params.items = n;
     run->params.table_bytes = (size + 63) & ~63ull; /* the floor's slot */
@@ -236,7 +227,7 @@ static int worker_init(bench_worker *w)
     s->want = malloc(size);
     if (!s->buf || !s->want)
         return worker_fail(w, "out of memory for the item buffers");
-    pattern(s->want, size, w->p.seed);
+    cli_pattern_fill(s->want, 0, size, w->p.seed, 0);
     if (ferry_consumer_connect(w->p.address, w->rank, -1, &s->consumer) != FERRY_OK)
         return worker_fail(w, "ferry_consumer_connect %s: %s", w->p.address, ferry_last_error());
     return 0;

@@ -111,23 +111,6 @@ static CUresult cu_register_flags(bench_region *r, CUdeviceptr *dev)
     return rc;
 }
 
-static uint64_t pattern_word(uint64_t seed, uint64_t key, uint64_t index)
-{
-    return cli_mix64(cli_mix64(seed ^ cli_mix64(key + 0x6b657967707531ull)) + index * GOLDEN);
-}
-
-/* Byte off of pattern key is byte off % 8 of word off / 8 of a splitmix64 stream keyed by
- * (seed, key). */
-static void pattern_fill(uint8_t *buf, uint64_t off, uint64_t len, uint64_t seed, uint64_t key)
-{
-    for (uint64_t i = 0; i < len;) {
-        uint64_t at = off + i, w = pattern_word(seed, key, at / 8), skip = at % 8;
-        uint64_t n = 8 - skip < len - i ? 8 - skip : len - i;
-        memcpy(buf + i, (const uint8_t *)&w + skip, n);
-        i += n;
-    }
-}
-
 /* -1 when buf matches bytes [off, off + len) of pattern key, else the first offset that
  * differs. */
 static int64_t pattern_check(const uint8_t *buf, uint64_t off, uint64_t len, uint64_t seed,
@@ -136,7 +119,7 @@ static int64_t pattern_check(const uint8_t *buf, uint64_t off, uint64_t len, uin
     uint8_t expect[CHECK_CHUNK];
     for (uint64_t i = 0; i < len; i += CHECK_CHUNK) {
         uint64_t n = len - i < CHECK_CHUNK ? len - i : CHECK_CHUNK, k = 0;
-        pattern_fill(expect, off + i, n, seed, key);
+        cli_pattern_fill(expect, off + i, n, seed, key);
         if (memcmp(buf + i, expect, n) == 0)
             continue;
         while (buf[i + k] == expect[k])
@@ -289,7 +272,7 @@ static CUresult fill_device(CUdeviceptr dst, uint64_t bytes, uint64_t seed, uint
     CUresult rc = buf ? CUDA_SUCCESS : 2; /* CUDA_ERROR_OUT_OF_MEMORY */
     for (uint64_t off = 0; rc == CUDA_SUCCESS && off < bytes; off += stage) {
         uint64_t n = bytes - off < stage ? bytes - off : stage;
-        pattern_fill(buf, off, n, seed, key);
+        cli_pattern_fill(buf, off, n, seed, key);
         rc = cu->cuMemcpy(dst + off, (CUdeviceptr)(uintptr_t)buf, n);
     }
     free(buf);

@@ -59,11 +59,8 @@ static uint8_t *patterns_create(const bench_params *p)
 {
     uint64_t stride = align64(p->size_hi);
     uint8_t *ring = aligned_alloc(64, p->ring * stride);
-    for (uint64_t k = 0; ring && k < p->ring; k++) {
-        uint64_t state = cli_mix64(p->seed ^ cli_mix64(k + 0xba5eull));
-        for (uint64_t off = 0; off < p->size_hi; off += 8)
-            put_word(ring + k * stride, off, p->size_hi, cli_mix64(state += GOLDEN));
-    }
+    for (uint64_t k = 0; ring && k < p->ring; k++)
+        cli_pattern_fill(ring + k * stride, 0, p->size_hi, p->seed, k);
     return ring;
 }
 

@@ -134,6 +134,17 @@ void cli_sleep_ns(uint64_t ns)
         ts = rem;
 }
 
+void cli_pattern_fill(uint8_t *buf, uint64_t off, uint64_t len, uint64_t seed, uint64_t key)
+{
+    uint64_t base = cli_mix64(seed ^ cli_mix64(key + 0x6b657967707531ull));
+    for (uint64_t i = 0; i < len;) {
+        uint64_t at = off + i, w = cli_mix64(base + at / 8 * 0x9e3779b97f4a7c15ull);
+        uint64_t skip = at % 8, n = 8 - skip < len - i ? 8 - skip : len - i;
+        memcpy(buf + i, (const uint8_t *)&w + skip, n);
+        i += n;
+    }
+}
+
 uint64_t cli_mix64(uint64_t x)
 {
     x += 0x9e3779b97f4a7c15ull;
