@@ -1,0 +1,207 @@
+/* Loading UCX at run time, and the one way ferry makes a UCP context and worker. */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/error.h"
+#include "remote/ucx.h"
+
+/* The oldest UCX with every call ferry makes (ucp_am_send_nbx, ucp_get_nbx). */
+#define FERRY_UCX_MIN_MAJOR 1
+#define FERRY_UCX_MIN_MINOR 10
+
+static ferry__ucx ucx_table;
+static ferry_status ucx_status = FERRY_OK;
+static char ucx_error[512];
+static pthread_once_t ucx_once = PTHREAD_ONCE_INIT;
+
+static const struct entry {
+    const char *name;
+    size_t offset;
+} entries[] = {
+#define FERRY_UCX_ENTRY_(name, ret, params) {#name, offsetof(ferry__ucx, name)},
+    FERRY_UCX_FUNCTIONS(FERRY_UCX_ENTRY_)
+#undef FERRY_UCX_ENTRY_
+};
+
+static void load_failed(const char *why)
+{
+    snprintf(ucx_error, sizeof(ucx_error), "remote pools need UCX: %s", why);
+    ucx_status = FERRY_NOT_SUPPORTED;
+}
+
+static int resolve_all(ferry__ucx *u)
+{
+    for (size_t i = 0; i < sizeof(entries) / sizeof(entries[0]); i++) {
+        void *fn = dlsym(u->library, entries[i].name);
+        if (!fn) {
+            char why[400];
+            snprintf(why, sizeof(why), "%.200s lacks %s", u->path, entries[i].name);
+            load_failed(why);
+            return -1;
+        }
+        memcpy((char *)u + entries[i].offset, &fn, sizeof(fn));
+    }
+    return 0;
+}
+
+static void ucx_load(void)
+{
+    ferry__ucx *u = &ucx_table;
+    const char *path = getenv("FERRY_UCX_LIBRARY");
+    if (!path || !*path)
+        path = "libucp.so.0";
+    snprintf(u->path, sizeof(u->path), "%s", path);
+    u->library = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!u->library) {
+        const char *why = dlerror();
+        load_failed(why ? why : path);
+        return;
+    }
+    if (resolve_all(u) != 0)
+        goto close_library;
+    u->ucp_get_version(&u->major, &u->minor, &u->release);
+    if (u->major < FERRY_UCX_MIN_MAJOR ||
+        (u->major == FERRY_UCX_MIN_MAJOR && u->minor < FERRY_UCX_MIN_MINOR)) {
+        char why[400];
+        snprintf(why, sizeof(why), "%.200s is UCX %u.%u.%u; ferry needs %d.%d or newer", u->path,
+                 u->major, u->minor, u->release, FERRY_UCX_MIN_MAJOR, FERRY_UCX_MIN_MINOR);
+        load_failed(why);
+        goto close_library;
+    }
+    return;
+close_library:
+    dlclose(u->library);
+    memset(u, 0, sizeof(*u));
+}
+
+ferry_status ferry__ucx_get(const ferry__ucx **ucx)
+{
+    pthread_once(&ucx_once, ucx_load);
+    if (ucx_status != FERRY_OK)
+        return ferry__fail(ucx_status, "%s", ucx_error);
+    *ucx = &ucx_table;
+    return FERRY_OK;
+}
+
+ferry_status ferry__ucx_fail(const ferry__ucx *ucx, const char *call, ucs_status_t status)
+{
+    const char *text = ucx->ucs_status_string(status);
+    return ferry__fail(status == UCS_ERR_NO_MEMORY ? FERRY_NO_MEMORY : FERRY_SYSTEM,
+                       "%s failed: %s (%d)", call, text ? text : "unknown UCX status", status);
+}
+
+#define UCX_TRY(u, fn, args)                                                                       \
+    do {                                                                                           \
+        ucs_status_t ferry_ucx_rc_ = (u)->fn args;                                                 \
+        if (ferry_ucx_rc_ != UCS_OK) {                                                             \
+            st = ferry__ucx_fail((u), #fn, ferry_ucx_rc_);                                         \
+            goto fail;                                                                             \
+        }                                                                                          \
+    } while (0)
+
+ferry_status ferry__ucx_node_open(ferry__ucx_node *node, const char *name)
+{
+    const ferry__ucx *u;
+    ucp_config_t *config = NULL;
+    memset(node, 0, sizeof(*node));
+    node->efd = -1;
+    ferry_status st = ferry__ucx_get(&u);
+    if (st != FERRY_OK)
+        return st;
+    node->ucx = u;
+    ucp_params_t params = {
+        .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME,
+        .features = UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP,
+        .name = name,
+    };
+    UCX_TRY(u, ucp_config_read, (NULL, NULL, &config));
+    UCX_TRY(u, ucp_init_version,
+            (FERRY_UCX_MIN_MAJOR, FERRY_UCX_MIN_MINOR, &params, config, &node->context));
+    ucp_worker_params_t wp = {
+        .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+        .thread_mode = UCS_THREAD_MODE_SERIALIZED,
+    };
+    UCX_TRY(u, ucp_worker_create, (node->context, &wp, &node->worker));
+    UCX_TRY(u, ucp_worker_get_efd, (node->worker, &node->efd));
+    UCX_TRY(u, ucp_worker_get_address, (node->worker, &node->address, &node->address_len));
+    u->ucp_config_release(config);
+    return FERRY_OK;
+fail:
+    if (config)
+        u->ucp_config_release(config);
+    ferry__ucx_node_close(node);
+    return st;
+}
+
+void ferry__ucx_node_close(ferry__ucx_node *node)
+{
+    const ferry__ucx *u = node->ucx;
+    if (!u)
+        return;
+    if (node->address)
+        u->ucp_worker_release_address(node->worker, node->address);
+    if (node->worker)
+        u->ucp_worker_destroy(node->worker);
+    if (node->context)
+        u->ucp_cleanup(node->context);
+    memset(node, 0, sizeof(*node));
+    node->efd = -1;
+}
+
+void ferry__ucx_node_drain(ferry__ucx_node *node)
+{
+    const ferry__ucx *u = node->ucx;
+    for (;;) {
+        while (u->ucp_worker_progress(node->worker)) {
+        }
+        if (u->ucp_worker_arm(node->worker) != UCS_ERR_BUSY)
+            return;
+    }
+}
+
+/* The transports of the endpoint's lanes that carry remote memory access ("rma" in UCX's
+ * lane description), and those of all its lanes. */
+static void scan_lanes(char *text, char *rma, size_t rma_size, char *all, size_t all_size)
+{
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        char *lane = strstr(line, "lane[");
+        char *colon = lane ? strstr(lane, ":  ") : NULL;
+        if (!colon)
+            continue;
+        char tl[64] = "";
+        /* "lane[0]:  1:tcp/lo.0 md[1] -> ... am am_bw#0 rma_bw#0 keepalive" */
+        if (sscanf(colon + 3, "%*[0-9]:%63s", tl) != 1)
+            continue;
+        int carries_rma = strstr(colon, " rma") != NULL;
+        char *dst = carries_rma ? rma : all;
+        size_t size = carries_rma ? rma_size : all_size;
+        if (strstr(dst, tl))
+            continue;
+        size_t used = strlen(dst);
+        snprintf(dst + used, size - used, "%s%s", used ? ", " : "", tl);
+    }
+}
+
+void ferry__ucx_ep_rma_path(ferry__ucx_node *node, ucp_ep_h ep, char *buf, size_t size,
+                            int *emulated)
+{
+    char *text = NULL;
+    size_t len = 0;
+    char rma[256] = "", all[256] = "";
+    FILE *f = open_memstream(&text, &len);
+    if (f) {
+        node->ucx->ucp_ep_print_info(ep, f);
+        fclose(f);
+    }
+    if (text)
+        scan_lanes(text, rma, sizeof(rma), all, sizeof(all));
+    free(text);
+    *emulated = rma[0] == '\0';
+    if (*emulated)
+        snprintf(buf, size, "emulated over active messages (%s)", all[0] ? all : "unknown lanes");
+    else
+        snprintf(buf, size, "native RMA over %s", rma);
+}
