@@ -66,15 +66,17 @@ bench: all
 	./$(BUILD)/ferry bench --backend host --consumers 4 --items 2000 --item-size 256KiB-4MiB $(BENCH_ARGS)
 	./$(BUILD)/ferry-alloc-bench
 
-# libFuzzer over the descriptor decoder (clang): make fuzz FUZZ_SECONDS=60
+# libFuzzer over the descriptor decoder and the remote wire format's decoders (clang), each
+# for FUZZ_SECONDS: make fuzz FUZZ_SECONDS=60
 FUZZ_SECONDS ?= 30
 fuzz:
 	@scripts/install-deps --fuzz
 	$(CMAKE) -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=Debug \
 	  -DFERRY_SANITIZE=address,undefined -DFERRY_FUZZ=ON
-	$(CMAKE) --build build-fuzz -j $(JOBS) --target fuzz_descriptor
-	mkdir -p build-fuzz/corpus && ./build-fuzz/tests/fuzz_descriptor build-fuzz/corpus \
-	  tests/corpus/descriptor -max_total_time=$(FUZZ_SECONDS)
+	$(CMAKE) --build build-fuzz -j $(JOBS) --target fuzz_descriptor fuzz_remote
+	@set -e; for t in descriptor remote; do mkdir -p build-fuzz/corpus-$$t; \
+	  ./build-fuzz/tests/fuzz_$$t build-fuzz/corpus-$$t tests/corpus/$$t \
+	    -max_total_time=$(FUZZ_SECONDS); done
 
 format:
 	clang-format -i include/*.h src/*/*.[ch] tools/*/*.[ch] tests/*.[ch] bench/*.c examples/c/*.c

@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""Writes the seed corpus of the remote wire format's fuzz target (tests/corpus/remote/).
+
+Each file is one byte that tests/fuzz_remote.c reads as an active-message payload length (in
+units of 16 bytes), then the message. The encoder here is independent of the C one
+(docs/wire-format.md, "Remote consumers", is the contract): tests/test_remote_wire.c checks
+that every valid-* file decodes and every invalid-* file is refused.
+
+Usage: scripts/gen-remote-corpus.py [OUTDIR]     (default: tests/corpus/remote)
+"""
+
+import os
+import struct
+import sys
+
+MAGIC = 0x55595246  # "FRYU"
+
+
+def pad8(b):
+    return b + bytes(-len(b) % 8)
+
+
+def header(kind, size, version=1, reserved=0):
+    return struct.pack("<IHHII", MAGIC, version, kind, size, reserved)
+
+
+def hello(rank=1, worker=bytes(range(1, 80)), host=b"encoder-0", secret=bytes(range(16)),
+          pool=bytes(range(0xA0, 0xB0)), reserved=0, size=None):
+    body = secret + pool + struct.pack("<IIII", rank, 4242, len(worker), reserved)
+    body += host.ljust(64, b"\0") + pad8(worker)
+    n = 16 + len(body) if size is None else size
+    return header(1, n) + body
+
+
+def pool_descriptor():
+    # A valid pool-only descriptor is not needed by the decoder: 256 opaque bytes.
+    return bytes(range(256))
+
+
+def welcome(worker=bytes(range(3, 90)), rkeys=(bytes(10), b""), flags=0, depth=64,
+            timeout=5000, sizes=(1 << 20, 0), size=None):
+    fixed = struct.pack("<IIQIIII", 7 | (1 << 16), 4242, 0x1122334455667788, timeout, depth,
+                        flags, 0)
+    fixed += struct.pack("<QQQQ", 0x7F0000000000, 0, sizes[0], sizes[1])
+    fixed += struct.pack("<QQQQ", 256, 512, 4096, 8192)
+    fixed += struct.pack("<IIII", len(worker), len(rkeys[0]), len(rkeys[1]), 0)
+    fixed += pool_descriptor()
+    body = fixed + pad8(worker) + pad8(rkeys[0]) + pad8(rkeys[1])
+    n = 16 + len(body) if size is None else size
+    return header(2, n) + body
+
+
+def refuse(status=15, rank=3, holder=0):
+    return header(3, 32) + struct.pack("<IIII", status, rank, holder, 0)
+
+
+def am(kind, flags=0, body=bytes(16)):
+    return struct.pack("<HHIQ", kind, flags, 9 | (1 << 16), 0xAABBCCDDEEFF0011) + body
+
+
+def files():
+    ack = struct.pack("<IIII", 5, 3, 0, 2)
+    yield "valid-hello", 0, hello()
+    yield "valid-welcome", 0, welcome()
+    yield "valid-welcome-gpu", 0, welcome(rkeys=(bytes(10), bytes(40)), flags=3,
+                                          sizes=(1 << 20, 1 << 30))
+    yield "valid-refuse", 0, refuse()
+    yield "valid-am-desc", 16, am(1, body=struct.pack("<QQ", 4096, 96))
+    yield "valid-am-ack", 0, am(2, body=ack)
+    yield "valid-am-taken", 0, am(3, body=struct.pack("<I12x", 17))
+    yield "valid-am-info", 2, am(4, flags=1)
+    yield "invalid-empty", 0, b""
+    yield "invalid-hello-magic", 0, b"X" + hello()[1:]
+    yield "invalid-hello-version", 0, header(1, 208, version=2) + hello()[16:]
+    yield "invalid-hello-reserved", 0, hello(reserved=1)
+    yield "invalid-hello-size", 0, hello(size=4000)
+    yield "invalid-hello-truncated", 0, hello()[:100]
+    yield "invalid-hello-no-worker", 0, hello(worker=b"")
+    yield "invalid-hello-host", 0, hello(host=b"bad host")
+    yield "invalid-welcome-flags", 0, welcome(flags=4)
+    yield "invalid-welcome-depth", 0, welcome(depth=3)
+    yield "invalid-welcome-region", 0, welcome(flags=1)
+    yield "invalid-welcome-truncated", 0, welcome()[:-8]
+    yield "invalid-refuse-ok", 0, refuse(status=0)
+    yield "invalid-am-desc-partial", 1, am(1, body=struct.pack("<QQ", 0, 96))
+    yield "invalid-am-ack-payload", 16, am(2, body=ack)
+    yield "invalid-am-taken-reserved", 0, am(3, body=struct.pack("<I4xQ", 1, 1))
+    yield "invalid-am-type", 0, am(9)
+
+
+def main():
+    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(
+        os.path.dirname(__file__), "..", "tests", "corpus", "remote")
+    os.makedirs(out, exist_ok=True)
+    for name, payload, msg in files():
+        with open(os.path.join(out, name + ".bin"), "wb") as f:
+            f.write(bytes([payload]) + msg)
+
+
+if __name__ == "__main__":
+    main()

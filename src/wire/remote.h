@@ -1,0 +1,148 @@
+/* The remote wire format (docs/wire-format.md, "Remote consumers"): the bootstrap messages a
+ * remote consumer and a producer exchange over TCP (HELLO, WELCOME, REFUSE), and the headers
+ * of the UCX active messages that carry descriptors and acknowledgements afterwards.
+ *
+ * Every message starts with the same 16 bytes: magic "FRYU", version, type, total size,
+ * reserved zero. Fields are fixed-width little-endian; variable parts (a UCX worker address,
+ * packed remote keys) follow the fixed part, each padded to 8 bytes, with their lengths in the
+ * fixed part. Decoders check every length against the message's size and against the bounds
+ * below before they look at a byte of it, and reject nonzero reserved fields. */
+#ifndef FERRY_WIRE_REMOTE_H
+#define FERRY_WIRE_REMOTE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ferry.h"
+
+#define FERRY_REMOTE_MAGIC   0x55595246u /* "FRYU" */
+#define FERRY_REMOTE_VERSION 1u
+#define FERRY_REMOTE_HEADER  16u
+/* The largest UCX worker address and packed remote key ferry accepts (a worker address over
+ * several RDMA devices is a few hundred bytes; keys are tens). */
+#define FERRY_REMOTE_MAX_BLOB 4096u
+/* No bootstrap message is larger. */
+#define FERRY_REMOTE_MAX_MESSAGE 16384u
+#define FERRY_REMOTE_HOST_SIZE   64u
+
+enum ferry__remote_type {
+    FERRY_REMOTE_HELLO = 1,   /* consumer -> producer, over TCP */
+    FERRY_REMOTE_WELCOME = 2, /* producer -> consumer, over TCP: admitted */
+    FERRY_REMOTE_REFUSE = 3,  /* producer -> consumer, over TCP: refused */
+};
+
+/* A consumer asks to be admitted: the secret of the pool's remote address, the pool's
+ * identity, the rank it claims, and its UCX worker's address. */
+typedef struct ferry__hello {
+    uint8_t secret[16];
+    uint8_t pool_id[16];
+    uint32_t rank;                     /* FERRY__RANK_NONE (0xFFFFFFFF): claims no rank */
+    uint32_t pid;                      /* the consumer's pid on its host (diagnostics) */
+    char host[FERRY_REMOTE_HOST_SIZE]; /* its host name (diagnostics), NUL-terminated */
+    uint32_t worker_len;
+    const uint8_t *worker; /* decode: points into the decoded buffer */
+} ferry__hello;
+
+#define FERRY_WELCOME_CONTROL_IN_POOL 0x1u /* control words are in region 2 (else region 1) */
+#define FERRY_WELCOME_DATA_IN_POOL    0x2u /* the data is in region 2 (else region 1) */
+#define FERRY_WELCOME_FLAGS_KNOWN     0x3u
+
+/* The producer admits a consumer: what it needs to read the pool with one-sided gets and to
+ * talk to the producer's UCX worker. Region 1 is the pool's shared host segment; region 2,
+ * when there is one, the device pool. Offsets are from each region's start. */
+typedef struct ferry__welcome {
+    uint32_t conn_id;        /* the connection, named in every later message */
+    uint32_t producer_pid;   /* diagnostics */
+    uint64_t token;          /* the connection's secret token, in every later message */
+    uint32_t timeout_ms;     /* the keepalive bound both sides apply to the connection */
+    uint32_t ring_depth;     /* descriptors the producer sends ahead of the consumer's takes */
+    uint32_t flags;          /* FERRY_WELCOME_* */
+    uint64_t region_addr[2]; /* remote addresses of the two regions */
+    uint64_t region_size[2]; /* their sizes (region 2: 0 when there is none) */
+    uint64_t gen_offset;     /* slot generation table, region 1 */
+    uint64_t extent_offset;  /* slot extent table, region 1 */
+    uint64_t control_offset; /* control table, region 1 or 2 */
+    uint64_t data_offset;    /* data, region 1 or 2 */
+    uint8_t pool[FERRY_DESCRIPTOR_SIZE]; /* the pool's encoded pool-only descriptor */
+    uint32_t worker_len, rkey_len[2];
+    const uint8_t *worker; /* decode: point into the decoded buffer */
+    const uint8_t *rkey[2];
+} ferry__welcome;
+
+/* The producer refuses a consumer: the status (PERMISSION for a wrong secret, MISMATCH for
+ * another pool, INVALID_ARGUMENT for a rank out of range, RANK_IN_USE, CLOSING, ...) and for
+ * RANK_IN_USE the holder's pid as the producer sees it. Nothing else is told. */
+typedef struct ferry__refuse {
+    uint32_t status;
+    uint32_t rank;
+    uint32_t holder_pid;
+} ferry__refuse;
+
+/* Bytes of a message's encoding (0 if a length is out of bounds). */
+size_t ferry__hello_size(const ferry__hello *m);
+size_t ferry__welcome_size(const ferry__welcome *m);
+#define FERRY_REFUSE_SIZE (FERRY_REMOTE_HEADER + 16u)
+
+/* Encoders write exactly the size above into out (size bytes available); INVALID_ARGUMENT if
+ * a field is out of bounds or out is too small. */
+ferry_status ferry__hello_encode(const ferry__hello *m, uint8_t *out, size_t size);
+ferry_status ferry__welcome_encode(const ferry__welcome *m, uint8_t *out, size_t size);
+ferry_status ferry__refuse_encode(const ferry__refuse *m, uint8_t *out, size_t size);
+
+/* The type and total size a message's first FERRY_REMOTE_HEADER bytes announce: MALFORMED
+ * for a bad magic, version, type, reserved bits or a size out of bounds for the type. */
+ferry_status ferry__remote_peek(const uint8_t *buf, size_t len, uint32_t *type, uint32_t *size);
+
+/* Decoders take exactly one whole message (len bytes) and fail MALFORMED, leaving *m
+ * untouched, for anything off: wrong type or size, lengths out of bounds or disagreeing with
+ * the size, nonzero padding or reserved fields, an unterminated host name. Pointers in *m
+ * point into buf. */
+ferry_status ferry__hello_decode(const uint8_t *buf, size_t len, ferry__hello *m);
+ferry_status ferry__welcome_decode(const uint8_t *buf, size_t len, ferry__welcome *m);
+ferry_status ferry__refuse_decode(const uint8_t *buf, size_t len, ferry__refuse *m);
+
+/* ---- active messages (UCX) after admission --------------------------------------------- */
+
+#define FERRY_AM_ID       0x46u /* the one UCX active-message id ferry uses */
+#define FERRY_AM_HEADER   32u
+#define FERRY_AM_MAX_INFO 256u
+
+enum ferry__am_type {
+    FERRY_AM_DESC = 1,  /* producer -> consumer: count encoded descriptors of one lease */
+    FERRY_AM_ACK = 2,   /* consumer -> producer: acknowledge a lease for ranks */
+    FERRY_AM_TAKEN = 3, /* consumer -> producer: descriptors taken so far */
+    FERRY_AM_INFO = 4,  /* consumer -> producer: how its reads go (text payload) */
+};
+
+#define FERRY_AM_ACK_WHOLE 0x1u /* every part of a packed lease at once */
+
+/* The 32-byte header of every active message. */
+typedef struct ferry__am {
+    uint16_t type;
+    uint16_t flags; /* ACK: FERRY_AM_ACK_WHOLE; INFO: 1 if reads are emulated */
+    uint32_t conn_id;
+    uint64_t token;
+    union {
+        struct { /* DESC: the lease's extent (offset, length) and the descriptor count */
+            uint64_t offset, length;
+        } desc;
+        struct { /* ACK */
+            uint32_t slot, generation, first, count;
+        } ack;
+        struct { /* TAKEN: descriptors taken since admission (mod 2^32) */
+            uint32_t taken;
+        } taken;
+    } u;
+} ferry__am;
+
+void ferry__am_encode(const ferry__am *m, uint8_t out[FERRY_AM_HEADER]);
+
+/* MALFORMED unless len is FERRY_AM_HEADER, the type is known, reserved fields are zero and
+ * payload_len fits the type (DESC: 1 to 65535 whole descriptors; INFO: at most
+ * FERRY_AM_MAX_INFO bytes; others: none). */
+ferry_status ferry__am_decode(const uint8_t *buf, size_t len, size_t payload_len, ferry__am *m);
+
+/* Compares n bytes in time that does not depend on where they differ: 0 if equal. */
+int ferry__secret_differs(const uint8_t *a, const uint8_t *b, size_t n);
+
+#endif
