@@ -23,7 +23,7 @@
 #include "common/clock.h"
 #include "consumer/consumer.h"
 #include "ferry.h"
-#include "pool/layout.h"
+#include "shm/layout.h"
 #include "pool/pool.h"
 #include "helpers.h"
 #include "procs.h"

@@ -4,7 +4,7 @@
 
 #include "common/error.h"
 #include "policy/policy.h"
-#include "pool/layout.h"
+#include "shm/layout.h"
 #include "pool/pool.h"
 
 #define FERRY_MAX_CONSUMERS 65535

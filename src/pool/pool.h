@@ -9,7 +9,7 @@
 #include "broker/broker.h"
 #include "ferry.h"
 #include "pool/alloc.h"
-#include "pool/layout.h"
+#include "shm/layout.h"
 #include "transport/transport.h"
 
 #define FERRY_NIL UINT32_MAX

@@ -12,7 +12,7 @@
 #include <sys/types.h>
 
 #include "ferry.h"
-#include "pool/layout.h"
+#include "shm/layout.h"
 
 struct ferry__pool_memory;
 

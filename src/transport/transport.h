@@ -10,7 +10,7 @@
 #include <stdint.h>
 
 #include "ferry.h"
-#include "pool/layout.h"
+#include "shm/layout.h"
 #include "transport/mapping.h"
 
 typedef struct ferry__pool_memory {

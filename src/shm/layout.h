@@ -17,8 +17,8 @@
  * counters followed by ring_depth entries of FERRY_DESCRIPTOR_SIZE bytes, each an encoded
  * descriptor. The producer alone writes tail and the entries; the rank's process advances
  * head. Entry i lives at index i % ring_depth; the entries [head, tail) are queued. */
-#ifndef FERRY_POOL_LAYOUT_H
-#define FERRY_POOL_LAYOUT_H
+#ifndef FERRY_SHM_LAYOUT_H
+#define FERRY_SHM_LAYOUT_H
 
 #include <stdint.h>
 
