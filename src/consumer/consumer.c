@@ -138,8 +138,7 @@ static ferry_status pool_lookup(ferry_consumer *c, const ferry_descriptor *d, ui
     if (st != FERRY_OK)
         return st;
     /* A connected consumer's own pool: opened, its rank claimed at connect. */
-    if (c->bound && memcmp(d->pool_id, c->bound->pool_id, 16) == 0 &&
-        (acking || claim == c->rank))
+    if (c->bound && memcmp(d->pool_id, c->bound->pool_id, 16) == 0 && (acking || claim == c->rank))
         p = c->bound;
     else
         st = ferry__cache_acquire(d, claim, c->device, open_deadline(deadline), acking, &p);
@@ -179,11 +178,6 @@ ferry_status ferry_consumer_open(ferry_consumer *c, const ferry_descriptor *d)
 
 /* ---- control words -------------------------------------------------------------------- */
 
-static uint64_t row_word(const ferry__mapped_pool *p, uint32_t slot)
-{
-    return (uint64_t)slot * p->row_words;
-}
-
 static uint64_t rank_index(const ferry__mapped_pool *p, uint32_t slot, uint32_t rank)
 {
     return (uint64_t)slot * p->consumers + rank;
@@ -204,7 +198,7 @@ static ferry_status load_ack(ferry_consumer *c, ferry__mapped_pool *p, uint32_t 
 
 static ferry_status stale(const ferry__mapped_pool *p, const ferry_descriptor *d, uint32_t rank)
 {
-    uint32_t now = ferry__load_acquire32(&p->generations[d->slot]);
+    uint32_t now = ferry__shm_generation(&p->shm, d->slot);
     if (now == (d->generation | FERRY_GEN_CANCELLED))
         return ferry__fail(FERRY_STALE,
                            "stale descriptor: lease (slot=%u, generation=%u) was cancelled by "
@@ -227,11 +221,11 @@ static ferry_status lease_state(ferry_consumer *c, ferry__mapped_pool *p, const 
 {
     uint32_t ack, ready = 0;
     *state = -1;
-    if (ferry__load_acquire32(&p->generations[d->slot]) != d->generation)
+    if (ferry__shm_generation(&p->shm, d->slot) != d->generation)
         return FERRY_OK;
     ferry_status st = load_ack(c, p, d->slot, c->rank, &ack);
     if (st == FERRY_OK && ack != d->generation && check_ready)
-        st = load_word(c, p, row_word(p, d->slot), &ready);
+        st = load_word(c, p, ferry__shm_ready_word(&p->shm.layout, d->slot), &ready);
     if (st == FERRY_OK && ack != d->generation)
         *state = check_ready ? ready == d->generation : 1;
     if (seen)
@@ -244,8 +238,8 @@ static ferry_status lease_state(ferry_consumer *c, ferry__mapped_pool *p, const 
  * generation checked, or its ready word seen); the caller checks the generation again. */
 static ferry_status check_extent(const ferry__mapped_pool *p, const ferry_descriptor *d)
 {
-    uint64_t off = ferry__load_relaxed64(&p->extents[d->slot].offset);
-    uint64_t len = ferry__load_relaxed64(&p->extents[d->slot].length);
+    uint64_t off, len;
+    ferry__shm_extent(&p->shm, d->slot, &off, &len);
     if (d->offset >= off && d->length <= len && d->offset - off <= len - d->length)
         return FERRY_OK;
     return ferry__fail(FERRY_MISMATCH,
@@ -257,7 +251,7 @@ static ferry_status check_extent(const ferry__mapped_pool *p, const ferry_descri
 
 int ferry__producer_gone(ferry__mapped_pool *p)
 {
-    if (ferry__load_acquire32(&p->gone) || ferry__load_acquire32(&p->header->closing) ||
+    if (ferry__load_acquire32(&p->gone) || ferry__load_acquire32(&p->shm.header->closing) ||
         !ferry__proc_alive(p->producer_pid, p->producer_start)) {
         ferry__cache_evict(p);
         return 1;
@@ -270,7 +264,7 @@ static void sleep_on_ready(ferry__mapped_pool *p, const ferry_descriptor *d, uin
                            uint64_t ns)
 {
     uint64_t cap = p->ops->ready_poll_ns;
-    p->place->sleep(p, row_word(p, d->slot), seen, ns < cap ? ns : cap);
+    p->place->sleep(p, ferry__shm_ready_word(&p->shm.layout, d->slot), seen, ns < cap ? ns : cap);
 }
 
 static ferry_status gone_error(const ferry__mapped_pool *p, const ferry_descriptor *d)
@@ -294,8 +288,7 @@ static ferry_status wait_ready(ferry_consumer *c, ferry__mapped_pool *p, const f
             return st;
         if (state > 0) {
             st = check_extent(p, d);
-            if (st != FERRY_OK &&
-                ferry__load_after_reads32(&p->generations[d->slot]) != d->generation)
+            if (st != FERRY_OK && ferry__shm_generation_recheck(&p->shm, d->slot) != d->generation)
                 return stale(p, d, c->rank); /* the extent read was the next lease's */
             return st;
         }
@@ -356,10 +349,10 @@ static ferry_status check_dst(const ferry_descriptor *d, const void *dst, size_t
 static ferry_status check_intact(ferry_consumer *c, ferry__mapped_pool *p,
                                  const ferry_descriptor *d)
 {
-    if (ferry__load_after_reads32(&p->generations[d->slot]) != d->generation)
+    if (ferry__shm_generation_recheck(&p->shm, d->slot) != d->generation)
         return stale(p, d, c->rank);
     uint32_t ack;
-    ferry_status st = load_word(c, p, row_word(p, d->slot) + 1 + c->rank, &ack);
+    ferry_status st = load_word(c, p, ferry__shm_ack_word(&p->shm.layout, d->slot, c->rank), &ack);
     if (st != FERRY_OK)
         return st;
     if (ack == d->generation)
@@ -506,7 +499,7 @@ static ferry__part_set **find_parts_locked(ferry__mapped_pool *p, const ferry_de
     ferry__part_set **pp = &p->parts;
     while (*pp) {
         ferry__part_set *s = *pp;
-        if (ferry__load_acquire32(&p->generations[s->slot]) != s->generation) {
+        if (ferry__shm_generation(&p->shm, s->slot) != s->generation) {
             *pp = s->next;
             free(s);
             continue;
@@ -560,9 +553,9 @@ static ferry_status part_ack(ferry__mapped_pool *p, const ferry_descriptor *d, u
 
 static void signal_ack(ferry__mapped_pool *p)
 {
-    ferry__fetch_add_seqcst32(&p->header->ack_seq, 1);
-    if (ferry__load_seqcst32(&p->header->producer_waiters))
-        ferry__futex_wake_all(&p->header->ack_seq);
+    ferry__fetch_add_seqcst32(&p->shm.header->ack_seq, 1);
+    if (ferry__load_seqcst32(&p->shm.header->producer_waiters))
+        ferry__futex_wake_all(&p->shm.header->ack_seq);
 }
 
 static ferry_status check_range(const ferry__mapped_pool *p, uint32_t first, uint32_t count)
@@ -593,7 +586,7 @@ static ferry_status ack_one(ferry_consumer *c, ferry__mapped_pool *p, const ferr
         *wrote = complete;
         return st;
     }
-    uint64_t word = row_word(p, d->slot) + 1 + rank;
+    uint64_t word = ferry__shm_ack_word(&p->shm.layout, d->slot, rank);
     int replaced = 1;
     /* From the value read: a writer paused since its generation check must not replace the
      * acknowledgement of a newer lease of the slot (whose row would never complete). */
@@ -632,7 +625,7 @@ static ferry_status ack_ranks(ferry_consumer *c, ferry__mapped_pool *p, const fe
         return st;
     if (ferry__load_acquire32(&p->gone))
         return ack_gone(p, d, first, count);
-    if (ferry__load_acquire32(&p->generations[d->slot]) != d->generation) {
+    if (ferry__shm_generation(&p->shm, d->slot) != d->generation) {
         for (uint32_t r = first; r < first + count; r++)
             view_end(p, d->slot, r, d->generation); /* the slot moved on: the views ended */
         return stale(p, d, first);
@@ -720,9 +713,10 @@ static ferry_status gpu_pool_for(ferry_consumer *c, const ferry_descriptor *d, u
 static ferry_status enqueue_ready_wait(ferry_consumer *c, ferry__mapped_pool *p,
                                        const ferry_descriptor *d, void *stream)
 {
-    if (p->place->seen(p, row_word(p, d->slot), d->generation))
+    if (p->place->seen(p, ferry__shm_ready_word(&p->shm.layout, d->slot), d->generation))
         return FERRY_OK;
-    return p->ops->view_enqueue_wait(p, c->device, row_word(p, d->slot), d->generation, stream);
+    return p->ops->view_enqueue_wait(p, c->device, ferry__shm_ready_word(&p->shm.layout, d->slot),
+                                     d->generation, stream);
 }
 
 ferry_status ferry_consumer_read_async(ferry_consumer *c, const ferry_descriptor *d, void *dst,

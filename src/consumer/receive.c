@@ -140,7 +140,7 @@ enum { TAKE_EMPTY = -1 };
 
 static ferry__ring *my_ring(const ferry_consumer *c)
 {
-    return ferry__ring_of(c->bound->header, c->rank);
+    return ferry__shm_ring(&c->bound->shm, c->rank);
 }
 
 /* Decodes the entry at position i (copied word by word: see entry_store in channel.c). */
@@ -160,7 +160,7 @@ static ferry_status entry_load(ferry__ring *ring, uint32_t depth, uint32_t i, fe
 static int current(const ferry_consumer *c, ferry__mapped_pool *p, const ferry_descriptor *d)
 {
     uint32_t ack = 0;
-    if (ferry__load_acquire32(&p->generations[d->slot]) != d->generation)
+    if (ferry__shm_generation(&p->shm, d->slot) != d->generation)
         return 0;
     return p->place->load_ack(p, c->device, d->slot, c->rank, &ack) != FERRY_OK ||
            ack != d->generation;
@@ -172,7 +172,7 @@ static int take(ferry_consumer *c, ferry_descriptor *descs, size_t max, size_t *
 {
     ferry__mapped_pool *p = c->bound;
     ferry__ring *ring = my_ring(c);
-    uint32_t depth = p->header->ring_depth;
+    uint32_t depth = p->shm.layout.ring_depth;
     for (;;) {
         uint32_t head = ferry__load_acquire32(&ring->head);
         uint32_t tail = ferry__load_acquire32(&ring->tail);
@@ -231,7 +231,7 @@ static int arm(ferry_consumer *c)
     ferry__store_seqcst32(&ring->armed, 1);
     /* A close after the caller's look at the closing flag signalled the fd just drained. */
     return ferry__load_seqcst32(&ring->tail) != ferry__load_seqcst32(&ring->head) ||
-           ferry__load_seqcst32(&c->bound->header->closing);
+           ferry__load_seqcst32(&c->bound->shm.header->closing);
 }
 
 static ferry_status gone(const ferry_consumer *c)
@@ -264,7 +264,7 @@ ferry_status ferry_consumer_recv(ferry_consumer *c, uint64_t timeout_ns, ferry_d
     /* The clock is read once the ring is found empty: usually a lease is queued. */
     uint64_t deadline = 0, start = 0, next_check = 0;
     for (;;) {
-        if (ferry__load_acquire32(&p->header->closing) || ferry__load_acquire32(&p->gone))
+        if (ferry__load_acquire32(&p->shm.header->closing) || ferry__load_acquire32(&p->gone))
             return gone(c);
         int got = take(c, descs, max, count);
         if (got == FERRY_OK) {

@@ -55,7 +55,7 @@ void ferry__channel_fini(ferry_pool *pool)
 
 static ferry__ring *ring_of(ferry_pool *pool, uint32_t rank)
 {
-    return ferry__ring_of(pool->mem.header, rank);
+    return ferry__shm_ring(&pool->mem.shm, rank);
 }
 
 static void signal_fd(int fd)
@@ -89,7 +89,7 @@ void ferry__channel_wake(ferry_pool *pool)
         ferry__ring *ring = ring_of(pool, r);
         if (ferry__load_seqcst32(&ring->senders))
             ferry__futex_wake_all(&ring->head);
-        if (ferry__load_seqcst32(&pool->mem.header->closing))
+        if (ferry__load_seqcst32(&pool->mem.shm.header->closing))
             wake_receivers(pool, r, 1);
     }
 }
@@ -440,7 +440,7 @@ ferry_status ferry_pool_drain(ferry_pool *pool, uint64_t timeout_ns)
         st = ferry__pool_enter(pool);
     if (st != FERRY_OK)
         return st;
-    ferry__shm_header *h = pool->mem.header;
+    ferry__shm_header *h = pool->mem.shm.header;
     uint64_t deadline = ferry__deadline(timeout_ns), start = ferry__now_ns();
     ferry__fetch_add_seqcst32(&h->producer_waiters, 1);
     for (;;) {

@@ -34,26 +34,9 @@ static ferry_status random_bytes(uint8_t *buf, size_t n)
 
 static void init_shared(ferry_pool *pool)
 {
-    ferry__shm_header *h = pool->mem.header;
-    uint32_t g = pool->config.initial_generation;
-    h->version = FERRY_SHM_VERSION;
-    h->header_bytes = ferry__header_bytes_of(&pool->config);
-    memcpy(h->pool_id, pool->pool_id, 16);
-    h->backend = (uint32_t)pool->ops->backend;
-    h->consumer_count = pool->consumers;
-    h->max_inflight = pool->max_inflight;
-    h->row_words = pool->row_words;
-    h->memory_size = pool->memory_size;
-    h->data_start = pool->data_start;
-    h->data_size = pool->data_size;
-    h->gen_offset = FERRY_GEN_TABLE_OFFSET;
-    h->extent_offset = ferry__extent_offset(pool->max_inflight);
-    h->ring_offset = ferry__ring_offset(pool->max_inflight);
-    h->ring_depth = (uint32_t)pool->config.channel_depth;
-    h->desc_flags = pool->mem.flags;
-    h->device = pool->mem.device;
-    ferry__fill_words(pool->mem.generations, pool->max_inflight, g);
-    ferry__store_release32(&h->magic, FERRY_SHM_MAGIC);
+    ferry__shm_header_write(&pool->mem.shm, (uint32_t)pool->ops->backend, pool->memory_size,
+                            pool->data_start, pool->data_size, pool->mem.flags, pool->mem.device,
+                            pool->pool_id, pool->config.initial_generation);
 }
 
 static ferry_status init_tables(ferry_pool *pool)
@@ -216,10 +199,10 @@ free_pool:
 /* Wakes every consumer that might sleep on a ready word, so it sees the pool closing. */
 static void wake_all_ready(ferry_pool *pool)
 {
-    if (!ferry__load_seqcst32(&pool->mem.header->consumer_waiters))
+    if (!ferry__load_seqcst32(&pool->mem.shm.header->consumer_waiters))
         return;
     for (uint32_t s = 0; s < pool->max_inflight; s++)
-        ferry__futex_wake_all(ferry__row(pool->mem.control, pool->row_words, s));
+        ferry__futex_wake_all(&pool->mem.control[ferry__shm_ready_word(&pool->mem.shm.layout, s)]);
 }
 
 static void check_health_locked(ferry_pool *pool);
@@ -277,7 +260,7 @@ void ferry_pool_close(ferry_pool *pool)
         pthread_cond_wait(&pool->idle_cv, &pool->lock);
     pool->release_at_destroy = reservations_out_locked(pool);
     pthread_mutex_unlock(&pool->lock);
-    ferry__store_seqcst32(&pool->mem.header->closing, 1);
+    ferry__store_seqcst32(&pool->mem.shm.header->closing, 1);
     wake_all_ready(pool);
     ferry__channel_wake(pool); /* receivers, and their poll fds, see it */
     ferry__reclaimer_stop(pool);
@@ -375,14 +358,7 @@ static ferry_status try_lease_locked(ferry_pool *pool, uint64_t bytes, int commi
     s->leased_ns = ferry__now_ns();
     s->inflight_pos = pool->inflight_count;
     pool->inflight[pool->inflight_count++] = slot;
-    /* The generation word goes first: from here on a consumer holding an older descriptor
-     * for this slot sees that it is stale. The fence keeps every later store (the extent,
-     * the bytes of the new lease) behind it, so that a reader that saw any of them sees the
-     * new generation when it checks again. */
-    ferry__store_release32(&pool->mem.generations[slot], s->generation);
-    ferry__fence_seqcst();
-    ferry__store_relaxed64(&pool->mem.extents[slot].offset, offset);
-    ferry__store_relaxed64(&pool->mem.extents[slot].length, bytes);
+    ferry__shm_lease_begin(&pool->mem.shm, slot, s->generation, offset, bytes);
     out->slot = slot;
     out->generation = s->generation;
     out->offset = offset;
@@ -415,7 +391,7 @@ static ferry_status lease_once_locked(ferry_pool *pool, uint64_t bytes, int comm
 static ferry_status lease_wait(ferry_pool *pool, uint64_t bytes, int committed, uint64_t deadline,
                                lease *out)
 {
-    ferry__shm_header *h = pool->mem.header;
+    ferry__shm_header *h = pool->mem.shm.header;
     ferry_status st = FERRY_POOL_FULL;
     ferry__fetch_add_seqcst32(&h->producer_waiters, 1);
     for (;;) {
@@ -584,11 +560,6 @@ static void fill_descriptor(const ferry_pool *pool, const lease *l, uint64_t off
     d->tensor = *t;
 }
 
-static uint64_t row_word(const ferry_pool *pool, uint32_t slot)
-{
-    return (uint64_t)slot * pool->row_words;
-}
-
 /* Returns a lease that was never marked ready (a failed copy): its row is completed so
  * that its descriptor, if any escaped, reads as cancelled. */
 static void lease_abort(ferry_pool *pool, const lease *l)
@@ -596,8 +567,8 @@ static void lease_abort(ferry_pool *pool, const lease *l)
     char cause[256];
     snprintf(cause, sizeof(cause), "%s", ferry_last_error());
     pthread_mutex_lock(&pool->lock);
-    if (pool->ops->write_words(&pool->mem, row_word(pool, l->slot), pool->row_words,
-                               l->generation) == FERRY_OK) {
+    if (pool->ops->write_words(&pool->mem, ferry__shm_ready_word(&pool->mem.shm.layout, l->slot),
+                               pool->row_words, l->generation) == FERRY_OK) {
         ferry__slot_release_locked(pool, l->slot);
     } else {
         /* The slice cannot be handed back safely: the pool is failed from here on. */
@@ -699,8 +670,9 @@ static ferry_status preack_ranks(ferry_pool *pool, const lease *l, const uint8_t
         while (end < pool->consumers && preack[end])
             end++;
         if (end > r)
-            st = pool->ops->write_words(&pool->mem, row_word(pool, l->slot) + 1 + r, end - r,
-                                        l->generation);
+            st = pool->ops->write_words(&pool->mem,
+                                        ferry__shm_ack_word(&pool->mem.shm.layout, l->slot, r),
+                                        end - r, l->generation);
         r = end + 1;
     }
     return st;
@@ -724,7 +696,8 @@ static ferry_status publish_packed(ferry_pool *pool, const ferry_tensor *tensors
     if (st == FERRY_OK && preack)
         st = preack_ranks(pool, &l, preack);
     if (st == FERRY_OK)
-        st = pool->ops->mark_ready(&pool->mem, row_word(pool, l.slot), l.generation, stream);
+        st = pool->ops->mark_ready(&pool->mem, ferry__shm_ready_word(&pool->mem.shm.layout, l.slot),
+                                   l.generation, stream);
     if (st != FERRY_OK) {
         lease_abort(pool, &l);
         lease_done(pool);
@@ -849,8 +822,9 @@ ferry_status ferry_pool_commit_async(ferry_pool *pool, const ferry_descriptor *d
                          "%s pool lease (slot=%u, generation=%u) is already committed",
                          pool->ops->name, desc->slot, desc->generation);
     if (st == FERRY_OK)
-        st =
-            pool->ops->mark_ready(&pool->mem, row_word(pool, desc->slot), desc->generation, stream);
+        st = pool->ops->mark_ready(&pool->mem,
+                                   ferry__shm_ready_word(&pool->mem.shm.layout, desc->slot),
+                                   desc->generation, stream);
     if (st == FERRY_OK)
         pool->slots[desc->slot].committed = 1;
     pthread_mutex_unlock(&pool->lock);
@@ -865,13 +839,13 @@ ferry_status ferry_pool_commit_async(ferry_pool *pool, const ferry_descriptor *d
 static ferry_status cancel_locked(ferry_pool *pool, uint32_t slot)
 {
     ferry__slot *s = &pool->slots[slot];
-    uint64_t first = row_word(pool, slot) + (s->committed ? 1 : 0);
+    uint64_t first = ferry__shm_ready_word(&pool->mem.shm.layout, slot) + (s->committed ? 1 : 0);
     uint32_t count = pool->consumers + (s->committed ? 0 : 1);
     ferry_status st = pool->ops->write_words(&pool->mem, first, count, s->generation);
     if (st != FERRY_OK)
         return st;
     s->cancelled = 1;
-    ferry__store_release32(&pool->mem.generations[slot], s->generation | FERRY_GEN_CANCELLED);
+    ferry__shm_lease_cancel(&pool->mem.shm, slot, s->generation);
     pool->stats.cancelled++;
     if (pool->ops->sync_control(&pool->mem) == FERRY_OK && ferry__row_released_locked(pool, slot))
         ferry__slot_release_locked(pool, slot);
@@ -938,8 +912,10 @@ ferry_status ferry_pool_copied(ferry_pool *pool, const ferry_descriptor *desc, i
     else if (!pool->closed && s->inflight_pos != FERRY_NIL && s->generation == desc->generation) {
         st = pool->ops->sync_control(&pool->mem);
         if (st == FERRY_OK)
-            copied = ferry__load_acquire32(&pool->mem.control[row_word(pool, desc->slot)]) ==
-                     desc->generation;
+            copied =
+                ferry__load_acquire32(
+                    &pool->mem.control[ferry__shm_ready_word(&pool->mem.shm.layout, desc->slot)]) ==
+                desc->generation;
     }
     pthread_mutex_unlock(&pool->lock);
     if (st != FERRY_OK)
@@ -1071,9 +1047,11 @@ static void rank_backlog_locked(ferry_pool *pool, uint32_t rank, ferry_consumer_
     pool->ops->sync_control(&pool->mem);
     for (uint32_t i = 0; i < pool->inflight_count; i++) {
         uint32_t slot = pool->inflight[i];
-        const uint32_t *row = ferry__row(pool->mem.control, pool->row_words, slot);
+        const ferry__shm_layout *l = &pool->mem.shm.layout;
+        const uint32_t *words = pool->mem.control;
         uint32_t gen = pool->slots[slot].generation;
-        if (ferry__load_acquire32(&row[0]) != gen || ferry__load_acquire32(&row[1 + rank]) == gen)
+        if (ferry__load_acquire32(&words[ferry__shm_ready_word(l, slot)]) != gen ||
+            ferry__load_acquire32(&words[ferry__shm_ack_word(l, slot, rank)]) == gen)
             continue;
         info->outstanding++;
         uint64_t age = now - pool->slots[slot].leased_ns;

@@ -13,7 +13,7 @@
 
 int ferry__row_released_locked(const ferry_pool *pool, uint32_t slot)
 {
-    const uint32_t *row = ferry__row(pool->mem.control, pool->row_words, slot);
+    const uint32_t *row = &pool->mem.control[ferry__shm_ready_word(&pool->mem.shm.layout, slot)];
     uint32_t gen = pool->slots[slot].generation;
     for (uint32_t w = 0; w < pool->row_words; w++)
         if (ferry__load_acquire32(&row[w]) != gen)
@@ -67,11 +67,10 @@ static uint64_t ack_for_rank_locked(ferry_pool *pool, uint32_t rank, uint64_t be
         uint32_t slot = pool->inflight[i];
         if (pool->slots[slot].leased_ns >= before_ns)
             continue;
-        uint32_t *row = ferry__row(pool->mem.control, pool->row_words, slot);
+        uint64_t word = ferry__shm_ack_word(&pool->mem.shm.layout, slot, rank);
         uint32_t gen = pool->slots[slot].generation;
-        if (ferry__load_acquire32(&row[1 + rank]) != gen &&
-            pool->ops->write_words(&pool->mem, (uint64_t)slot * pool->row_words + 1 + rank, 1,
-                                   gen) == FERRY_OK)
+        if (ferry__load_acquire32(&pool->mem.control[word]) != gen &&
+            pool->ops->write_words(&pool->mem, word, 1, gen) == FERRY_OK)
             n++;
     }
     return n;
@@ -129,7 +128,7 @@ uint64_t ferry__reap_dead_locked(ferry_pool *pool)
 
 void ferry__signal_space(ferry_pool *pool)
 {
-    ferry__shm_header *h = pool->mem.header;
+    ferry__shm_header *h = pool->mem.shm.header;
     ferry__fetch_add_seqcst32(&h->ack_seq, 1);
     if (ferry__load_seqcst32(&h->producer_waiters))
         ferry__futex_wake_all(&h->ack_seq);
@@ -137,8 +136,9 @@ void ferry__signal_space(ferry_pool *pool)
 
 void ferry__signal_ready(ferry_pool *pool, uint32_t slot)
 {
-    if (ferry__load_seqcst32(&pool->mem.header->consumer_waiters))
-        ferry__futex_wake_all(ferry__row(pool->mem.control, pool->row_words, slot));
+    if (ferry__load_seqcst32(&pool->mem.shm.header->consumer_waiters))
+        ferry__futex_wake_all(
+            &pool->mem.control[ferry__shm_ready_word(&pool->mem.shm.layout, slot)]);
 }
 
 /* A rank whose process died is taken over: its leases in flight were sent to that process,
@@ -195,10 +195,10 @@ static int slowest_rank_locked(ferry_pool *pool, uint64_t *oldest, uint64_t *hel
         uint64_t old = UINT64_MAX, count = 0;
         for (uint32_t i = 0; i < pool->inflight_count; i++) {
             uint32_t slot = pool->inflight[i];
-            const uint32_t *row = ferry__row(pool->mem.control, pool->row_words, slot);
+            const ferry__shm_layout *l = &pool->mem.shm.layout;
             uint32_t gen = pool->slots[slot].generation;
-            if (ferry__load_acquire32(&row[0]) == gen &&
-                ferry__load_acquire32(&row[1 + r]) != gen) {
+            if (ferry__load_acquire32(&pool->mem.control[ferry__shm_ready_word(l, slot)]) == gen &&
+                ferry__load_acquire32(&pool->mem.control[ferry__shm_ack_word(l, slot, r)]) != gen) {
                 count++;
                 if (pool->slots[slot].leased_ns < old)
                     old = pool->slots[slot].leased_ns;
