@@ -1,5 +1,5 @@
 /* Descriptor channels, producer side: the pool's address, ferry_pool_send into the ranks'
- * rings in the shared segment (layout.h), the poll fds consumers hand over, and drain.
+ * rings in the shared segment (shm/ring.c), the poll fds consumers hand over, and drain.
  *
  * One sender at a time (send_lock) writes a ring's entries and its tail; the rank's process
  * advances its head. A send first makes room in every chosen ring (waiting as the full
@@ -21,6 +21,7 @@
 #include "common/proc.h"
 #include "driver/driver.h"
 #include "pool/pool.h"
+#include "shm/ring.h"
 #include "wire/wire.h"
 
 /* The longest a sender waiting for room sleeps between looks (a dead receiver is noticed by
@@ -70,12 +71,7 @@ static void signal_fd(int fd)
 /* Wakes rank's receivers: those asleep on the tail, and its poll fd if it asked for it. */
 static void wake_receivers(ferry_pool *pool, uint32_t rank, int force_fd)
 {
-    ferry__ring *ring = ring_of(pool, rank);
-    if (ferry__load_seqcst32(&ring->receivers))
-        ferry__futex_wake_all(&ring->tail);
-    /* A plain look first: the exchange's write would bounce the line on every send. */
-    if (!force_fd &&
-        !(ferry__load_seqcst32(&ring->armed) && ferry__exchange_seqcst32(&ring->armed, 0)))
+    if (!ferry__ring_wake_receivers(ring_of(pool, rank), force_fd))
         return;
     pthread_mutex_lock(&pool->notify_lock);
     if (pool->notify_fds[rank] >= 0)
@@ -86,9 +82,7 @@ static void wake_receivers(ferry_pool *pool, uint32_t rank, int force_fd)
 void ferry__channel_wake(ferry_pool *pool)
 {
     for (uint32_t r = 0; r < pool->consumers; r++) {
-        ferry__ring *ring = ring_of(pool, r);
-        if (ferry__load_seqcst32(&ring->senders))
-            ferry__futex_wake_all(&ring->head);
+        ferry__ring_wake_senders(ring_of(pool, r));
         if (ferry__load_seqcst32(&pool->mem.shm.header->closing))
             wake_receivers(pool, r, 1);
     }
@@ -139,9 +133,7 @@ static int eventfd_checked(int fd)
 
 void ferry__channel_forget_rank_locked(ferry_pool *pool, uint32_t rank)
 {
-    /* A dead process killed in its sleep left its count of sleepers raised; the successor
-     * has no thread asleep yet (it claims the rank before it receives). */
-    ferry__store_seqcst32(&ring_of(pool, rank)->receivers, 0);
+    ferry__ring_forget_receivers(ring_of(pool, rank));
     pthread_mutex_lock(&pool->notify_lock);
     int old = pool->notify_fds[rank];
     pool->notify_fds[rank] = -1;
@@ -198,22 +190,6 @@ static ferry_status pick_ranks(ferry_pool *pool, const ferry_ranks *ranks, uint8
     return FERRY_OK;
 }
 
-/* Entries queued in rank's ring (the sender's view: its own tail, the receiver's head). */
-static uint32_t queued(ferry__ring *ring)
-{
-    return ferry__load_relaxed32(&ring->tail) - ferry__load_acquire32(&ring->head);
-}
-
-/* A dead rank's process reads nothing any more: its queued entries are dropped (their leases
- * are acknowledged on its behalf), and the lease being sent is acknowledged for it at once.
- * The caller holds the pool lock (a successor's claim clears dead under it). */
-static void drop_dead_locked(ferry_pool *pool, uint32_t rank)
-{
-    ferry__ring *ring = ring_of(pool, rank);
-    uint32_t head = ferry__load_acquire32(&ring->head);
-    ferry__cas_acqrel32(&ring->head, &head, ferry__load_relaxed32(&ring->tail));
-}
-
 static ferry_status ring_full(ferry_pool *pool, uint32_t rank, uint32_t need)
 {
     const ferry__rank *rk = &pool->ranks[rank];
@@ -221,8 +197,8 @@ static ferry_status ring_full(ferry_pool *pool, uint32_t rank, uint32_t need)
     return ferry__fail(FERRY_POOL_FULL,
                        "%s pool: the descriptor ring of rank %u is full (%u of %u queued, %u "
                        "more needed): rank %u is behind (pid %d, %s)",
-                       pool->ops->name, rank, queued(ring_of(pool, rank)), pool->channel_depth,
-                       need, rank, (int)rk->pid, state);
+                       pool->ops->name, rank, ferry__ring_queued(ring_of(pool, rank)),
+                       pool->channel_depth, need, rank, (int)rk->pid, state);
 }
 
 /* One look under the pool lock: dead chosen ranks (as last found) get their rings emptied
@@ -233,13 +209,16 @@ static int64_t look_locked(ferry_pool *pool, const uint8_t *chosen, uint8_t *pre
     for (uint32_t r = 0; r < pool->consumers; r++) {
         if (!chosen[r])
             continue;
+        /* A dead rank's queued entries are dropped (their leases are acknowledged on its
+         * behalf) and the lease being sent is acknowledged for it at once; a successor's
+         * claim clears dead under the pool lock, which the caller holds. */
         if (pool->ranks[r].dead) {
-            drop_dead_locked(pool, r);
+            ferry__ring_drop(ring_of(pool, r));
             preack[r] = 1;
             continue;
         }
         preack[r] = 0;
-        if (pool->channel_depth - queued(ring_of(pool, r)) < need)
+        if (pool->channel_depth - ferry__ring_queued(ring_of(pool, r)) < need)
             return r;
     }
     return -1;
@@ -287,26 +266,9 @@ static ferry_status make_room(ferry_pool *pool, const uint8_t *chosen, uint8_t *
         pthread_mutex_unlock(&pool->lock);
         if (full < 0 || !timeout_ns || expired)
             return st;
-        ferry__ring *ring = ring_of(pool, (uint32_t)full);
-        uint32_t head = ferry__load_acquire32(&ring->head);
-        ferry__fetch_add_seqcst32(&ring->senders, 1);
-        if (pool->channel_depth - queued(ring) < need) {
-            uint64_t left = deadline - now;
-            ferry__futex_wait(&ring->head, head,
-                              left < FERRY_SEND_SLICE_NS ? left : FERRY_SEND_SLICE_NS);
-        }
-        ferry__fetch_add_seqcst32(&ring->senders, (uint32_t)-1);
-    }
-}
-
-/* Copies an encoded descriptor into a ring entry, word by word (the receiver may read an
- * entry it lost to another thread while a later send rewrites it: both sides use atomics). */
-static void entry_store(uint8_t *entry, const uint8_t *bytes)
-{
-    for (size_t i = 0; i < FERRY_DESCRIPTOR_SIZE; i += 8) {
-        uint64_t w;
-        memcpy(&w, bytes + i, 8);
-        ferry__store_relaxed64((uint64_t *)(entry + i), w);
+        uint64_t left = deadline - now;
+        ferry__ring_sleep_on_head(ring_of(pool, (uint32_t)full), pool->channel_depth, need,
+                                  left < FERRY_SEND_SLICE_NS ? left : FERRY_SEND_SLICE_NS);
     }
 }
 
@@ -317,12 +279,7 @@ static void enqueue(ferry_pool *pool, const uint8_t *chosen, const uint8_t *prea
     for (uint32_t r = 0; r < pool->consumers; r++) {
         if (!chosen[r] || preack[r])
             continue;
-        ferry__ring *ring = ring_of(pool, r);
-        uint32_t tail = ferry__load_relaxed32(&ring->tail);
-        for (uint32_t i = 0; i < count; i++)
-            entry_store(ferry__ring_entry(ring, pool->channel_depth, tail + i),
-                        encoded + (size_t)i * FERRY_DESCRIPTOR_SIZE);
-        ferry__store_seqcst32(&ring->tail, tail + count);
+        ferry__ring_push(ring_of(pool, r), pool->channel_depth, encoded, count);
         wake_receivers(pool, r, 0);
     }
 }
