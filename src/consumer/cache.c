@@ -14,6 +14,7 @@
 #include "common/error.h"
 #include "common/proc.h"
 #include "consumer/consumer.h"
+#include "shm/signal.h"
 #include "transport/transport.h"
 
 static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -206,8 +207,7 @@ static ferry_status attach_rank(ferry__mapped_pool *pool, uint32_t rank, uint64_
 
 static int producer_gone_now(const ferry__mapped_pool *p)
 {
-    return ferry__load_acquire32(&p->shm.header->closing) ||
-           !ferry__proc_alive(p->producer_pid, p->producer_start);
+    return ferry__shm_closing(&p->shm) || !ferry__proc_alive(p->producer_pid, p->producer_start);
 }
 
 /* Views whose lease every process can see acknowledged for their rank have ended (the

@@ -15,10 +15,10 @@
 #include "common/atomic.h"
 #include "common/clock.h"
 #include "common/error.h"
-#include "common/futex.h"
 #include "common/proc.h"
 #include "driver/driver.h"
 #include "consumer/consumer.h"
+#include "shm/signal.h"
 #include "transport/transport.h"
 
 /* (How long each sleep of a waiting consumer lasts and whether it yields first is the
@@ -251,7 +251,7 @@ static ferry_status check_extent(const ferry__mapped_pool *p, const ferry_descri
 
 int ferry__producer_gone(ferry__mapped_pool *p)
 {
-    if (ferry__load_acquire32(&p->gone) || ferry__load_acquire32(&p->shm.header->closing) ||
+    if (ferry__load_acquire32(&p->gone) || ferry__shm_closing(&p->shm) ||
         !ferry__proc_alive(p->producer_pid, p->producer_start)) {
         ferry__cache_evict(p);
         return 1;
@@ -551,13 +551,6 @@ static ferry_status part_ack(ferry__mapped_pool *p, const ferry_descriptor *d, u
 
 /* ---- acknowledgements --------------------------------------------------------------- */
 
-static void signal_ack(ferry__mapped_pool *p)
-{
-    ferry__fetch_add_seqcst32(&p->shm.header->ack_seq, 1);
-    if (ferry__load_seqcst32(&p->shm.header->producer_waiters))
-        ferry__futex_wake_all(&p->shm.header->ack_seq);
-}
-
 static ferry_status check_range(const ferry__mapped_pool *p, uint32_t first, uint32_t count)
 {
     if (count == 0 || first >= p->consumers || count > p->consumers - first)
@@ -638,7 +631,7 @@ static ferry_status ack_ranks(ferry_consumer *c, ferry__mapped_pool *p, const fe
         taken += wrote >= 0;
     }
     if (written && !enqueue)
-        signal_ack(p);
+        ferry__shm_acked(&p->shm);
     if (st != FERRY_OK)
         return st;
     if ((strict && taken < count) || !taken)

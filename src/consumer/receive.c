@@ -13,11 +13,11 @@
 #include "common/atomic.h"
 #include "common/clock.h"
 #include "common/error.h"
-#include "common/futex.h"
 #include "common/proc.h"
 #include "consumer/consumer.h"
 #include "driver/driver.h"
 #include "shm/ring.h"
+#include "shm/signal.h"
 #include "transport/transport.h"
 #include "wire/wire.h"
 
@@ -200,7 +200,7 @@ ferry_status ferry_consumer_recv(ferry_consumer *c, uint64_t timeout_ns, ferry_d
     /* The clock is read once the ring is found empty: usually a lease is queued. */
     uint64_t deadline = 0, start = 0, next_check = 0;
     for (;;) {
-        if (ferry__load_acquire32(&p->shm.header->closing) || ferry__load_acquire32(&p->gone))
+        if (ferry__shm_closing(&p->shm) || ferry__load_acquire32(&p->gone))
             return gone(c);
         int got = take(c, descs, max, count);
         if (got == FERRY_OK) {

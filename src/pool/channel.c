@@ -17,11 +17,11 @@
 #include "common/atomic.h"
 #include "common/clock.h"
 #include "common/error.h"
-#include "common/futex.h"
 #include "common/proc.h"
 #include "driver/driver.h"
 #include "pool/pool.h"
 #include "shm/ring.h"
+#include "shm/signal.h"
 #include "wire/wire.h"
 
 /* The longest a sender waiting for room sleeps between looks (a dead receiver is noticed by
@@ -83,7 +83,7 @@ void ferry__channel_wake(ferry_pool *pool)
 {
     for (uint32_t r = 0; r < pool->consumers; r++) {
         ferry__ring_wake_senders(ring_of(pool, r));
-        if (ferry__load_seqcst32(&pool->mem.shm.header->closing))
+        if (ferry__shm_closing(&pool->mem.shm))
             wake_receivers(pool, r, 1);
     }
 }
@@ -397,11 +397,11 @@ ferry_status ferry_pool_drain(ferry_pool *pool, uint64_t timeout_ns)
         st = ferry__pool_enter(pool);
     if (st != FERRY_OK)
         return st;
-    ferry__shm_header *h = pool->mem.shm.header;
+    ferry__shm *shm = &pool->mem.shm;
     uint64_t deadline = ferry__deadline(timeout_ns), start = ferry__now_ns();
-    ferry__fetch_add_seqcst32(&h->producer_waiters, 1);
+    ferry__shm_space_wait_begin(shm);
     for (;;) {
-        uint32_t seq = ferry__load_seqcst32(&h->ack_seq);
+        uint32_t seq = ferry__shm_ack_seq(shm);
         pthread_mutex_lock(&pool->lock);
         uint32_t left = pool->closing ? 0 : unsettled_locked(pool);
         uint64_t now = ferry__now_ns();
@@ -423,9 +423,9 @@ ferry_status ferry_pool_drain(ferry_pool *pool, uint64_t timeout_ns)
             continue;
         }
         uint64_t wait = deadline - now, slice = pool->ops->space_poll_ns;
-        ferry__futex_wait(&h->ack_seq, seq, wait < slice ? wait : slice);
+        ferry__shm_sleep_on_acks(shm, seq, wait < slice ? wait : slice);
     }
-    ferry__fetch_add_seqcst32(&h->producer_waiters, (uint32_t)-1);
+    ferry__shm_space_wait_end(shm);
     ferry__pool_leave(pool);
     if (st == FERRY_OK)
         ferry__clear_error();

@@ -10,11 +10,11 @@
 #include "common/atomic.h"
 #include "common/clock.h"
 #include "common/error.h"
-#include "common/futex.h"
 #include "common/proc.h"
 #include "driver/driver.h"
 #include "policy/policy.h"
 #include "pool/pool.h"
+#include "shm/signal.h"
 
 /* A lease being created: where its slice is and which generation it carries. */
 typedef struct lease {
@@ -196,15 +196,6 @@ free_pool:
     return st;
 }
 
-/* Wakes every consumer that might sleep on a ready word, so it sees the pool closing. */
-static void wake_all_ready(ferry_pool *pool)
-{
-    if (!ferry__load_seqcst32(&pool->mem.shm.header->consumer_waiters))
-        return;
-    for (uint32_t s = 0; s < pool->max_inflight; s++)
-        ferry__futex_wake_all(&pool->mem.control[ferry__shm_ready_word(&pool->mem.shm.layout, s)]);
-}
-
 static void check_health_locked(ferry_pool *pool);
 static ferry_status closing_error(ferry_pool *pool);
 
@@ -253,15 +244,17 @@ void ferry_pool_close(ferry_pool *pool)
     }
     pool->closing = 1;
     pthread_mutex_unlock(&pool->lock);
-    ferry__signal_space(pool); /* publishers waiting for space see the pool closing */
-    ferry__channel_wake(pool); /* and so do senders waiting for room in a ring */
+    ferry__shm_acked(&pool->mem.shm); /* publishers waiting for space see the pool closing */
+    ferry__channel_wake(pool);        /* and so do senders waiting for room in a ring */
     pthread_mutex_lock(&pool->lock);
     while (pool->active)
         pthread_cond_wait(&pool->idle_cv, &pool->lock);
     pool->release_at_destroy = reservations_out_locked(pool);
     pthread_mutex_unlock(&pool->lock);
-    ferry__store_seqcst32(&pool->mem.shm.header->closing, 1);
-    wake_all_ready(pool);
+    ferry__shm_close(&pool->mem.shm);
+    /* every consumer that might sleep on a ready word sees it */
+    ferry__shm_ready_wake_all(&pool->mem.shm, pool->mem.control, pool->max_inflight,
+                              pool->row_words);
     ferry__channel_wake(pool); /* receivers, and their poll fds, see it */
     ferry__reclaimer_stop(pool);
     ferry__broker_stop(pool->broker);
@@ -391,11 +384,11 @@ static ferry_status lease_once_locked(ferry_pool *pool, uint64_t bytes, int comm
 static ferry_status lease_wait(ferry_pool *pool, uint64_t bytes, int committed, uint64_t deadline,
                                lease *out)
 {
-    ferry__shm_header *h = pool->mem.shm.header;
+    ferry__shm *shm = &pool->mem.shm;
     ferry_status st = FERRY_POOL_FULL;
-    ferry__fetch_add_seqcst32(&h->producer_waiters, 1);
+    ferry__shm_space_wait_begin(shm);
     for (;;) {
-        uint32_t seq = ferry__load_seqcst32(&h->ack_seq);
+        uint32_t seq = ferry__shm_ack_seq(shm);
         pthread_mutex_lock(&pool->lock);
         st = pool->closing ? FERRY_CLOSING : lease_once_locked(pool, bytes, committed, out);
         pthread_mutex_unlock(&pool->lock);
@@ -403,9 +396,9 @@ static ferry_status lease_wait(ferry_pool *pool, uint64_t bytes, int committed, 
         if (st != FERRY_POOL_FULL || now >= deadline)
             break;
         uint64_t left = deadline - now, slice = pool->ops->space_poll_ns;
-        ferry__futex_wait(&h->ack_seq, seq, left < slice ? left : slice);
+        ferry__shm_sleep_on_acks(shm, seq, left < slice ? left : slice);
     }
-    ferry__fetch_add_seqcst32(&h->producer_waiters, (uint32_t)-1);
+    ferry__shm_space_wait_end(shm);
     return st;
 }
 
@@ -881,9 +874,11 @@ ferry_status ferry_pool_cancel(ferry_pool *pool, const ferry_descriptor *desc)
     if (st != FERRY_OK)
         return st;
     /* The space signal's read-modify-write comes first: it orders the row just written
-     * before signal_ready's read of the sleeper count. */
-    ferry__signal_space(pool);
-    ferry__signal_ready(pool, desc->slot);
+     * before the ready wake-up's read of the sleeper count. */
+    ferry__shm_acked(&pool->mem.shm);
+    ferry__shm_ready_wake(
+        &pool->mem.shm,
+        &pool->mem.control[ferry__shm_ready_word(&pool->mem.shm.layout, desc->slot)]);
     lease_done(pool);
     ferry__clear_error();
     return FERRY_OK;
@@ -963,7 +958,7 @@ ferry_status ferry_pool_reclaim(ferry_pool *pool, uint64_t *reclaimed)
     pool->active++; /* the wake-up below touches shared memory: close waits for it */
     pthread_mutex_unlock(&pool->lock);
     if (acked || n)
-        ferry__signal_space(pool);
+        ferry__shm_acked(&pool->mem.shm);
     lease_done(pool);
     if (reclaimed)
         *reclaimed = n;

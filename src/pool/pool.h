@@ -139,11 +139,6 @@ uint64_t ferry__reclaim_locked(ferry_pool *pool);
 /* Checks attached ranks' processes; acknowledges every lease of a dead rank for it. Returns
  * how many acknowledgements were written. */
 uint64_t ferry__reap_dead_locked(ferry_pool *pool);
-/* Tells sleeping publishers that space may have been freed. */
-void ferry__signal_space(ferry_pool *pool);
-/* Wakes consumers sleeping on a slot's ready word, after it was written with a seq_cst
- * store (which orders it before the read of the waiter count). */
-void ferry__signal_ready(ferry_pool *pool, uint32_t slot);
 /* 1 if every word of the slot's row equals its generation (mem.control in sync). */
 int ferry__row_released_locked(const ferry_pool *pool, uint32_t slot);
 /* Returns a leased slot and its slice to the free lists. */

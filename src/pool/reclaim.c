@@ -7,9 +7,9 @@
 #include "common/atomic.h"
 #include "common/clock.h"
 #include "common/error.h"
-#include "common/futex.h"
 #include "common/proc.h"
 #include "pool/pool.h"
+#include "shm/signal.h"
 
 int ferry__row_released_locked(const ferry_pool *pool, uint32_t slot)
 {
@@ -126,21 +126,6 @@ uint64_t ferry__reap_dead_locked(ferry_pool *pool)
     return n;
 }
 
-void ferry__signal_space(ferry_pool *pool)
-{
-    ferry__shm_header *h = pool->mem.shm.header;
-    ferry__fetch_add_seqcst32(&h->ack_seq, 1);
-    if (ferry__load_seqcst32(&h->producer_waiters))
-        ferry__futex_wake_all(&h->ack_seq);
-}
-
-void ferry__signal_ready(ferry_pool *pool, uint32_t slot)
-{
-    if (ferry__load_seqcst32(&pool->mem.shm.header->consumer_waiters))
-        ferry__futex_wake_all(
-            &pool->mem.control[ferry__shm_ready_word(&pool->mem.shm.layout, slot)]);
-}
-
 /* A rank whose process died is taken over: its leases in flight were sent to that process,
  * so they are acknowledged on its behalf first, in the same critical section as the takeover
  * (a lease published between the death and the reclaimer's next look would otherwise wait
@@ -182,7 +167,7 @@ ferry_status ferry__rank_attached(void *arg, uint32_t rank, pid_t pid, pid_t *ho
     rk->warned = 0;
     pthread_mutex_unlock(&pool->lock);
     if (settled)
-        ferry__signal_space(pool);
+        ferry__shm_acked(&pool->mem.shm);
     return FERRY_OK;
 }
 
@@ -249,7 +234,7 @@ static void *reclaimer_main(void *arg)
             changed += ferry__reclaim_locked(pool);
         if (changed) {
             pthread_mutex_unlock(&pool->lock);
-            ferry__signal_space(pool);
+            ferry__shm_acked(&pool->mem.shm);
             pthread_mutex_lock(&pool->lock);
         }
     }

@@ -9,7 +9,7 @@
 
 #include "common/atomic.h"
 #include "common/error.h"
-#include "common/futex.h"
+#include "shm/signal.h"
 #include "transport/transport.h"
 
 ferry_status ferry__segment_create(const char *transport, uint64_t size, int *fd_out,
@@ -134,10 +134,7 @@ static ferry_status host_mark_ready(ferry__pool_memory *mem, uint64_t word, uint
 {
     if (stream)
         return ferry__fail(FERRY_INVALID_ARGUMENT, "host pool: a stream needs a GPU pool");
-    /* seq_cst, so that the read of the sleeper count below cannot pass it. */
-    ferry__store_seqcst32(&mem->control[word], generation);
-    if (ferry__load_seqcst32(&mem->shm.header->consumer_waiters))
-        ferry__futex_wake_all(&mem->control[word]);
+    ferry__shm_ready_store(&mem->shm, &mem->control[word], generation);
     return FERRY_OK;
 }
 
@@ -194,14 +191,9 @@ static int words_seen(const ferry__mapped_pool *p, uint64_t word, uint32_t value
     return ferry__load_acquire32(&p->control[word]) == value;
 }
 
-/* The waiter count is raised first (seq_cst, as the producer's store of the word and its
- * read of the count), so that a producer that writes the word after our look wakes us. */
 static void words_sleep(ferry__mapped_pool *p, uint64_t word, uint32_t seen, uint64_t ns)
 {
-    ferry__fetch_add_seqcst32(&p->shm.header->consumer_waiters, 1);
-    if (ferry__load_seqcst32(&p->control[word]) == seen)
-        ferry__futex_wait(&p->control[word], seen, ns);
-    ferry__fetch_add_seqcst32(&p->shm.header->consumer_waiters, (uint32_t)-1);
+    ferry__shm_sleep_on_ready(&p->shm, &p->control[word], seen, ns);
 }
 
 const ferry__placement ferry__host_placement = {
