@@ -6,7 +6,6 @@
  * (open, wait, read, view and their stream-ordered forms) claim the consumer's rank for this
  * process; acknowledgements never claim or displace a rank. */
 #include <pthread.h>
-#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -19,6 +18,7 @@
 #include "driver/driver.h"
 #include "consumer/consumer.h"
 #include "shm/signal.h"
+#include "shm/wait.h"
 #include "transport/transport.h"
 
 /* (How long each sleep of a waiting consumer lasts and whether it yields first is the
@@ -259,60 +259,75 @@ int ferry__producer_gone(ferry__mapped_pool *p)
     return 0;
 }
 
-/* Sleeps until the ready word may have changed, as long as the transport says at most. */
-static void sleep_on_ready(ferry__mapped_pool *p, const ferry_descriptor *d, uint32_t seen,
-                           uint64_t ns)
+/* A wait for a lease to be ready (ferry__wait_run). */
+typedef struct ready_wait {
+    ferry_consumer *c;
+    ferry__mapped_pool *p;
+    const ferry_descriptor *d;
+    uint64_t timeout_ns;
+    uint32_t seen; /* the ready word as the last look read it */
+} ready_wait;
+
+static int ready_look(void *arg)
 {
-    uint64_t cap = p->ops->ready_poll_ns;
-    p->place->sleep(p, ferry__shm_ready_word(&p->shm.layout, d->slot), seen, ns < cap ? ns : cap);
+    ready_wait *w = arg;
+    int state;
+    ferry_status st = lease_state(w->c, w->p, w->d, 1, &state, &w->seen);
+    if (st != FERRY_OK)
+        return st;
+    if (state < 0)
+        return stale(w->p, w->d, w->c->rank);
+    if (state == 0)
+        return FERRY__WAIT_AGAIN;
+    st = check_extent(w->p, w->d);
+    if (st != FERRY_OK && ferry__shm_generation_recheck(&w->p->shm, w->d->slot) != w->d->generation)
+        return stale(w->p, w->d, w->c->rank); /* the extent read was the next lease's */
+    return st;
 }
 
-static ferry_status gone_error(const ferry__mapped_pool *p, const ferry_descriptor *d)
+/* Sleeps until the ready word may have changed (a GPU stream writes it without waking
+ * anybody: the transport's slice is short then). */
+static void ready_sleep(void *arg, uint64_t ns)
 {
+    ready_wait *w = arg;
+    w->p->place->sleep(w->p, ferry__shm_ready_word(&w->p->shm.layout, w->d->slot), w->seen, ns);
+}
+
+static ferry_status ready_check(void *arg)
+{
+    ready_wait *w = arg;
+    if (!ferry__producer_gone(w->p))
+        return FERRY_OK;
     return ferry__fail(FERRY_PRODUCER_GONE,
                        "producer of the pool (pid %d) is gone or closed the pool; lease "
                        "(slot=%u, generation=%u) will never be ready",
-                       (int)p->producer_pid, d->slot, d->generation);
+                       (int)w->p->producer_pid, w->d->slot, w->d->generation);
 }
 
-/* Waits until the lease is ready (and its extent holds the descriptor's range). */
+static int ready_expired(void *arg)
+{
+    ready_wait *w = arg;
+    return ferry__fail(FERRY_TIMEOUT, "lease (slot=%u, generation=%u) not ready after %.3f ms",
+                       w->d->slot, w->d->generation, (double)w->timeout_ns / 1e6);
+}
+
+/* Waits until the lease is ready (and its extent holds the descriptor's range). /proc is read
+ * at most every FERRY_READY_WAIT_SLICE_NS, however short the sleeps. */
 static ferry_status wait_ready(ferry_consumer *c, ferry__mapped_pool *p, const ferry_descriptor *d,
                                uint64_t timeout_ns, uint64_t deadline)
 {
-    uint64_t start = 0, next_check = 0;
-    for (;;) {
-        int state;
-        uint32_t ready;
-        ferry_status st = lease_state(c, p, d, 1, &state, &ready);
-        if (st != FERRY_OK)
-            return st;
-        if (state > 0) {
-            st = check_extent(p, d);
-            if (st != FERRY_OK && ferry__shm_generation_recheck(&p->shm, d->slot) != d->generation)
-                return stale(p, d, c->rank); /* the extent read was the next lease's */
-            return st;
-        }
-        if (state < 0)
-            return stale(p, d, c->rank);
-        uint64_t now = ferry__now_ns();
-        if (!start) {
-            start = now;
-            next_check = now + FERRY_READY_WAIT_SLICE_NS;
-        } else if (now >= next_check) {
-            /* /proc is read at most every slice, however short the sleeps. */
-            if (ferry__producer_gone(p))
-                return gone_error(p, d);
-            next_check = now + FERRY_READY_WAIT_SLICE_NS;
-        }
-        if (now >= deadline)
-            return ferry__fail(FERRY_TIMEOUT,
-                               "lease (slot=%u, generation=%u) not ready after %.3f ms", d->slot,
-                               d->generation, (double)timeout_ns / 1e6);
-        if (now - start < p->ops->ready_spin_ns)
-            sched_yield(); /* a GPU stream is about to write it: a sleep would overshoot */
-        else
-            sleep_on_ready(p, d, ready, deadline - now);
-    }
+    ready_wait rw = {.c = c, .p = p, .d = d, .timeout_ns = timeout_ns};
+    ferry__wait w = {
+        .look = ready_look,
+        .sleep = ready_sleep,
+        .check = ready_check,
+        .expired = ready_expired,
+        .ctx = &rw,
+        .spin_ns = p->ops->ready_spin_ns, /* a GPU stream is about to write it */
+        .slice_ns = p->ops->ready_poll_ns,
+        .check_ns = FERRY_READY_WAIT_SLICE_NS,
+    };
+    return ferry__wait_run(&w, timeout_ns, deadline);
 }
 
 ferry_status ferry_consumer_wait(ferry_consumer *c, const ferry_descriptor *d, uint64_t timeout_ns)

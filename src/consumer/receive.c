@@ -1,7 +1,6 @@
 /* Channels, consumer side: connecting by address, taking descriptors from the rank's ring
  * (shm/ring.c holds both halves of the ring), and the pollable fd (ferry.h, "Channels"). */
 #include <errno.h>
-#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -17,6 +16,7 @@
 #include "consumer/consumer.h"
 #include "driver/driver.h"
 #include "shm/ring.h"
+#include "shm/wait.h"
 #include "shm/signal.h"
 #include "transport/transport.h"
 #include "wire/wire.h"
@@ -188,6 +188,55 @@ static ferry_status gone(const ferry_consumer *c)
                        (int)c->bound->producer_pid, c->rank);
 }
 
+/* A receiver's wait for its ring (ferry__wait_run). */
+typedef struct recv_wait {
+    ferry_consumer *c;
+    ferry_descriptor *descs;
+    size_t max;
+    size_t *count;
+    uint64_t timeout_ns;
+} recv_wait;
+
+static int recv_look(void *arg)
+{
+    recv_wait *w = arg;
+    ferry__mapped_pool *p = w->c->bound;
+    if (ferry__shm_closing(&p->shm) || ferry__load_acquire32(&p->gone))
+        return gone(w->c);
+    int got = take(w->c, w->descs, w->max, w->count);
+    return got == FERRY__RING_EMPTY ? FERRY__WAIT_AGAIN : got;
+}
+
+static void recv_sleep(void *arg, uint64_t ns)
+{
+    recv_wait *w = arg;
+    ferry__ring_sleep_on_tail(my_ring(w->c), ns);
+}
+
+/* /proc is read at most every slice, also across calls that do not wait (an event loop's
+ * recv after its fd woke for the producer's exit): c->alive_ns says when it last was. */
+static ferry_status recv_check(void *arg)
+{
+    recv_wait *w = arg;
+    __atomic_store_n(&w->c->alive_ns, ferry__now_ns(), __ATOMIC_RELAXED);
+    return ferry__producer_gone(w->c->bound) ? gone(w->c) : FERRY_OK;
+}
+
+static int recv_expired(void *arg)
+{
+    recv_wait *w = arg;
+    uint64_t seen = __atomic_load_n(&w->c->alive_ns, __ATOMIC_RELAXED);
+    if (ferry__now_ns() - seen >= FERRY_READY_WAIT_SLICE_NS) {
+        ferry_status st = recv_check(w);
+        if (st != FERRY_OK)
+            return st;
+    }
+    if (arm(w->c))
+        return FERRY__WAIT_AGAIN;
+    return ferry__fail(FERRY_TIMEOUT, "no lease came for rank %u within %.3f ms", w->c->rank,
+                       (double)w->timeout_ns / 1e6);
+}
+
 ferry_status ferry_consumer_recv(ferry_consumer *c, uint64_t timeout_ns, ferry_descriptor *descs,
                                  size_t max, size_t *count)
 {
@@ -196,47 +245,22 @@ ferry_status ferry_consumer_recv(ferry_consumer *c, uint64_t timeout_ns, ferry_d
         st = ferry__fail(FERRY_INVALID_ARGUMENT, "recv needs descriptor room and a count output");
     if (st != FERRY_OK)
         return st;
-    ferry__mapped_pool *p = c->bound;
+    recv_wait rw = {.c = c, .descs = descs, .max = max, .count = count, .timeout_ns = timeout_ns};
+    ferry__wait w = {
+        .look = recv_look,
+        .sleep = recv_sleep,
+        .check = recv_check,
+        .expired = recv_expired,
+        .ctx = &rw,
+        .spin_ns = FERRY_RECV_SPIN_NS,
+        .slice_ns = UINT64_MAX, /* the liveness check bounds every sleep */
+        .check_ns = FERRY_READY_WAIT_SLICE_NS,
+    };
     /* The clock is read once the ring is found empty: usually a lease is queued. */
-    uint64_t deadline = 0, start = 0, next_check = 0;
-    for (;;) {
-        if (ferry__shm_closing(&p->shm) || ferry__load_acquire32(&p->gone))
-            return gone(c);
-        int got = take(c, descs, max, count);
-        if (got == FERRY_OK) {
-            ferry__clear_error();
-            return FERRY_OK;
-        }
-        if (got != FERRY__RING_EMPTY)
-            return (ferry_status)got;
-        uint64_t now = ferry__now_ns();
-        if (!start) {
-            start = now;
-            deadline = timeout_ns > UINT64_MAX - now ? UINT64_MAX : now + timeout_ns;
-            next_check = now + FERRY_READY_WAIT_SLICE_NS;
-        }
-        /* /proc is read at most every slice, also across calls that do not wait (an event
-         * loop's recv after its fd woke for the producer's exit). */
-        uint64_t seen = __atomic_load_n(&c->alive_ns, __ATOMIC_RELAXED);
-        if (now >= next_check || (now >= deadline && now - seen >= FERRY_READY_WAIT_SLICE_NS)) {
-            __atomic_store_n(&c->alive_ns, now, __ATOMIC_RELAXED);
-            if (ferry__producer_gone(p))
-                return gone(c);
-            next_check = now + FERRY_READY_WAIT_SLICE_NS;
-        }
-        if (now >= deadline) {
-            if (arm(c))
-                continue;
-            return ferry__fail(FERRY_TIMEOUT, "no lease came for rank %u within %.3f ms", c->rank,
-                               (double)timeout_ns / 1e6);
-        }
-        if (now - start < FERRY_RECV_SPIN_NS) {
-            sched_yield();
-            continue;
-        }
-        uint64_t left = deadline - now, slice = next_check - now;
-        ferry__ring_sleep_on_tail(my_ring(c), left < slice ? left : slice);
-    }
+    st = ferry__wait_run(&w, timeout_ns, 0);
+    if (st == FERRY_OK)
+        ferry__clear_error();
+    return st;
 }
 
 /* ---- the poll fd ---------------------------------------------------------------------- */

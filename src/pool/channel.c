@@ -8,7 +8,6 @@
  * that fails leases and queues nothing (it may have emptied dead ranks' rings). */
 #include <errno.h>
 #include <fcntl.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +21,7 @@
 #include "pool/pool.h"
 #include "shm/ring.h"
 #include "shm/signal.h"
+#include "shm/wait.h"
 #include "wire/wire.h"
 
 /* The longest a sender waiting for room sleeps between looks (a dead receiver is noticed by
@@ -236,40 +236,77 @@ static int64_t find_full_locked(ferry_pool *pool, const uint8_t *chosen, uint8_t
     return look_locked(pool, chosen, preack, need);
 }
 
+/* A sender's wait for room in the chosen rings (ferry__wait_run). */
+typedef struct room_wait {
+    ferry_pool *pool;
+    const uint8_t *chosen;
+    uint8_t *preack;
+    uint32_t need;
+    uint64_t timeout_ns;
+    int64_t full; /* the rank without room the last look found */
+    int waited;   /* a look found one before */
+} room_wait;
+
+/* Counted as a full pool is: an event, a wait, a wait that gave up. */
+static int room_look(void *arg)
+{
+    room_wait *w = arg;
+    ferry_pool *pool = w->pool;
+    pthread_mutex_lock(&pool->lock);
+    if (pool->closing) {
+        pthread_mutex_unlock(&pool->lock);
+        return ferry__pool_closing_error(pool);
+    }
+    w->full = find_full_locked(pool, w->chosen, w->preack, w->need);
+    if (w->full >= 0 && !w->waited) {
+        w->waited = 1;
+        pool->stats.pool_full_events++;
+        pool->stats.pool_full_waits += w->timeout_ns != 0;
+        if (!pool->warned_full) {
+            pool->warned_full = 1;
+            ring_full(pool, (uint32_t)w->full, w->need);
+            ferry__log(FERRY_LOG_WARN, "%s (senders get POOL_FULL or wait; warned once)",
+                       ferry_last_error());
+        }
+    }
+    pthread_mutex_unlock(&pool->lock);
+    return w->full < 0 ? FERRY_OK : FERRY__WAIT_AGAIN;
+}
+
+static void room_sleep(void *arg, uint64_t ns)
+{
+    room_wait *w = arg;
+    ferry__ring_sleep_on_head(ring_of(w->pool, (uint32_t)w->full), w->pool->channel_depth, w->need,
+                              ns);
+}
+
+/* POOL_FULL naming the rank behind. */
+static int room_expired(void *arg)
+{
+    room_wait *w = arg;
+    pthread_mutex_lock(&w->pool->lock);
+    w->pool->stats.pool_full_timeouts += w->timeout_ns != 0;
+    ferry_status st = ring_full(w->pool, (uint32_t)w->full, w->need);
+    pthread_mutex_unlock(&w->pool->lock);
+    return st;
+}
+
 /* Waits until every chosen live rank's ring has room for need entries: POOL_FULL naming the
- * rank behind at once when timeout_ns is 0, or at the deadline. */
+ * rank behind at once when timeout_ns is 0, or at the deadline. A dead receiver is noticed by
+ * the liveness checks, which no wake-up announces: the sleeps are short. */
 static ferry_status make_room(ferry_pool *pool, const uint8_t *chosen, uint8_t *preack,
                               uint32_t need, uint64_t timeout_ns, uint64_t deadline)
 {
-    for (int waited = 0;; waited = 1) {
-        pthread_mutex_lock(&pool->lock);
-        int closing = pool->closing;
-        int64_t full = closing ? -1 : find_full_locked(pool, chosen, preack, need);
-        ferry_status st = closing    ? ferry__pool_closing_error(pool)
-                          : full < 0 ? FERRY_OK
-                                     : ring_full(pool, (uint32_t)full, need);
-        /* Counted as a full pool is: an event, a wait, a wait that gave up. */
-        if (full >= 0 && timeout_ns && !waited)
-            pool->stats.pool_full_waits++;
-        uint64_t now = full >= 0 && timeout_ns ? ferry__now_ns() : 0;
-        int expired = full >= 0 && timeout_ns && now >= deadline;
-        pool->stats.pool_full_timeouts += (uint64_t)expired;
-        if (full >= 0 && !waited) {
-            pool->stats.pool_full_events++;
-            if (!pool->warned_full) {
-                pool->warned_full = 1;
-                ferry__log(FERRY_LOG_WARN, "%s (senders get POOL_FULL or wait; warned once)",
-                           ferry_last_error());
-                ring_full(pool, (uint32_t)full, need);
-            }
-        }
-        pthread_mutex_unlock(&pool->lock);
-        if (full < 0 || !timeout_ns || expired)
-            return st;
-        uint64_t left = deadline - now;
-        ferry__ring_sleep_on_head(ring_of(pool, (uint32_t)full), pool->channel_depth, need,
-                                  left < FERRY_SEND_SLICE_NS ? left : FERRY_SEND_SLICE_NS);
-    }
+    room_wait rw = {
+        .pool = pool, .chosen = chosen, .preack = preack, .need = need, .timeout_ns = timeout_ns};
+    ferry__wait w = {
+        .look = room_look,
+        .sleep = room_sleep,
+        .expired = room_expired,
+        .ctx = &rw,
+        .slice_ns = FERRY_SEND_SLICE_NS,
+    };
+    return ferry__wait_run(&w, 0, deadline);
 }
 
 /* Queues the encoded descriptors for every chosen rank not acknowledged for, then wakes. */
@@ -389,6 +426,49 @@ static uint32_t unsettled_locked(ferry_pool *pool)
     return n;
 }
 
+/* A drain's wait for acknowledgements (ferry__wait_run). */
+typedef struct drain_wait {
+    ferry_pool *pool;
+    uint64_t timeout_ns;
+    uint32_t seq;  /* the acknowledgement sequence before the last look */
+    uint32_t left; /* leases the last look found unsettled */
+} drain_wait;
+
+static int drain_look(void *arg)
+{
+    drain_wait *w = arg;
+    ferry_pool *pool = w->pool;
+    w->seq = ferry__shm_ack_seq(&pool->mem.shm);
+    pthread_mutex_lock(&pool->lock);
+    int closing = pool->closing;
+    w->left = closing ? 0 : unsettled_locked(pool);
+    pthread_mutex_unlock(&pool->lock);
+    if (closing)
+        return ferry__pool_closing_error(pool);
+    return w->left ? FERRY__WAIT_AGAIN : FERRY_OK;
+}
+
+static void drain_sleep(void *arg, uint64_t ns)
+{
+    drain_wait *w = arg;
+    ferry__shm_sleep_on_acks(&w->pool->mem.shm, w->seq, ns);
+}
+
+/* TIMEOUT naming the slowest rank. */
+static int drain_expired(void *arg)
+{
+    drain_wait *w = arg;
+    ferry_pool *pool = w->pool;
+    char backlog[256];
+    pthread_mutex_lock(&pool->lock);
+    ferry__describe_backlog_locked(pool, backlog, sizeof(backlog));
+    pthread_mutex_unlock(&pool->lock);
+    return ferry__fail(FERRY_TIMEOUT,
+                       "%s pool did not drain within %.3f ms: %u published leases are not "
+                       "acknowledged; %s",
+                       pool->ops->name, (double)w->timeout_ns / 1e6, w->left, backlog);
+}
+
 ferry_status ferry_pool_drain(ferry_pool *pool, uint64_t timeout_ns)
 {
     FERRY_CUDA_BOUNDARY;
@@ -397,35 +477,18 @@ ferry_status ferry_pool_drain(ferry_pool *pool, uint64_t timeout_ns)
         st = ferry__pool_enter(pool);
     if (st != FERRY_OK)
         return st;
-    ferry__shm *shm = &pool->mem.shm;
-    uint64_t deadline = ferry__deadline(timeout_ns), start = ferry__now_ns();
-    ferry__shm_space_wait_begin(shm);
-    for (;;) {
-        uint32_t seq = ferry__shm_ack_seq(shm);
-        pthread_mutex_lock(&pool->lock);
-        uint32_t left = pool->closing ? 0 : unsettled_locked(pool);
-        uint64_t now = ferry__now_ns();
-        if (pool->closing)
-            st = ferry__pool_closing_error(pool);
-        else if (left && now >= deadline) {
-            char backlog[256];
-            ferry__describe_backlog_locked(pool, backlog, sizeof(backlog));
-            st = ferry__fail(FERRY_TIMEOUT,
-                             "%s pool did not drain within %.3f ms: %u published leases are "
-                             "not acknowledged; %s",
-                             pool->ops->name, (double)timeout_ns / 1e6, left, backlog);
-        }
-        pthread_mutex_unlock(&pool->lock);
-        if (st != FERRY_OK || !left)
-            break;
-        if (now - start < FERRY_DRAIN_SPIN_NS) { /* GPU streams' acks wake nobody */
-            sched_yield();
-            continue;
-        }
-        uint64_t wait = deadline - now, slice = pool->ops->space_poll_ns;
-        ferry__shm_sleep_on_acks(shm, seq, wait < slice ? wait : slice);
-    }
-    ferry__shm_space_wait_end(shm);
+    drain_wait dw = {.pool = pool, .timeout_ns = timeout_ns};
+    ferry__wait w = {
+        .look = drain_look,
+        .sleep = drain_sleep,
+        .expired = drain_expired,
+        .ctx = &dw,
+        .spin_ns = FERRY_DRAIN_SPIN_NS, /* GPU streams' acks wake nobody */
+        .slice_ns = pool->ops->space_poll_ns,
+    };
+    ferry__shm_space_wait_begin(&pool->mem.shm);
+    st = ferry__wait_run(&w, 0, ferry__deadline(timeout_ns));
+    ferry__shm_space_wait_end(&pool->mem.shm);
     ferry__pool_leave(pool);
     if (st == FERRY_OK)
         ferry__clear_error();

@@ -15,6 +15,7 @@
 #include "policy/policy.h"
 #include "pool/pool.h"
 #include "shm/signal.h"
+#include "shm/wait.h"
 
 /* A lease being created: where its slice is and which generation it carries. */
 typedef struct lease {
@@ -381,24 +382,54 @@ static ferry_status lease_once_locked(ferry_pool *pool, uint64_t bytes, int comm
     return st;
 }
 
+/* A publisher's wait for space (ferry__wait_run): every acknowledgement bumps the header's
+ * sequence and wakes it. */
+typedef struct space_wait {
+    ferry_pool *pool;
+    uint64_t bytes;
+    int committed;
+    lease *out;
+    uint32_t seq; /* the acknowledgement sequence before the last look */
+} space_wait;
+
+static int space_look(void *arg)
+{
+    space_wait *w = arg;
+    ferry_pool *pool = w->pool;
+    w->seq = ferry__shm_ack_seq(&pool->mem.shm);
+    pthread_mutex_lock(&pool->lock);
+    ferry_status st =
+        pool->closing ? FERRY_CLOSING : lease_once_locked(pool, w->bytes, w->committed, w->out);
+    pthread_mutex_unlock(&pool->lock);
+    return st == FERRY_POOL_FULL ? FERRY__WAIT_AGAIN : (int)st;
+}
+
+static void space_sleep(void *arg, uint64_t ns)
+{
+    space_wait *w = arg;
+    ferry__shm_sleep_on_acks(&w->pool->mem.shm, w->seq, ns);
+}
+
+static int space_expired(void *arg)
+{
+    (void)arg;
+    return FERRY_POOL_FULL;
+}
+
 static ferry_status lease_wait(ferry_pool *pool, uint64_t bytes, int committed, uint64_t deadline,
                                lease *out)
 {
-    ferry__shm *shm = &pool->mem.shm;
-    ferry_status st = FERRY_POOL_FULL;
-    ferry__shm_space_wait_begin(shm);
-    for (;;) {
-        uint32_t seq = ferry__shm_ack_seq(shm);
-        pthread_mutex_lock(&pool->lock);
-        st = pool->closing ? FERRY_CLOSING : lease_once_locked(pool, bytes, committed, out);
-        pthread_mutex_unlock(&pool->lock);
-        uint64_t now = ferry__now_ns();
-        if (st != FERRY_POOL_FULL || now >= deadline)
-            break;
-        uint64_t left = deadline - now, slice = pool->ops->space_poll_ns;
-        ferry__shm_sleep_on_acks(shm, seq, left < slice ? left : slice);
-    }
-    ferry__shm_space_wait_end(shm);
+    space_wait sw = {.pool = pool, .bytes = bytes, .committed = committed, .out = out};
+    ferry__wait w = {
+        .look = space_look,
+        .sleep = space_sleep,
+        .expired = space_expired,
+        .ctx = &sw,
+        .slice_ns = pool->ops->space_poll_ns, /* GPU streams' acks wake nobody */
+    };
+    ferry__shm_space_wait_begin(&pool->mem.shm);
+    ferry_status st = ferry__wait_run(&w, 0, deadline);
+    ferry__shm_space_wait_end(&pool->mem.shm);
     return st;
 }
 
