@@ -319,7 +319,7 @@ static void test_full_ring_policies(void **state)
     assert_int_equal(send_stamped(pool, 64, 2, &only1, 0, NULL), FERRY_OK);
     assert_int_equal(send_stamped(pool, 64, 3, &only1, 0, NULL), FERRY_POOL_FULL);
     assert_non_null(strstr(ferry_last_error(), "ring of rank 1 is full"));
-    assert_non_null(strstr(ferry_last_error(), "not connected yet"));
+    assert_non_null(strstr(ferry_last_error(), "not attached yet"));
     assert_int_equal(send_stamped(pool, 64, 1, &only0, 0, NULL), FERRY_OK);
     assert_int_equal(send_stamped(pool, 64, 2, &only0, 0, NULL), FERRY_OK);
     uint64_t leased = th_stats(pool).publishes;

@@ -16,7 +16,6 @@
 #include "common/atomic.h"
 #include "common/clock.h"
 #include "common/error.h"
-#include "common/proc.h"
 #include "driver/driver.h"
 #include "pool/pool.h"
 #include "shm/ring.h"
@@ -147,8 +146,7 @@ ferry_status ferry__channel_notify(void *arg, uint32_t rank, pid_t pid, int fd)
     ferry_pool *pool = arg;
     pthread_mutex_lock(&pool->lock);
     /* Only the live process holding the rank may be signalled for it. */
-    const ferry__rank *rk = &pool->ranks[rank];
-    int holds = rk->pid == pid && !rk->dead && ferry__proc_starttime(pid) == rk->starttime;
+    int holds = ferry__rank_held_by_locked(pool, rank, pid);
     pthread_mutex_unlock(&pool->lock);
     if (!holds || !eventfd_checked(fd)) {
         close(fd);
@@ -192,13 +190,13 @@ static ferry_status pick_ranks(ferry_pool *pool, const ferry_ranks *ranks, uint8
 
 static ferry_status ring_full(ferry_pool *pool, uint32_t rank, uint32_t need)
 {
-    const ferry__rank *rk = &pool->ranks[rank];
-    const char *state = !rk->pid ? "not connected yet" : rk->dead ? "dead" : "alive";
+    char who[64];
+    ferry__rank_describe_locked(pool, rank, who, sizeof(who));
     return ferry__fail(FERRY_POOL_FULL,
                        "%s pool: the descriptor ring of rank %u is full (%u of %u queued, %u "
-                       "more needed): rank %u is behind (pid %d, %s)",
+                       "more needed): rank %u is behind (%s)",
                        pool->ops->name, rank, ferry__ring_queued(ring_of(pool, rank)),
-                       pool->channel_depth, need, rank, (int)rk->pid, state);
+                       pool->channel_depth, need, rank, who);
 }
 
 /* One look under the pool lock: dead chosen ranks (as last found) get their rings emptied
@@ -212,7 +210,7 @@ static int64_t look_locked(ferry_pool *pool, const uint8_t *chosen, uint8_t *pre
         /* A dead rank's queued entries are dropped (their leases are acknowledged on its
          * behalf) and the lease being sent is acknowledged for it at once; a successor's
          * claim clears dead under the pool lock, which the caller holds. */
-        if (pool->ranks[r].dead) {
+        if (ferry__rank_dead_locked(pool, r)) {
             ferry__ring_drop(ring_of(pool, r));
             preack[r] = 1;
             continue;

@@ -49,8 +49,7 @@ static ferry_status init_tables(ferry_pool *pool)
     pool->slots = calloc(pool->max_inflight, sizeof(*pool->slots));
     pool->ring = calloc(pool->max_inflight, sizeof(*pool->ring));
     pool->inflight = calloc(pool->max_inflight, sizeof(*pool->inflight));
-    pool->ranks = calloc(pool->consumers, sizeof(*pool->ranks));
-    if (!pool->slots || !pool->ring || !pool->inflight || !pool->ranks)
+    if (!pool->slots || !pool->ring || !pool->inflight)
         return ferry__fail(FERRY_NO_MEMORY, "%s pool: out of memory for bookkeeping",
                            pool->ops->name);
     for (uint32_t s = 0; s < pool->max_inflight; s++) {
@@ -59,7 +58,7 @@ static ferry_status init_tables(ferry_pool *pool)
         pool->ring[s] = s;
     }
     pool->ring_count = pool->max_inflight;
-    return FERRY_OK;
+    return ferry__ranks_init(pool);
 }
 
 static void free_tables(ferry_pool *pool)
@@ -68,7 +67,7 @@ static void free_tables(ferry_pool *pool)
     free(pool->slots);
     free(pool->ring);
     free(pool->inflight);
-    free(pool->ranks);
+    ferry__ranks_fini(pool);
 }
 
 static ferry_status init_sync(ferry_pool *pool)
@@ -103,7 +102,7 @@ static ferry_status start_broker(ferry_pool *pool)
         .shared_size = pool->mem.shared_size,
         .consumer_count = pool->consumers,
         .label = pool->broker_label,
-        .on_attach = ferry__rank_attached,
+        .on_attach = ferry__ranks_attach,
         .on_describe = ferry__channel_describe,
         .on_notify = ferry__channel_notify,
         .user = pool,
@@ -999,20 +998,6 @@ ferry_status ferry_pool_reclaim(ferry_pool *pool, uint64_t *reclaimed)
 
 /* ---- observation -------------------------------------------------------------------- */
 
-static uint64_t alive_ranks_locked(ferry_pool *pool, uint64_t *attached)
-{
-    uint64_t alive = 0;
-    *attached = 0;
-    for (uint32_t r = 0; r < pool->consumers; r++) {
-        const ferry__rank *rk = &pool->ranks[r];
-        if (!rk->pid)
-            continue;
-        (*attached)++;
-        alive += !rk->dead && ferry__proc_alive(rk->pid, rk->starttime);
-    }
-    return alive;
-}
-
 /* Bytes of each version of ferry_pool_stats; 0 for an unknown version. */
 static size_t stats_size(uint32_t version)
 {
@@ -1038,7 +1023,7 @@ static void stats_fill_locked(ferry_pool *pool, ferry_pool_stats *s)
     s->largest_free = ferry__alloc_largest_free(&pool->alloc);
     s->leases_in_flight = pool->inflight_count;
     s->broker_refused = ferry__broker_refused(pool->broker);
-    s->consumers_alive = alive_ranks_locked(pool, &s->consumers_attached);
+    ferry__ranks_count_locked(pool, &s->consumers_attached, &s->consumers_alive);
 }
 
 ferry_status ferry_pool_stats_get(ferry_pool *pool, ferry_pool_stats *stats)
@@ -1089,10 +1074,7 @@ static void rank_backlog_locked(ferry_pool *pool, uint32_t rank, ferry_consumer_
 /* Fills a rank's fields of *info (whose counts the caller zeroed). */
 static void rank_info_locked(ferry_pool *pool, uint32_t rank, ferry_consumer_info *info)
 {
-    const ferry__rank *rk = &pool->ranks[rank];
-    info->attached = rk->pid != 0;
-    info->pid = rk->pid;
-    info->alive = info->attached && !rk->dead && ferry__proc_alive(rk->pid, rk->starttime);
+    ferry__rank_info_locked(pool, rank, info);
     rank_backlog_locked(pool, rank, info);
 }
 

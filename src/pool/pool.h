@@ -9,6 +9,7 @@
 #include "broker/broker.h"
 #include "ferry.h"
 #include "pool/alloc.h"
+#include "pool/ranks.h"
 #include "shm/layout.h"
 #include "transport/transport.h"
 
@@ -24,14 +25,6 @@ typedef struct ferry__slot {
     uint8_t committed;     /* the ready write was issued */
     uint8_t cancelled;     /* cancelled; freed once its row is complete */
 } ferry__slot;
-
-/* What the pool knows of the process attached as one rank. */
-typedef struct ferry__rank {
-    pid_t pid;          /* producer's pid namespace; 0 if never attached */
-    uint64_t starttime; /* guards against pid reuse */
-    int dead;           /* its process was found dead; acks are written on its behalf */
-    int warned;         /* the death was logged */
-} ferry__rank;
 
 struct ferry_pool {
     const ferry__transport_ops *ops;
@@ -56,8 +49,8 @@ struct ferry_pool {
     uint32_t ring_count;
     uint32_t *inflight; /* leased slots */
     uint32_t inflight_count;
-    ferry__rank *ranks;
-    uint64_t liveness_ns; /* when attached consumers' processes were last checked */
+    ferry__rank *ranks;   /* ranks.c's alone */
+    uint64_t liveness_ns; /* when the ranks' holders were last looked at (ranks.c) */
     ferry_pool_stats stats;
     int warned_full;
     int closing;
@@ -139,12 +132,12 @@ uint64_t ferry__reclaim_locked(ferry_pool *pool);
 /* Checks attached ranks' processes; acknowledges every lease of a dead rank for it. Returns
  * how many acknowledgements were written. */
 uint64_t ferry__reap_dead_locked(ferry_pool *pool);
+/* Acknowledges for rank every lease in flight leased before before_ns; returns how many. */
+uint64_t ferry__ack_for_rank_locked(ferry_pool *pool, uint32_t rank, uint64_t before_ns);
 /* 1 if every word of the slot's row equals its generation (mem.control in sync). */
 int ferry__row_released_locked(const ferry_pool *pool, uint32_t slot);
 /* Returns a leased slot and its slice to the free lists. */
 void ferry__slot_release_locked(ferry_pool *pool, uint32_t slot);
-/* Broker callback: pid claims rank (ferry__broker_attach_fn). */
-ferry_status ferry__rank_attached(void *pool, uint32_t rank, pid_t pid, pid_t *holder);
 /* Describes who holds the pool (for POOL_FULL messages) into buf. */
 void ferry__describe_backlog_locked(ferry_pool *pool, char *buf, size_t size);
 ferry_status ferry__reclaimer_start(ferry_pool *pool);
