@@ -55,8 +55,6 @@ static void unlink_locked(ferry__mapped_pool *pool)
     }
 }
 
-void ferry__parts_free(ferry__mapped_pool *pool);
-
 static void unmap_pool(ferry__mapped_pool *pool)
 {
     if (pool->ops)

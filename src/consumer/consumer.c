@@ -496,8 +496,6 @@ struct ferry__part_set {
     uint64_t bits[]; /* one bit per part */
 };
 
-void ferry__parts_free(ferry__mapped_pool *p);
-
 void ferry__parts_free(ferry__mapped_pool *p)
 {
     while (p->parts) {

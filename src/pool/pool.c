@@ -47,17 +47,17 @@ static ferry_status init_tables(ferry_pool *pool)
     if (st != FERRY_OK)
         return st;
     pool->slots = calloc(pool->max_inflight, sizeof(*pool->slots));
-    pool->ring = calloc(pool->max_inflight, sizeof(*pool->ring));
+    pool->free_slots = calloc(pool->max_inflight, sizeof(*pool->free_slots));
     pool->inflight = calloc(pool->max_inflight, sizeof(*pool->inflight));
-    if (!pool->slots || !pool->ring || !pool->inflight)
+    if (!pool->slots || !pool->free_slots || !pool->inflight)
         return ferry__fail(FERRY_NO_MEMORY, "%s pool: out of memory for bookkeeping",
                            pool->ops->name);
     for (uint32_t s = 0; s < pool->max_inflight; s++) {
         pool->slots[s].generation = pool->config.initial_generation;
         pool->slots[s].inflight_pos = FERRY_NIL;
-        pool->ring[s] = s;
+        pool->free_slots[s] = s;
     }
-    pool->ring_count = pool->max_inflight;
+    pool->free_count = pool->max_inflight;
     return ferry__ranks_init(pool);
 }
 
@@ -65,7 +65,7 @@ static void free_tables(ferry_pool *pool)
 {
     ferry__alloc_fini(&pool->alloc);
     free(pool->slots);
-    free(pool->ring);
+    free(pool->free_slots);
     free(pool->inflight);
     ferry__ranks_fini(pool);
 }
@@ -324,14 +324,14 @@ ferry_status ferry_pool_error(ferry_pool *pool, char *cause, size_t size)
 
 static ferry_status try_lease_locked(ferry_pool *pool, uint64_t bytes, int committed, lease *out)
 {
-    if (!pool->ring_count)
+    if (!pool->free_count)
         return FERRY_POOL_FULL;
-    uint32_t slot = pool->ring[pool->ring_head];
+    uint32_t slot = pool->free_slots[pool->free_head];
     ferry__slot *s = &pool->slots[slot];
     if (s->generation >= FERRY_GENERATION_MAX) {
         /* Retire the slot so that the pool keeps serving with the others. */
-        pool->ring_head = (pool->ring_head + 1) % pool->max_inflight;
-        pool->ring_count--;
+        pool->free_head = (pool->free_head + 1) % pool->max_inflight;
+        pool->free_count--;
         return ferry__fail(FERRY_GENERATION_EXHAUSTED,
                            "%s pool slot generation exhausted (slot=%u, generation=%u)",
                            pool->ops->name, slot, s->generation);
@@ -341,8 +341,8 @@ static ferry_status try_lease_locked(ferry_pool *pool, uint64_t bytes, int commi
     ferry_status st = ferry__alloc_alloc(&pool->alloc, bytes ? bytes : 1, &offset, &handle);
     if (st != FERRY_OK)
         return st;
-    pool->ring_head = (pool->ring_head + 1) % pool->max_inflight;
-    pool->ring_count--;
+    pool->free_head = (pool->free_head + 1) % pool->max_inflight;
+    pool->free_count--;
     s->offset = offset;
     s->handle = handle;
     s->committed = (uint8_t)committed;

@@ -33,8 +33,8 @@ void ferry__slot_release_locked(ferry_pool *pool, uint32_t slot)
 {
     ferry__alloc_free(&pool->alloc, pool->slots[slot].handle);
     inflight_remove(pool, slot);
-    pool->ring[(pool->ring_head + pool->ring_count) % pool->max_inflight] = slot;
-    pool->ring_count++;
+    pool->free_slots[(pool->free_head + pool->free_count) % pool->max_inflight] = slot;
+    pool->free_count++;
 }
 
 uint64_t ferry__reclaim_locked(ferry_pool *pool)
