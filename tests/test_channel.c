@@ -23,7 +23,7 @@
 #include "common/clock.h"
 #include "consumer/consumer.h"
 #include "ferry.h"
-#include "pool/layout.h"
+#include "shm/segment.h"
 #include "pool/pool.h"
 #include "helpers.h"
 #include "procs.h"
@@ -319,7 +319,7 @@ static void test_full_ring_policies(void **state)
     assert_int_equal(send_stamped(pool, 64, 2, &only1, 0, NULL), FERRY_OK);
     assert_int_equal(send_stamped(pool, 64, 3, &only1, 0, NULL), FERRY_POOL_FULL);
     assert_non_null(strstr(ferry_last_error(), "ring of rank 1 is full"));
-    assert_non_null(strstr(ferry_last_error(), "not connected yet"));
+    assert_non_null(strstr(ferry_last_error(), "not attached yet"));
     assert_int_equal(send_stamped(pool, 64, 1, &only0, 0, NULL), FERRY_OK);
     assert_int_equal(send_stamped(pool, 64, 2, &only0, 0, NULL), FERRY_OK);
     uint64_t leased = th_stats(pool).publishes;
@@ -492,7 +492,7 @@ static void test_takeover_clears_sleepers(void **state)
     ferry_pool *pool = make_pool(1, 4);
     char addr[FERRY_ADDRESS_SIZE];
     address_of(pool, addr);
-    ferry__ring *ring = ferry__ring_of(pool->mem.header, 0);
+    ferry__ring *ring = ferry__shm_ring(&pool->mem.shm, 0);
     th_helper first = spawn_receiver("sleep", addr, 0);
     for (int i = 0; i < 200 && !__atomic_load_n(&ring->receivers, __ATOMIC_ACQUIRE); i++) {
         struct timespec ts = {0, 5 * 1000 * 1000};
@@ -696,7 +696,7 @@ static void test_corrupt_entry_dropped(void **state)
     d.part_count = 4;
     uint8_t forged[FERRY_DESCRIPTOR_SIZE];
     assert_int_equal(ferry_descriptor_encode(&d, forged), FERRY_OK);
-    ferry__ring *ring = ferry__ring_of(c->bound->header, 0);
+    ferry__ring *ring = ferry__shm_ring(&c->bound->shm, 0);
     memcpy(ferry__ring_entry(ring, 4, ring->head), forged, sizeof(forged));
     size_t k;
     ferry_descriptor got[4];

@@ -55,7 +55,7 @@ static void check_invariants(ferry_pool *pool)
 {
     pthread_mutex_lock(&pool->lock);
     int rc = ferry__alloc_check(&pool->alloc);
-    uint32_t inflight = pool->inflight_count, free_slots = pool->ring_count;
+    uint32_t inflight = pool->inflight_count, free_slots = pool->free_count;
     pthread_mutex_unlock(&pool->lock);
     if (rc != 0)
         fail_msg("allocator invariant broken: %s", ferry_last_error());

@@ -14,6 +14,7 @@
 #include "common/error.h"
 #include "common/proc.h"
 #include "consumer/consumer.h"
+#include "shm/signal.h"
 #include "transport/transport.h"
 
 static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -54,8 +55,6 @@ static void unlink_locked(ferry__mapped_pool *pool)
     }
 }
 
-void ferry__parts_free(ferry__mapped_pool *pool);
-
 static void unmap_pool(ferry__mapped_pool *pool)
 {
     if (pool->ops)
@@ -71,48 +70,23 @@ static void unmap_pool(ferry__mapped_pool *pool)
     free(pool);
 }
 
-static const char *layout_mismatch(const ferry__shm_header *h)
-{
-    if (h->ring_depth == 0 || (h->ring_depth & (h->ring_depth - 1)) != 0 ||
-        h->ring_offset != ferry__ring_offset(h->max_inflight) ||
-        h->header_bytes != ferry__header_bytes(h->max_inflight, h->consumer_count, h->ring_depth) ||
-        h->gen_offset != FERRY_GEN_TABLE_OFFSET ||
-        h->extent_offset != ferry__extent_offset(h->max_inflight) ||
-        h->data_start != ferry__data_start(h->max_inflight, h->consumer_count) ||
-        h->data_start >= h->memory_size ||
-        h->data_size != ((h->memory_size - h->data_start) & ~(uint64_t)255))
-        return "inconsistent layout";
-    return NULL;
-}
-
-/* Checks the pool's own header against the descriptor and the segment's real size. */
-static ferry_status validate_header(const ferry__shm_header *h, uint64_t size,
-                                    const ferry_descriptor *d)
+/* The transport's checks of a layout the segment module validated: its placement, and the
+ * segment's bytes after the header. */
+static ferry_status check_transport(const ferry__shm_layout *l, uint64_t size,
+                                    const ferry__transport_ops **out)
 {
     const char *why = NULL;
     const ferry__transport_ops *ops = NULL;
     uint64_t tail = 0;
-    if (size < FERRY_GEN_TABLE_OFFSET || h->magic != FERRY_SHM_MAGIC)
-        why = "bad magic";
-    else if (h->version != FERRY_SHM_VERSION)
-        why = "unsupported layout version";
-    else if (memcmp(h->pool_id, d->pool_id, 16) != 0)
-        why = "pool identity differs";
-    else if (h->backend != d->backend || ferry__transport_of(h->backend, &ops) != FERRY_OK)
+    if (ferry__transport_of(l->backend, &ops) != FERRY_OK)
         why = "backend differs";
-    else if (h->desc_flags != (d->flags & FERRY_DESC_FLAG_DEVICE_CONTROL) ||
-             (why = ops->view_check(h, &tail)) != NULL)
+    else if (ops->view_check(l, &tail) != NULL)
         why = "placement differs";
-    else if (h->consumer_count != d->consumer_count || h->row_words != 1u + h->consumer_count)
-        why = "consumer count differs";
-    else if (h->max_inflight != d->max_inflight)
-        why = "max_inflight differs";
-    else if (h->memory_size != d->pool_size)
-        why = "pool size differs";
-    else if ((why = layout_mismatch(h)) == NULL && h->header_bytes + tail != size)
+    else if (l->header_bytes + tail != size)
         why = "segment size differs from the layout";
     if (why)
         return ferry__fail(FERRY_MISMATCH, "pool header does not match the descriptor: %s", why);
+    *out = ops;
     return FERRY_OK;
 }
 
@@ -134,19 +108,15 @@ static ferry_status map_segment(int fd, uint64_t sent_size, ferry__mapped_pool *
 
 static void fill_view(ferry__mapped_pool *pool, const ferry_descriptor *d)
 {
-    ferry__shm_header *h = pool->base;
-    pool->header = h;
-    ferry__transport_of(h->backend, &pool->ops); /* validate_header checked it */
-    pool->backend = h->backend;
-    pool->flags = (uint8_t)h->desc_flags;
+    const ferry__shm_layout *l = &pool->shm.layout;
+    pool->backend = l->backend;
+    pool->flags = (uint8_t)l->desc_flags;
     memcpy(pool->handle, d->handle, sizeof(pool->handle));
-    pool->generations = (uint32_t *)((uint8_t *)pool->base + h->gen_offset);
-    pool->extents = (ferry__extent *)((uint8_t *)pool->base + h->extent_offset);
-    pool->consumers = h->consumer_count;
-    pool->max_inflight = h->max_inflight;
-    pool->row_words = h->row_words;
-    pool->memory_size = h->memory_size;
-    pool->data_size = h->data_size;
+    pool->consumers = l->consumers;
+    pool->max_inflight = l->max_inflight;
+    pool->row_words = l->row_words;
+    pool->memory_size = l->memory_size;
+    pool->data_size = l->data_size;
 }
 
 /* Nanoseconds left until deadline (0 once passed). */
@@ -171,13 +141,15 @@ static ferry_status map_checked(ferry__mapped_pool *pool, const ferry_descriptor
     ferry_status st = map_segment(fd, size, pool);
     close(fd);
     if (st == FERRY_OK)
-        st = validate_header(pool->base, size, d);
+        st = ferry__shm_open(&pool->shm, pool->base, size, d);
+    if (st == FERRY_OK)
+        st = check_transport(&pool->shm.layout, size, &pool->ops);
     if (st == FERRY_OK && !(pool->attached = calloc(d->consumer_count, 1)))
         st = ferry__fail(FERRY_NO_MEMORY, "out of memory opening a pool");
     if (st != FERRY_OK)
         return st;
     fill_view(pool, d);
-    const ferry__placement *place = pool->ops->view_placement(pool->header);
+    const ferry__placement *place = pool->ops->view_placement(&pool->shm.layout);
     st = place->open(pool);
     if (st == FERRY_OK)
         pool->place = place; /* closed by unmap_pool from here */
@@ -233,8 +205,7 @@ static ferry_status attach_rank(ferry__mapped_pool *pool, uint32_t rank, uint64_
 
 static int producer_gone_now(const ferry__mapped_pool *p)
 {
-    return ferry__load_acquire32(&p->header->closing) ||
-           !ferry__proc_alive(p->producer_pid, p->producer_start);
+    return ferry__shm_closing(&p->shm) || !ferry__proc_alive(p->producer_pid, p->producer_start);
 }
 
 /* Views whose lease every process can see acknowledged for their rank have ended (the
@@ -248,7 +219,9 @@ static int drop_ended_views_locked(ferry__mapped_pool *p)
     for (uint64_t i = 0; i < (uint64_t)p->max_inflight * p->consumers; i++) {
         uint32_t gen = ferry__load_acquire32(&p->viewed[i]);
         uint64_t slot = i / p->consumers, rank = i % p->consumers;
-        if (gen && p->place->seen(p, slot * p->row_words + 1 + rank, gen) &&
+        if (gen &&
+            p->place->seen(p, ferry__shm_ack_word(&p->shm.layout, (uint32_t)slot, (uint32_t)rank),
+                           gen) &&
             __atomic_compare_exchange_n(&p->viewed[i], &gen, 0, 0, __ATOMIC_ACQ_REL,
                                         __ATOMIC_RELAXED))
             dropped++;

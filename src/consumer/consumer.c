@@ -6,7 +6,6 @@
  * (open, wait, read, view and their stream-ordered forms) claim the consumer's rank for this
  * process; acknowledgements never claim or displace a rank. */
 #include <pthread.h>
-#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -15,10 +14,11 @@
 #include "common/atomic.h"
 #include "common/clock.h"
 #include "common/error.h"
-#include "common/futex.h"
 #include "common/proc.h"
 #include "driver/driver.h"
 #include "consumer/consumer.h"
+#include "shm/signal.h"
+#include "shm/wait.h"
 #include "transport/transport.h"
 
 /* (How long each sleep of a waiting consumer lasts and whether it yields first is the
@@ -138,8 +138,7 @@ static ferry_status pool_lookup(ferry_consumer *c, const ferry_descriptor *d, ui
     if (st != FERRY_OK)
         return st;
     /* A connected consumer's own pool: opened, its rank claimed at connect. */
-    if (c->bound && memcmp(d->pool_id, c->bound->pool_id, 16) == 0 &&
-        (acking || claim == c->rank))
+    if (c->bound && memcmp(d->pool_id, c->bound->pool_id, 16) == 0 && (acking || claim == c->rank))
         p = c->bound;
     else
         st = ferry__cache_acquire(d, claim, c->device, open_deadline(deadline), acking, &p);
@@ -179,11 +178,6 @@ ferry_status ferry_consumer_open(ferry_consumer *c, const ferry_descriptor *d)
 
 /* ---- control words -------------------------------------------------------------------- */
 
-static uint64_t row_word(const ferry__mapped_pool *p, uint32_t slot)
-{
-    return (uint64_t)slot * p->row_words;
-}
-
 static uint64_t rank_index(const ferry__mapped_pool *p, uint32_t slot, uint32_t rank)
 {
     return (uint64_t)slot * p->consumers + rank;
@@ -204,7 +198,7 @@ static ferry_status load_ack(ferry_consumer *c, ferry__mapped_pool *p, uint32_t 
 
 static ferry_status stale(const ferry__mapped_pool *p, const ferry_descriptor *d, uint32_t rank)
 {
-    uint32_t now = ferry__load_acquire32(&p->generations[d->slot]);
+    uint32_t now = ferry__shm_generation(&p->shm, d->slot);
     if (now == (d->generation | FERRY_GEN_CANCELLED))
         return ferry__fail(FERRY_STALE,
                            "stale descriptor: lease (slot=%u, generation=%u) was cancelled by "
@@ -227,11 +221,11 @@ static ferry_status lease_state(ferry_consumer *c, ferry__mapped_pool *p, const 
 {
     uint32_t ack, ready = 0;
     *state = -1;
-    if (ferry__load_acquire32(&p->generations[d->slot]) != d->generation)
+    if (ferry__shm_generation(&p->shm, d->slot) != d->generation)
         return FERRY_OK;
     ferry_status st = load_ack(c, p, d->slot, c->rank, &ack);
     if (st == FERRY_OK && ack != d->generation && check_ready)
-        st = load_word(c, p, row_word(p, d->slot), &ready);
+        st = load_word(c, p, ferry__shm_ready_word(&p->shm.layout, d->slot), &ready);
     if (st == FERRY_OK && ack != d->generation)
         *state = check_ready ? ready == d->generation : 1;
     if (seen)
@@ -244,8 +238,8 @@ static ferry_status lease_state(ferry_consumer *c, ferry__mapped_pool *p, const 
  * generation checked, or its ready word seen); the caller checks the generation again. */
 static ferry_status check_extent(const ferry__mapped_pool *p, const ferry_descriptor *d)
 {
-    uint64_t off = ferry__load_relaxed64(&p->extents[d->slot].offset);
-    uint64_t len = ferry__load_relaxed64(&p->extents[d->slot].length);
+    uint64_t off, len;
+    ferry__shm_extent(&p->shm, d->slot, &off, &len);
     if (d->offset >= off && d->length <= len && d->offset - off <= len - d->length)
         return FERRY_OK;
     return ferry__fail(FERRY_MISMATCH,
@@ -257,7 +251,7 @@ static ferry_status check_extent(const ferry__mapped_pool *p, const ferry_descri
 
 int ferry__producer_gone(ferry__mapped_pool *p)
 {
-    if (ferry__load_acquire32(&p->gone) || ferry__load_acquire32(&p->header->closing) ||
+    if (ferry__load_acquire32(&p->gone) || ferry__shm_closing(&p->shm) ||
         !ferry__proc_alive(p->producer_pid, p->producer_start)) {
         ferry__cache_evict(p);
         return 1;
@@ -265,61 +259,75 @@ int ferry__producer_gone(ferry__mapped_pool *p)
     return 0;
 }
 
-/* Sleeps until the ready word may have changed, as long as the transport says at most. */
-static void sleep_on_ready(ferry__mapped_pool *p, const ferry_descriptor *d, uint32_t seen,
-                           uint64_t ns)
+/* A wait for a lease to be ready (ferry__wait_run). */
+typedef struct ready_wait {
+    ferry_consumer *c;
+    ferry__mapped_pool *p;
+    const ferry_descriptor *d;
+    uint64_t timeout_ns;
+    uint32_t seen; /* the ready word as the last look read it */
+} ready_wait;
+
+static int ready_look(void *arg)
 {
-    uint64_t cap = p->ops->ready_poll_ns;
-    p->place->sleep(p, row_word(p, d->slot), seen, ns < cap ? ns : cap);
+    ready_wait *w = arg;
+    int state;
+    ferry_status st = lease_state(w->c, w->p, w->d, 1, &state, &w->seen);
+    if (st != FERRY_OK)
+        return st;
+    if (state < 0)
+        return stale(w->p, w->d, w->c->rank);
+    if (state == 0)
+        return FERRY__WAIT_AGAIN;
+    st = check_extent(w->p, w->d);
+    if (st != FERRY_OK && ferry__shm_generation_recheck(&w->p->shm, w->d->slot) != w->d->generation)
+        return stale(w->p, w->d, w->c->rank); /* the extent read was the next lease's */
+    return st;
 }
 
-static ferry_status gone_error(const ferry__mapped_pool *p, const ferry_descriptor *d)
+/* Sleeps until the ready word may have changed (a GPU stream writes it without waking
+ * anybody: the transport's slice is short then). */
+static void ready_sleep(void *arg, uint64_t ns)
 {
+    ready_wait *w = arg;
+    w->p->place->sleep(w->p, ferry__shm_ready_word(&w->p->shm.layout, w->d->slot), w->seen, ns);
+}
+
+static ferry_status ready_check(void *arg)
+{
+    ready_wait *w = arg;
+    if (!ferry__producer_gone(w->p))
+        return FERRY_OK;
     return ferry__fail(FERRY_PRODUCER_GONE,
                        "producer of the pool (pid %d) is gone or closed the pool; lease "
                        "(slot=%u, generation=%u) will never be ready",
-                       (int)p->producer_pid, d->slot, d->generation);
+                       (int)w->p->producer_pid, w->d->slot, w->d->generation);
 }
 
-/* Waits until the lease is ready (and its extent holds the descriptor's range). */
+static int ready_expired(void *arg)
+{
+    ready_wait *w = arg;
+    return ferry__fail(FERRY_TIMEOUT, "lease (slot=%u, generation=%u) not ready after %.3f ms",
+                       w->d->slot, w->d->generation, (double)w->timeout_ns / 1e6);
+}
+
+/* Waits until the lease is ready (and its extent holds the descriptor's range). /proc is read
+ * at most every FERRY_READY_WAIT_SLICE_NS, however short the sleeps. */
 static ferry_status wait_ready(ferry_consumer *c, ferry__mapped_pool *p, const ferry_descriptor *d,
                                uint64_t timeout_ns, uint64_t deadline)
 {
-    uint64_t start = 0, next_check = 0;
-    for (;;) {
-        int state;
-        uint32_t ready;
-        ferry_status st = lease_state(c, p, d, 1, &state, &ready);
-        if (st != FERRY_OK)
-            return st;
-        if (state > 0) {
-            st = check_extent(p, d);
-            if (st != FERRY_OK &&
-                ferry__load_after_reads32(&p->generations[d->slot]) != d->generation)
-                return stale(p, d, c->rank); /* the extent read was the next lease's */
-            return st;
-        }
-        if (state < 0)
-            return stale(p, d, c->rank);
-        uint64_t now = ferry__now_ns();
-        if (!start) {
-            start = now;
-            next_check = now + FERRY_READY_WAIT_SLICE_NS;
-        } else if (now >= next_check) {
-            /* /proc is read at most every slice, however short the sleeps. */
-            if (ferry__producer_gone(p))
-                return gone_error(p, d);
-            next_check = now + FERRY_READY_WAIT_SLICE_NS;
-        }
-        if (now >= deadline)
-            return ferry__fail(FERRY_TIMEOUT,
-                               "lease (slot=%u, generation=%u) not ready after %.3f ms", d->slot,
-                               d->generation, (double)timeout_ns / 1e6);
-        if (now - start < p->ops->ready_spin_ns)
-            sched_yield(); /* a GPU stream is about to write it: a sleep would overshoot */
-        else
-            sleep_on_ready(p, d, ready, deadline - now);
-    }
+    ready_wait rw = {.c = c, .p = p, .d = d, .timeout_ns = timeout_ns};
+    ferry__wait w = {
+        .look = ready_look,
+        .sleep = ready_sleep,
+        .check = ready_check,
+        .expired = ready_expired,
+        .ctx = &rw,
+        .spin_ns = p->ops->ready_spin_ns, /* a GPU stream is about to write it */
+        .slice_ns = p->ops->ready_poll_ns,
+        .check_ns = FERRY_READY_WAIT_SLICE_NS,
+    };
+    return ferry__wait_run(&w, timeout_ns, deadline);
 }
 
 ferry_status ferry_consumer_wait(ferry_consumer *c, const ferry_descriptor *d, uint64_t timeout_ns)
@@ -356,10 +364,10 @@ static ferry_status check_dst(const ferry_descriptor *d, const void *dst, size_t
 static ferry_status check_intact(ferry_consumer *c, ferry__mapped_pool *p,
                                  const ferry_descriptor *d)
 {
-    if (ferry__load_after_reads32(&p->generations[d->slot]) != d->generation)
+    if (ferry__shm_generation_recheck(&p->shm, d->slot) != d->generation)
         return stale(p, d, c->rank);
     uint32_t ack;
-    ferry_status st = load_word(c, p, row_word(p, d->slot) + 1 + c->rank, &ack);
+    ferry_status st = load_word(c, p, ferry__shm_ack_word(&p->shm.layout, d->slot, c->rank), &ack);
     if (st != FERRY_OK)
         return st;
     if (ack == d->generation)
@@ -488,8 +496,6 @@ struct ferry__part_set {
     uint64_t bits[]; /* one bit per part */
 };
 
-void ferry__parts_free(ferry__mapped_pool *p);
-
 void ferry__parts_free(ferry__mapped_pool *p)
 {
     while (p->parts) {
@@ -506,7 +512,7 @@ static ferry__part_set **find_parts_locked(ferry__mapped_pool *p, const ferry_de
     ferry__part_set **pp = &p->parts;
     while (*pp) {
         ferry__part_set *s = *pp;
-        if (ferry__load_acquire32(&p->generations[s->slot]) != s->generation) {
+        if (ferry__shm_generation(&p->shm, s->slot) != s->generation) {
             *pp = s->next;
             free(s);
             continue;
@@ -558,13 +564,6 @@ static ferry_status part_ack(ferry__mapped_pool *p, const ferry_descriptor *d, u
 
 /* ---- acknowledgements --------------------------------------------------------------- */
 
-static void signal_ack(ferry__mapped_pool *p)
-{
-    ferry__fetch_add_seqcst32(&p->header->ack_seq, 1);
-    if (ferry__load_seqcst32(&p->header->producer_waiters))
-        ferry__futex_wake_all(&p->header->ack_seq);
-}
-
 static ferry_status check_range(const ferry__mapped_pool *p, uint32_t first, uint32_t count)
 {
     if (count == 0 || first >= p->consumers || count > p->consumers - first)
@@ -593,7 +592,7 @@ static ferry_status ack_one(ferry_consumer *c, ferry__mapped_pool *p, const ferr
         *wrote = complete;
         return st;
     }
-    uint64_t word = row_word(p, d->slot) + 1 + rank;
+    uint64_t word = ferry__shm_ack_word(&p->shm.layout, d->slot, rank);
     int replaced = 1;
     /* From the value read: a writer paused since its generation check must not replace the
      * acknowledgement of a newer lease of the slot (whose row would never complete). */
@@ -632,7 +631,7 @@ static ferry_status ack_ranks(ferry_consumer *c, ferry__mapped_pool *p, const fe
         return st;
     if (ferry__load_acquire32(&p->gone))
         return ack_gone(p, d, first, count);
-    if (ferry__load_acquire32(&p->generations[d->slot]) != d->generation) {
+    if (ferry__shm_generation(&p->shm, d->slot) != d->generation) {
         for (uint32_t r = first; r < first + count; r++)
             view_end(p, d->slot, r, d->generation); /* the slot moved on: the views ended */
         return stale(p, d, first);
@@ -645,7 +644,7 @@ static ferry_status ack_ranks(ferry_consumer *c, ferry__mapped_pool *p, const fe
         taken += wrote >= 0;
     }
     if (written && !enqueue)
-        signal_ack(p);
+        ferry__shm_acked(&p->shm);
     if (st != FERRY_OK)
         return st;
     if ((strict && taken < count) || !taken)
@@ -720,9 +719,10 @@ static ferry_status gpu_pool_for(ferry_consumer *c, const ferry_descriptor *d, u
 static ferry_status enqueue_ready_wait(ferry_consumer *c, ferry__mapped_pool *p,
                                        const ferry_descriptor *d, void *stream)
 {
-    if (p->place->seen(p, row_word(p, d->slot), d->generation))
+    if (p->place->seen(p, ferry__shm_ready_word(&p->shm.layout, d->slot), d->generation))
         return FERRY_OK;
-    return p->ops->view_enqueue_wait(p, c->device, row_word(p, d->slot), d->generation, stream);
+    return p->ops->view_enqueue_wait(p, c->device, ferry__shm_ready_word(&p->shm.layout, d->slot),
+                                     d->generation, stream);
 }
 
 ferry_status ferry_consumer_read_async(ferry_consumer *c, const ferry_descriptor *d, void *dst,

@@ -28,14 +28,23 @@ struct ferry_consumer {
     uint64_t alive_ns;       /* atomic: when a recv last looked at the producer's process */
 };
 
+/* ---- consumer.c ------------------------------------------------------------------------ */
+
 /* FERRY_OK if the calling process made the consumer, else FORKED (with a message). */
 ferry_status ferry__consumer_owned(const struct ferry_consumer *c);
 
 /* 1 if the pool's producer closed it or died (the pool is then evicted from the cache). */
 int ferry__producer_gone(ferry__mapped_pool *p);
 
-/* Frees what ferry_consumer_connect and ferry_consumer_fd made (receive.c). */
+/* Frees the pool's records of packed leases acknowledged part by part (at unmap). */
+void ferry__parts_free(ferry__mapped_pool *p);
+
+/* ---- receive.c ------------------------------------------------------------------------ */
+
+/* Frees what ferry_consumer_connect and ferry_consumer_fd made. */
 void ferry__consumer_unbind(struct ferry_consumer *c);
+
+/* ---- cache.c -------------------------------------------------------------------------- */
 
 /* Finds or opens the pool a descriptor names and, unless claim is FERRY__RANK_NONE, makes
  * sure this process holds rank claim of it (RANK_IN_USE if another live process does).

@@ -1,12 +1,6 @@
-/* Channels, consumer side: connecting by address, taking descriptors from the rank's ring,
- * and the pollable fd (ferry.h, "Channels").
- *
- * A ring's entries [head, tail) are queued. A receiver copies the entries at head, then
- * advances head by compare-and-swap: a thread that lost the race drops its copy (which the
- * producer may have been rewriting) and tries again, so that threads of one process share a
- * rank's ring and each lease goes to one of them. */
+/* Channels, consumer side: connecting by address, taking descriptors from the rank's ring
+ * (shm/ring.c holds both halves of the ring), and the pollable fd (ferry.h, "Channels"). */
 #include <errno.h>
-#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -18,10 +12,12 @@
 #include "common/atomic.h"
 #include "common/clock.h"
 #include "common/error.h"
-#include "common/futex.h"
 #include "common/proc.h"
 #include "consumer/consumer.h"
 #include "driver/driver.h"
+#include "shm/ring.h"
+#include "shm/wait.h"
+#include "shm/signal.h"
 #include "transport/transport.h"
 #include "wire/wire.h"
 
@@ -136,102 +132,52 @@ static ferry_status check_bound(const ferry_consumer *c)
 
 /* ---- taking descriptors ---------------------------------------------------------------- */
 
-enum { TAKE_EMPTY = -1 };
-
 static ferry__ring *my_ring(const ferry_consumer *c)
 {
-    return ferry__ring_of(c->bound->header, c->rank);
-}
-
-/* Decodes the entry at position i (copied word by word: see entry_store in channel.c). */
-static ferry_status entry_load(ferry__ring *ring, uint32_t depth, uint32_t i, ferry_descriptor *d)
-{
-    uint8_t raw[FERRY_DESCRIPTOR_SIZE];
-    const uint8_t *entry = ferry__ring_entry(ring, depth, i);
-    for (size_t w = 0; w < FERRY_DESCRIPTOR_SIZE; w += 8) {
-        uint64_t v = ferry__load_relaxed64((const uint64_t *)(entry + w));
-        memcpy(raw + w, &v, 8);
-    }
-    return ferry_descriptor_decode(raw, sizeof(raw), d);
+    return ferry__shm_ring(&c->bound->shm, c->rank);
 }
 
 /* 1 if the lease is still this rank's to read: its slot holds its generation and the rank's
  * acknowledgement (as this process can know it cheaply) is not written. */
-static int current(const ferry_consumer *c, ferry__mapped_pool *p, const ferry_descriptor *d)
+static int current(void *arg, const ferry_descriptor *d)
 {
+    const ferry_consumer *c = arg;
+    ferry__mapped_pool *p = c->bound;
     uint32_t ack = 0;
-    if (ferry__load_acquire32(&p->generations[d->slot]) != d->generation)
+    if (ferry__shm_generation(&p->shm, d->slot) != d->generation)
         return 0;
     return p->place->load_ack(p, c->device, d->slot, c->rank, &ack) != FERRY_OK ||
            ack != d->generation;
 }
 
-/* One attempt at the entries at head: FERRY_OK with the lease's descriptors, TAKE_EMPTY, or
- * an error (the entries stay queued). *skipped counts leases dropped as no longer current. */
+/* The next lease queued for the rank that is still its to read: FERRY_OK with its
+ * descriptors, FERRY__RING_EMPTY, or an error (the entries stay queued). */
 static int take(ferry_consumer *c, ferry_descriptor *descs, size_t max, size_t *count)
 {
     ferry__mapped_pool *p = c->bound;
-    ferry__ring *ring = my_ring(c);
-    uint32_t depth = p->header->ring_depth;
-    for (;;) {
-        uint32_t head = ferry__load_acquire32(&ring->head);
-        uint32_t tail = ferry__load_acquire32(&ring->tail);
-        if (head == tail)
-            return TAKE_EMPTY;
-        if (tail - head > depth) {
-            if (ferry__load_after_reads32(&ring->head) != head)
-                continue; /* head moved on between the two loads */
-            return ferry__fail(FERRY_MALFORMED,
-                               "descriptor ring of rank %u is corrupt (head %u, tail %u, depth "
-                               "%u)",
-                               c->rank, head, tail, depth);
-        }
-        ferry_status st = entry_load(ring, depth, head, &descs[0]);
-        size_t k = st == FERRY_OK && descs[0].part_count ? descs[0].part_count : 1;
-        if (st == FERRY_OK && (k > tail - head || memcmp(descs[0].pool_id, p->pool_id, 16) != 0 ||
-                               descs[0].slot >= p->max_inflight)) {
-            st = ferry__fail(FERRY_MALFORMED, "descriptor ring of rank %u holds a foreign entry",
-                             c->rank);
-            k = 1; /* dropped alone: the entries after it are the producer's */
-        }
-        if (st == FERRY_OK && k > max) {
-            if (ferry__load_after_reads32(&ring->head) != head)
-                continue;
-            *count = k;
-            return ferry__fail(FERRY_INVALID_ARGUMENT,
-                               "the next lease has %zu tensors; the output holds %zu", k, max);
-        }
-        for (size_t i = 1; i < k && st == FERRY_OK; i++)
-            st = entry_load(ring, depth, head + (uint32_t)i, &descs[i]);
-        /* seq_cst: the store half of a Dekker pair with a sender's sleep on head. */
-        if (!ferry__cas_seqcst32(&ring->head, &head, head + (uint32_t)k))
-            continue; /* another thread took them: the copies may be torn */
-        if (ferry__load_seqcst32(&ring->senders))
-            ferry__futex_wake_all(&ring->head);
-        if (st != FERRY_OK)
-            return st;
-        if (!current(c, p, &descs[0]))
-            continue;
-        *count = k;
-        return FERRY_OK;
-    }
+    ferry__ring_reader r = {
+        .ring = my_ring(c),
+        .depth = p->shm.layout.ring_depth,
+        .rank = c->rank,
+        .pool_id = p->pool_id,
+        .max_inflight = p->max_inflight,
+        .current = current,
+        .arg = c,
+    };
+    return ferry__ring_take(&r, descs, max, count);
 }
 
 /* Asks the producer to signal the poll fd at its next send; 1 if the ring got entries in the
  * meantime (take again). */
 static int arm(ferry_consumer *c)
 {
-    ferry__ring *ring = my_ring(c);
     int efd = __atomic_load_n(&c->event_fd, __ATOMIC_ACQUIRE);
     if (efd < 0)
         return 0;
     uint64_t drained;
     while (read(efd, &drained, sizeof(drained)) > 0) {
     }
-    ferry__store_seqcst32(&ring->armed, 1);
-    /* A close after the caller's look at the closing flag signalled the fd just drained. */
-    return ferry__load_seqcst32(&ring->tail) != ferry__load_seqcst32(&ring->head) ||
-           ferry__load_seqcst32(&c->bound->header->closing);
+    return ferry__ring_arm(my_ring(c), &c->bound->shm.header->closing);
 }
 
 static ferry_status gone(const ferry_consumer *c)
@@ -242,14 +188,53 @@ static ferry_status gone(const ferry_consumer *c)
                        (int)c->bound->producer_pid, c->rank);
 }
 
-/* Sleeps until the ring's tail moves on, ns at most. */
-static void sleep_on_tail(ferry__ring *ring, uint64_t ns)
+/* A receiver's wait for its ring (ferry__wait_run). */
+typedef struct recv_wait {
+    ferry_consumer *c;
+    ferry_descriptor *descs;
+    size_t max;
+    size_t *count;
+    uint64_t timeout_ns;
+} recv_wait;
+
+static int recv_look(void *arg)
 {
-    ferry__fetch_add_seqcst32(&ring->receivers, 1);
-    uint32_t tail = ferry__load_seqcst32(&ring->tail);
-    if (tail == ferry__load_seqcst32(&ring->head))
-        ferry__futex_wait(&ring->tail, tail, ns);
-    ferry__fetch_add_seqcst32(&ring->receivers, (uint32_t)-1);
+    recv_wait *w = arg;
+    ferry__mapped_pool *p = w->c->bound;
+    if (ferry__shm_closing(&p->shm) || ferry__load_acquire32(&p->gone))
+        return gone(w->c);
+    int got = take(w->c, w->descs, w->max, w->count);
+    return got == FERRY__RING_EMPTY ? FERRY__WAIT_AGAIN : got;
+}
+
+static void recv_sleep(void *arg, uint64_t ns)
+{
+    recv_wait *w = arg;
+    ferry__ring_sleep_on_tail(my_ring(w->c), ns);
+}
+
+/* /proc is read at most every slice, also across calls that do not wait (an event loop's
+ * recv after its fd woke for the producer's exit): c->alive_ns says when it last was. */
+static ferry_status recv_check(void *arg)
+{
+    recv_wait *w = arg;
+    __atomic_store_n(&w->c->alive_ns, ferry__now_ns(), __ATOMIC_RELAXED);
+    return ferry__producer_gone(w->c->bound) ? gone(w->c) : FERRY_OK;
+}
+
+static int recv_expired(void *arg)
+{
+    recv_wait *w = arg;
+    uint64_t seen = __atomic_load_n(&w->c->alive_ns, __ATOMIC_RELAXED);
+    if (ferry__now_ns() - seen >= FERRY_READY_WAIT_SLICE_NS) {
+        ferry_status st = recv_check(w);
+        if (st != FERRY_OK)
+            return st;
+    }
+    if (arm(w->c))
+        return FERRY__WAIT_AGAIN;
+    return ferry__fail(FERRY_TIMEOUT, "no lease came for rank %u within %.3f ms", w->c->rank,
+                       (double)w->timeout_ns / 1e6);
 }
 
 ferry_status ferry_consumer_recv(ferry_consumer *c, uint64_t timeout_ns, ferry_descriptor *descs,
@@ -260,47 +245,22 @@ ferry_status ferry_consumer_recv(ferry_consumer *c, uint64_t timeout_ns, ferry_d
         st = ferry__fail(FERRY_INVALID_ARGUMENT, "recv needs descriptor room and a count output");
     if (st != FERRY_OK)
         return st;
-    ferry__mapped_pool *p = c->bound;
+    recv_wait rw = {.c = c, .descs = descs, .max = max, .count = count, .timeout_ns = timeout_ns};
+    ferry__wait w = {
+        .look = recv_look,
+        .sleep = recv_sleep,
+        .check = recv_check,
+        .expired = recv_expired,
+        .ctx = &rw,
+        .spin_ns = FERRY_RECV_SPIN_NS,
+        .slice_ns = UINT64_MAX, /* the liveness check bounds every sleep */
+        .check_ns = FERRY_READY_WAIT_SLICE_NS,
+    };
     /* The clock is read once the ring is found empty: usually a lease is queued. */
-    uint64_t deadline = 0, start = 0, next_check = 0;
-    for (;;) {
-        if (ferry__load_acquire32(&p->header->closing) || ferry__load_acquire32(&p->gone))
-            return gone(c);
-        int got = take(c, descs, max, count);
-        if (got == FERRY_OK) {
-            ferry__clear_error();
-            return FERRY_OK;
-        }
-        if (got != TAKE_EMPTY)
-            return (ferry_status)got;
-        uint64_t now = ferry__now_ns();
-        if (!start) {
-            start = now;
-            deadline = timeout_ns > UINT64_MAX - now ? UINT64_MAX : now + timeout_ns;
-            next_check = now + FERRY_READY_WAIT_SLICE_NS;
-        }
-        /* /proc is read at most every slice, also across calls that do not wait (an event
-         * loop's recv after its fd woke for the producer's exit). */
-        uint64_t seen = __atomic_load_n(&c->alive_ns, __ATOMIC_RELAXED);
-        if (now >= next_check || (now >= deadline && now - seen >= FERRY_READY_WAIT_SLICE_NS)) {
-            __atomic_store_n(&c->alive_ns, now, __ATOMIC_RELAXED);
-            if (ferry__producer_gone(p))
-                return gone(c);
-            next_check = now + FERRY_READY_WAIT_SLICE_NS;
-        }
-        if (now >= deadline) {
-            if (arm(c))
-                continue;
-            return ferry__fail(FERRY_TIMEOUT, "no lease came for rank %u within %.3f ms", c->rank,
-                               (double)timeout_ns / 1e6);
-        }
-        if (now - start < FERRY_RECV_SPIN_NS) {
-            sched_yield();
-            continue;
-        }
-        uint64_t left = deadline - now, slice = next_check - now;
-        sleep_on_tail(my_ring(c), left < slice ? left : slice);
-    }
+    st = ferry__wait_run(&w, timeout_ns, 0);
+    if (st == FERRY_OK)
+        ferry__clear_error();
+    return st;
 }
 
 /* ---- the poll fd ---------------------------------------------------------------------- */

@@ -1,5 +1,5 @@
 /* Descriptor channels, producer side: the pool's address, ferry_pool_send into the ranks'
- * rings in the shared segment (layout.h), the poll fds consumers hand over, and drain.
+ * rings in the shared segment (shm/ring.c), the poll fds consumers hand over, and drain.
  *
  * One sender at a time (send_lock) writes a ring's entries and its tail; the rank's process
  * advances its head. A send first makes room in every chosen ring (waiting as the full
@@ -8,7 +8,6 @@
  * that fails leases and queues nothing (it may have emptied dead ranks' rings). */
 #include <errno.h>
 #include <fcntl.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,10 +16,11 @@
 #include "common/atomic.h"
 #include "common/clock.h"
 #include "common/error.h"
-#include "common/futex.h"
-#include "common/proc.h"
 #include "driver/driver.h"
 #include "pool/pool.h"
+#include "shm/ring.h"
+#include "shm/signal.h"
+#include "shm/wait.h"
 #include "wire/wire.h"
 
 /* The longest a sender waiting for room sleeps between looks (a dead receiver is noticed by
@@ -55,7 +55,7 @@ void ferry__channel_fini(ferry_pool *pool)
 
 static ferry__ring *ring_of(ferry_pool *pool, uint32_t rank)
 {
-    return ferry__ring_of(pool->mem.header, rank);
+    return ferry__shm_ring(&pool->mem.shm, rank);
 }
 
 static void signal_fd(int fd)
@@ -70,12 +70,7 @@ static void signal_fd(int fd)
 /* Wakes rank's receivers: those asleep on the tail, and its poll fd if it asked for it. */
 static void wake_receivers(ferry_pool *pool, uint32_t rank, int force_fd)
 {
-    ferry__ring *ring = ring_of(pool, rank);
-    if (ferry__load_seqcst32(&ring->receivers))
-        ferry__futex_wake_all(&ring->tail);
-    /* A plain look first: the exchange's write would bounce the line on every send. */
-    if (!force_fd &&
-        !(ferry__load_seqcst32(&ring->armed) && ferry__exchange_seqcst32(&ring->armed, 0)))
+    if (!ferry__ring_wake_receivers(ring_of(pool, rank), force_fd))
         return;
     pthread_mutex_lock(&pool->notify_lock);
     if (pool->notify_fds[rank] >= 0)
@@ -86,10 +81,8 @@ static void wake_receivers(ferry_pool *pool, uint32_t rank, int force_fd)
 void ferry__channel_wake(ferry_pool *pool)
 {
     for (uint32_t r = 0; r < pool->consumers; r++) {
-        ferry__ring *ring = ring_of(pool, r);
-        if (ferry__load_seqcst32(&ring->senders))
-            ferry__futex_wake_all(&ring->head);
-        if (ferry__load_seqcst32(&pool->mem.header->closing))
+        ferry__ring_wake_senders(ring_of(pool, r));
+        if (ferry__shm_closing(&pool->mem.shm))
             wake_receivers(pool, r, 1);
     }
 }
@@ -139,9 +132,7 @@ static int eventfd_checked(int fd)
 
 void ferry__channel_forget_rank_locked(ferry_pool *pool, uint32_t rank)
 {
-    /* A dead process killed in its sleep left its count of sleepers raised; the successor
-     * has no thread asleep yet (it claims the rank before it receives). */
-    ferry__store_seqcst32(&ring_of(pool, rank)->receivers, 0);
+    ferry__ring_forget_receivers(ring_of(pool, rank));
     pthread_mutex_lock(&pool->notify_lock);
     int old = pool->notify_fds[rank];
     pool->notify_fds[rank] = -1;
@@ -155,8 +146,7 @@ ferry_status ferry__channel_notify(void *arg, uint32_t rank, pid_t pid, int fd)
     ferry_pool *pool = arg;
     pthread_mutex_lock(&pool->lock);
     /* Only the live process holding the rank may be signalled for it. */
-    const ferry__rank *rk = &pool->ranks[rank];
-    int holds = rk->pid == pid && !rk->dead && ferry__proc_starttime(pid) == rk->starttime;
+    int holds = ferry__rank_held_by_locked(pool, rank, pid);
     pthread_mutex_unlock(&pool->lock);
     if (!holds || !eventfd_checked(fd)) {
         close(fd);
@@ -198,31 +188,15 @@ static ferry_status pick_ranks(ferry_pool *pool, const ferry_ranks *ranks, uint8
     return FERRY_OK;
 }
 
-/* Entries queued in rank's ring (the sender's view: its own tail, the receiver's head). */
-static uint32_t queued(ferry__ring *ring)
-{
-    return ferry__load_relaxed32(&ring->tail) - ferry__load_acquire32(&ring->head);
-}
-
-/* A dead rank's process reads nothing any more: its queued entries are dropped (their leases
- * are acknowledged on its behalf), and the lease being sent is acknowledged for it at once.
- * The caller holds the pool lock (a successor's claim clears dead under it). */
-static void drop_dead_locked(ferry_pool *pool, uint32_t rank)
-{
-    ferry__ring *ring = ring_of(pool, rank);
-    uint32_t head = ferry__load_acquire32(&ring->head);
-    ferry__cas_acqrel32(&ring->head, &head, ferry__load_relaxed32(&ring->tail));
-}
-
 static ferry_status ring_full(ferry_pool *pool, uint32_t rank, uint32_t need)
 {
-    const ferry__rank *rk = &pool->ranks[rank];
-    const char *state = !rk->pid ? "not connected yet" : rk->dead ? "dead" : "alive";
+    char who[64];
+    ferry__rank_describe_locked(pool, rank, who, sizeof(who));
     return ferry__fail(FERRY_POOL_FULL,
                        "%s pool: the descriptor ring of rank %u is full (%u of %u queued, %u "
-                       "more needed): rank %u is behind (pid %d, %s)",
-                       pool->ops->name, rank, queued(ring_of(pool, rank)), pool->channel_depth,
-                       need, rank, (int)rk->pid, state);
+                       "more needed): rank %u is behind (%s)",
+                       pool->ops->name, rank, ferry__ring_queued(ring_of(pool, rank)),
+                       pool->channel_depth, need, rank, who);
 }
 
 /* One look under the pool lock: dead chosen ranks (as last found) get their rings emptied
@@ -233,13 +207,16 @@ static int64_t look_locked(ferry_pool *pool, const uint8_t *chosen, uint8_t *pre
     for (uint32_t r = 0; r < pool->consumers; r++) {
         if (!chosen[r])
             continue;
-        if (pool->ranks[r].dead) {
-            drop_dead_locked(pool, r);
+        /* A dead rank's queued entries are dropped (their leases are acknowledged on its
+         * behalf) and the lease being sent is acknowledged for it at once; a successor's
+         * claim clears dead under the pool lock, which the caller holds. */
+        if (ferry__rank_dead_locked(pool, r)) {
+            ferry__ring_drop(ring_of(pool, r));
             preack[r] = 1;
             continue;
         }
         preack[r] = 0;
-        if (pool->channel_depth - queued(ring_of(pool, r)) < need)
+        if (pool->channel_depth - ferry__ring_queued(ring_of(pool, r)) < need)
             return r;
     }
     return -1;
@@ -257,57 +234,77 @@ static int64_t find_full_locked(ferry_pool *pool, const uint8_t *chosen, uint8_t
     return look_locked(pool, chosen, preack, need);
 }
 
+/* A sender's wait for room in the chosen rings (ferry__wait_run). */
+typedef struct room_wait {
+    ferry_pool *pool;
+    const uint8_t *chosen;
+    uint8_t *preack;
+    uint32_t need;
+    uint64_t timeout_ns;
+    int64_t full; /* the rank without room the last look found */
+    int waited;   /* a look found one before */
+} room_wait;
+
+/* Counted as a full pool is: an event, a wait, a wait that gave up. */
+static int room_look(void *arg)
+{
+    room_wait *w = arg;
+    ferry_pool *pool = w->pool;
+    pthread_mutex_lock(&pool->lock);
+    if (pool->closing) {
+        pthread_mutex_unlock(&pool->lock);
+        return ferry__pool_closing_error(pool);
+    }
+    w->full = find_full_locked(pool, w->chosen, w->preack, w->need);
+    if (w->full >= 0 && !w->waited) {
+        w->waited = 1;
+        pool->stats.pool_full_events++;
+        pool->stats.pool_full_waits += w->timeout_ns != 0;
+        if (!pool->warned_full) {
+            pool->warned_full = 1;
+            ring_full(pool, (uint32_t)w->full, w->need);
+            ferry__log(FERRY_LOG_WARN, "%s (senders get POOL_FULL or wait; warned once)",
+                       ferry_last_error());
+        }
+    }
+    pthread_mutex_unlock(&pool->lock);
+    return w->full < 0 ? FERRY_OK : FERRY__WAIT_AGAIN;
+}
+
+static void room_sleep(void *arg, uint64_t ns)
+{
+    room_wait *w = arg;
+    ferry__ring_sleep_on_head(ring_of(w->pool, (uint32_t)w->full), w->pool->channel_depth, w->need,
+                              ns);
+}
+
+/* POOL_FULL naming the rank behind. */
+static int room_expired(void *arg)
+{
+    room_wait *w = arg;
+    pthread_mutex_lock(&w->pool->lock);
+    w->pool->stats.pool_full_timeouts += w->timeout_ns != 0;
+    ferry_status st = ring_full(w->pool, (uint32_t)w->full, w->need);
+    pthread_mutex_unlock(&w->pool->lock);
+    return st;
+}
+
 /* Waits until every chosen live rank's ring has room for need entries: POOL_FULL naming the
- * rank behind at once when timeout_ns is 0, or at the deadline. */
+ * rank behind at once when timeout_ns is 0, or at the deadline. A dead receiver is noticed by
+ * the liveness checks, which no wake-up announces: the sleeps are short. */
 static ferry_status make_room(ferry_pool *pool, const uint8_t *chosen, uint8_t *preack,
                               uint32_t need, uint64_t timeout_ns, uint64_t deadline)
 {
-    for (int waited = 0;; waited = 1) {
-        pthread_mutex_lock(&pool->lock);
-        int closing = pool->closing;
-        int64_t full = closing ? -1 : find_full_locked(pool, chosen, preack, need);
-        ferry_status st = closing    ? ferry__pool_closing_error(pool)
-                          : full < 0 ? FERRY_OK
-                                     : ring_full(pool, (uint32_t)full, need);
-        /* Counted as a full pool is: an event, a wait, a wait that gave up. */
-        if (full >= 0 && timeout_ns && !waited)
-            pool->stats.pool_full_waits++;
-        uint64_t now = full >= 0 && timeout_ns ? ferry__now_ns() : 0;
-        int expired = full >= 0 && timeout_ns && now >= deadline;
-        pool->stats.pool_full_timeouts += (uint64_t)expired;
-        if (full >= 0 && !waited) {
-            pool->stats.pool_full_events++;
-            if (!pool->warned_full) {
-                pool->warned_full = 1;
-                ferry__log(FERRY_LOG_WARN, "%s (senders get POOL_FULL or wait; warned once)",
-                           ferry_last_error());
-                ring_full(pool, (uint32_t)full, need);
-            }
-        }
-        pthread_mutex_unlock(&pool->lock);
-        if (full < 0 || !timeout_ns || expired)
-            return st;
-        ferry__ring *ring = ring_of(pool, (uint32_t)full);
-        uint32_t head = ferry__load_acquire32(&ring->head);
-        ferry__fetch_add_seqcst32(&ring->senders, 1);
-        if (pool->channel_depth - queued(ring) < need) {
-            uint64_t left = deadline - now;
-            ferry__futex_wait(&ring->head, head,
-                              left < FERRY_SEND_SLICE_NS ? left : FERRY_SEND_SLICE_NS);
-        }
-        ferry__fetch_add_seqcst32(&ring->senders, (uint32_t)-1);
-    }
-}
-
-/* Copies an encoded descriptor into a ring entry, word by word (the receiver may read an
- * entry it lost to another thread while a later send rewrites it: both sides use atomics). */
-static void entry_store(uint8_t *entry, const uint8_t *bytes)
-{
-    for (size_t i = 0; i < FERRY_DESCRIPTOR_SIZE; i += 8) {
-        uint64_t w;
-        memcpy(&w, bytes + i, 8);
-        ferry__store_relaxed64((uint64_t *)(entry + i), w);
-    }
+    room_wait rw = {
+        .pool = pool, .chosen = chosen, .preack = preack, .need = need, .timeout_ns = timeout_ns};
+    ferry__wait w = {
+        .look = room_look,
+        .sleep = room_sleep,
+        .expired = room_expired,
+        .ctx = &rw,
+        .slice_ns = FERRY_SEND_SLICE_NS,
+    };
+    return ferry__wait_run(&w, 0, deadline);
 }
 
 /* Queues the encoded descriptors for every chosen rank not acknowledged for, then wakes. */
@@ -317,12 +314,7 @@ static void enqueue(ferry_pool *pool, const uint8_t *chosen, const uint8_t *prea
     for (uint32_t r = 0; r < pool->consumers; r++) {
         if (!chosen[r] || preack[r])
             continue;
-        ferry__ring *ring = ring_of(pool, r);
-        uint32_t tail = ferry__load_relaxed32(&ring->tail);
-        for (uint32_t i = 0; i < count; i++)
-            entry_store(ferry__ring_entry(ring, pool->channel_depth, tail + i),
-                        encoded + (size_t)i * FERRY_DESCRIPTOR_SIZE);
-        ferry__store_seqcst32(&ring->tail, tail + count);
+        ferry__ring_push(ring_of(pool, r), pool->channel_depth, encoded, count);
         wake_receivers(pool, r, 0);
     }
 }
@@ -432,6 +424,49 @@ static uint32_t unsettled_locked(ferry_pool *pool)
     return n;
 }
 
+/* A drain's wait for acknowledgements (ferry__wait_run). */
+typedef struct drain_wait {
+    ferry_pool *pool;
+    uint64_t timeout_ns;
+    uint32_t seq;  /* the acknowledgement sequence before the last look */
+    uint32_t left; /* leases the last look found unsettled */
+} drain_wait;
+
+static int drain_look(void *arg)
+{
+    drain_wait *w = arg;
+    ferry_pool *pool = w->pool;
+    w->seq = ferry__shm_ack_seq(&pool->mem.shm);
+    pthread_mutex_lock(&pool->lock);
+    int closing = pool->closing;
+    w->left = closing ? 0 : unsettled_locked(pool);
+    pthread_mutex_unlock(&pool->lock);
+    if (closing)
+        return ferry__pool_closing_error(pool);
+    return w->left ? FERRY__WAIT_AGAIN : FERRY_OK;
+}
+
+static void drain_sleep(void *arg, uint64_t ns)
+{
+    drain_wait *w = arg;
+    ferry__shm_sleep_on_acks(&w->pool->mem.shm, w->seq, ns);
+}
+
+/* TIMEOUT naming the slowest rank. */
+static int drain_expired(void *arg)
+{
+    drain_wait *w = arg;
+    ferry_pool *pool = w->pool;
+    char backlog[256];
+    pthread_mutex_lock(&pool->lock);
+    ferry__describe_backlog_locked(pool, backlog, sizeof(backlog));
+    pthread_mutex_unlock(&pool->lock);
+    return ferry__fail(FERRY_TIMEOUT,
+                       "%s pool did not drain within %.3f ms: %u published leases are not "
+                       "acknowledged; %s",
+                       pool->ops->name, (double)w->timeout_ns / 1e6, w->left, backlog);
+}
+
 ferry_status ferry_pool_drain(ferry_pool *pool, uint64_t timeout_ns)
 {
     FERRY_CUDA_BOUNDARY;
@@ -440,35 +475,18 @@ ferry_status ferry_pool_drain(ferry_pool *pool, uint64_t timeout_ns)
         st = ferry__pool_enter(pool);
     if (st != FERRY_OK)
         return st;
-    ferry__shm_header *h = pool->mem.header;
-    uint64_t deadline = ferry__deadline(timeout_ns), start = ferry__now_ns();
-    ferry__fetch_add_seqcst32(&h->producer_waiters, 1);
-    for (;;) {
-        uint32_t seq = ferry__load_seqcst32(&h->ack_seq);
-        pthread_mutex_lock(&pool->lock);
-        uint32_t left = pool->closing ? 0 : unsettled_locked(pool);
-        uint64_t now = ferry__now_ns();
-        if (pool->closing)
-            st = ferry__pool_closing_error(pool);
-        else if (left && now >= deadline) {
-            char backlog[256];
-            ferry__describe_backlog_locked(pool, backlog, sizeof(backlog));
-            st = ferry__fail(FERRY_TIMEOUT,
-                             "%s pool did not drain within %.3f ms: %u published leases are "
-                             "not acknowledged; %s",
-                             pool->ops->name, (double)timeout_ns / 1e6, left, backlog);
-        }
-        pthread_mutex_unlock(&pool->lock);
-        if (st != FERRY_OK || !left)
-            break;
-        if (now - start < FERRY_DRAIN_SPIN_NS) { /* GPU streams' acks wake nobody */
-            sched_yield();
-            continue;
-        }
-        uint64_t wait = deadline - now, slice = pool->ops->space_poll_ns;
-        ferry__futex_wait(&h->ack_seq, seq, wait < slice ? wait : slice);
-    }
-    ferry__fetch_add_seqcst32(&h->producer_waiters, (uint32_t)-1);
+    drain_wait dw = {.pool = pool, .timeout_ns = timeout_ns};
+    ferry__wait w = {
+        .look = drain_look,
+        .sleep = drain_sleep,
+        .expired = drain_expired,
+        .ctx = &dw,
+        .spin_ns = FERRY_DRAIN_SPIN_NS, /* GPU streams' acks wake nobody */
+        .slice_ns = pool->ops->space_poll_ns,
+    };
+    ferry__shm_space_wait_begin(&pool->mem.shm);
+    st = ferry__wait_run(&w, 0, ferry__deadline(timeout_ns));
+    ferry__shm_space_wait_end(&pool->mem.shm);
     ferry__pool_leave(pool);
     if (st == FERRY_OK)
         ferry__clear_error();

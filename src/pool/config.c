@@ -4,12 +4,9 @@
 
 #include "common/error.h"
 #include "policy/policy.h"
-#include "pool/layout.h"
+#include "shm/layout.h"
 #include "pool/pool.h"
 
-#define FERRY_MAX_CONSUMERS 65535
-#define FERRY_MAX_INFLIGHT  (1 << 24)
-#define FERRY_MAX_DEPTH     (1 << 16)
 /* The most bytes of descriptor rings a pool may ask for in its shared host segment. */
 #define FERRY_MAX_RING_BYTES (256ull << 20)
 

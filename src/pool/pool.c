@@ -10,11 +10,12 @@
 #include "common/atomic.h"
 #include "common/clock.h"
 #include "common/error.h"
-#include "common/futex.h"
 #include "common/proc.h"
 #include "driver/driver.h"
 #include "policy/policy.h"
 #include "pool/pool.h"
+#include "shm/signal.h"
+#include "shm/wait.h"
 
 /* A lease being created: where its slice is and which generation it carries. */
 typedef struct lease {
@@ -34,26 +35,9 @@ static ferry_status random_bytes(uint8_t *buf, size_t n)
 
 static void init_shared(ferry_pool *pool)
 {
-    ferry__shm_header *h = pool->mem.header;
-    uint32_t g = pool->config.initial_generation;
-    h->version = FERRY_SHM_VERSION;
-    h->header_bytes = ferry__header_bytes_of(&pool->config);
-    memcpy(h->pool_id, pool->pool_id, 16);
-    h->backend = (uint32_t)pool->ops->backend;
-    h->consumer_count = pool->consumers;
-    h->max_inflight = pool->max_inflight;
-    h->row_words = pool->row_words;
-    h->memory_size = pool->memory_size;
-    h->data_start = pool->data_start;
-    h->data_size = pool->data_size;
-    h->gen_offset = FERRY_GEN_TABLE_OFFSET;
-    h->extent_offset = ferry__extent_offset(pool->max_inflight);
-    h->ring_offset = ferry__ring_offset(pool->max_inflight);
-    h->ring_depth = (uint32_t)pool->config.channel_depth;
-    h->desc_flags = pool->mem.flags;
-    h->device = pool->mem.device;
-    ferry__fill_words(pool->mem.generations, pool->max_inflight, g);
-    ferry__store_release32(&h->magic, FERRY_SHM_MAGIC);
+    ferry__shm_header_write(&pool->mem.shm, (uint32_t)pool->ops->backend, pool->memory_size,
+                            pool->data_start, pool->data_size, pool->mem.flags, pool->mem.device,
+                            pool->pool_id, pool->config.initial_generation);
 }
 
 static ferry_status init_tables(ferry_pool *pool)
@@ -63,28 +47,27 @@ static ferry_status init_tables(ferry_pool *pool)
     if (st != FERRY_OK)
         return st;
     pool->slots = calloc(pool->max_inflight, sizeof(*pool->slots));
-    pool->ring = calloc(pool->max_inflight, sizeof(*pool->ring));
+    pool->free_slots = calloc(pool->max_inflight, sizeof(*pool->free_slots));
     pool->inflight = calloc(pool->max_inflight, sizeof(*pool->inflight));
-    pool->ranks = calloc(pool->consumers, sizeof(*pool->ranks));
-    if (!pool->slots || !pool->ring || !pool->inflight || !pool->ranks)
+    if (!pool->slots || !pool->free_slots || !pool->inflight)
         return ferry__fail(FERRY_NO_MEMORY, "%s pool: out of memory for bookkeeping",
                            pool->ops->name);
     for (uint32_t s = 0; s < pool->max_inflight; s++) {
         pool->slots[s].generation = pool->config.initial_generation;
         pool->slots[s].inflight_pos = FERRY_NIL;
-        pool->ring[s] = s;
+        pool->free_slots[s] = s;
     }
-    pool->ring_count = pool->max_inflight;
-    return FERRY_OK;
+    pool->free_count = pool->max_inflight;
+    return ferry__ranks_init(pool);
 }
 
 static void free_tables(ferry_pool *pool)
 {
     ferry__alloc_fini(&pool->alloc);
     free(pool->slots);
-    free(pool->ring);
+    free(pool->free_slots);
     free(pool->inflight);
-    free(pool->ranks);
+    ferry__ranks_fini(pool);
 }
 
 static ferry_status init_sync(ferry_pool *pool)
@@ -119,7 +102,7 @@ static ferry_status start_broker(ferry_pool *pool)
         .shared_size = pool->mem.shared_size,
         .consumer_count = pool->consumers,
         .label = pool->broker_label,
-        .on_attach = ferry__rank_attached,
+        .on_attach = ferry__ranks_attach,
         .on_describe = ferry__channel_describe,
         .on_notify = ferry__channel_notify,
         .user = pool,
@@ -213,15 +196,6 @@ free_pool:
     return st;
 }
 
-/* Wakes every consumer that might sleep on a ready word, so it sees the pool closing. */
-static void wake_all_ready(ferry_pool *pool)
-{
-    if (!ferry__load_seqcst32(&pool->mem.header->consumer_waiters))
-        return;
-    for (uint32_t s = 0; s < pool->max_inflight; s++)
-        ferry__futex_wake_all(ferry__row(pool->mem.control, pool->row_words, s));
-}
-
 static void check_health_locked(ferry_pool *pool);
 static ferry_status closing_error(ferry_pool *pool);
 
@@ -270,15 +244,17 @@ void ferry_pool_close(ferry_pool *pool)
     }
     pool->closing = 1;
     pthread_mutex_unlock(&pool->lock);
-    ferry__signal_space(pool); /* publishers waiting for space see the pool closing */
-    ferry__channel_wake(pool); /* and so do senders waiting for room in a ring */
+    ferry__shm_acked(&pool->mem.shm); /* publishers waiting for space see the pool closing */
+    ferry__channel_wake(pool);        /* and so do senders waiting for room in a ring */
     pthread_mutex_lock(&pool->lock);
     while (pool->active)
         pthread_cond_wait(&pool->idle_cv, &pool->lock);
     pool->release_at_destroy = reservations_out_locked(pool);
     pthread_mutex_unlock(&pool->lock);
-    ferry__store_seqcst32(&pool->mem.header->closing, 1);
-    wake_all_ready(pool);
+    ferry__shm_close(&pool->mem.shm);
+    /* every consumer that might sleep on a ready word sees it */
+    ferry__shm_ready_wake_all(&pool->mem.shm, pool->mem.control, pool->max_inflight,
+                              pool->row_words);
     ferry__channel_wake(pool); /* receivers, and their poll fds, see it */
     ferry__reclaimer_stop(pool);
     ferry__broker_stop(pool->broker);
@@ -348,14 +324,14 @@ ferry_status ferry_pool_error(ferry_pool *pool, char *cause, size_t size)
 
 static ferry_status try_lease_locked(ferry_pool *pool, uint64_t bytes, int committed, lease *out)
 {
-    if (!pool->ring_count)
+    if (!pool->free_count)
         return FERRY_POOL_FULL;
-    uint32_t slot = pool->ring[pool->ring_head];
+    uint32_t slot = pool->free_slots[pool->free_head];
     ferry__slot *s = &pool->slots[slot];
     if (s->generation >= FERRY_GENERATION_MAX) {
         /* Retire the slot so that the pool keeps serving with the others. */
-        pool->ring_head = (pool->ring_head + 1) % pool->max_inflight;
-        pool->ring_count--;
+        pool->free_head = (pool->free_head + 1) % pool->max_inflight;
+        pool->free_count--;
         return ferry__fail(FERRY_GENERATION_EXHAUSTED,
                            "%s pool slot generation exhausted (slot=%u, generation=%u)",
                            pool->ops->name, slot, s->generation);
@@ -365,8 +341,8 @@ static ferry_status try_lease_locked(ferry_pool *pool, uint64_t bytes, int commi
     ferry_status st = ferry__alloc_alloc(&pool->alloc, bytes ? bytes : 1, &offset, &handle);
     if (st != FERRY_OK)
         return st;
-    pool->ring_head = (pool->ring_head + 1) % pool->max_inflight;
-    pool->ring_count--;
+    pool->free_head = (pool->free_head + 1) % pool->max_inflight;
+    pool->free_count--;
     s->offset = offset;
     s->handle = handle;
     s->committed = (uint8_t)committed;
@@ -375,14 +351,7 @@ static ferry_status try_lease_locked(ferry_pool *pool, uint64_t bytes, int commi
     s->leased_ns = ferry__now_ns();
     s->inflight_pos = pool->inflight_count;
     pool->inflight[pool->inflight_count++] = slot;
-    /* The generation word goes first: from here on a consumer holding an older descriptor
-     * for this slot sees that it is stale. The fence keeps every later store (the extent,
-     * the bytes of the new lease) behind it, so that a reader that saw any of them sees the
-     * new generation when it checks again. */
-    ferry__store_release32(&pool->mem.generations[slot], s->generation);
-    ferry__fence_seqcst();
-    ferry__store_relaxed64(&pool->mem.extents[slot].offset, offset);
-    ferry__store_relaxed64(&pool->mem.extents[slot].length, bytes);
+    ferry__shm_lease_begin(&pool->mem.shm, slot, s->generation, offset, bytes);
     out->slot = slot;
     out->generation = s->generation;
     out->offset = offset;
@@ -412,24 +381,54 @@ static ferry_status lease_once_locked(ferry_pool *pool, uint64_t bytes, int comm
     return st;
 }
 
+/* A publisher's wait for space (ferry__wait_run): every acknowledgement bumps the header's
+ * sequence and wakes it. */
+typedef struct space_wait {
+    ferry_pool *pool;
+    uint64_t bytes;
+    int committed;
+    lease *out;
+    uint32_t seq; /* the acknowledgement sequence before the last look */
+} space_wait;
+
+static int space_look(void *arg)
+{
+    space_wait *w = arg;
+    ferry_pool *pool = w->pool;
+    w->seq = ferry__shm_ack_seq(&pool->mem.shm);
+    pthread_mutex_lock(&pool->lock);
+    ferry_status st =
+        pool->closing ? FERRY_CLOSING : lease_once_locked(pool, w->bytes, w->committed, w->out);
+    pthread_mutex_unlock(&pool->lock);
+    return st == FERRY_POOL_FULL ? FERRY__WAIT_AGAIN : (int)st;
+}
+
+static void space_sleep(void *arg, uint64_t ns)
+{
+    space_wait *w = arg;
+    ferry__shm_sleep_on_acks(&w->pool->mem.shm, w->seq, ns);
+}
+
+static int space_expired(void *arg)
+{
+    (void)arg;
+    return FERRY_POOL_FULL;
+}
+
 static ferry_status lease_wait(ferry_pool *pool, uint64_t bytes, int committed, uint64_t deadline,
                                lease *out)
 {
-    ferry__shm_header *h = pool->mem.header;
-    ferry_status st = FERRY_POOL_FULL;
-    ferry__fetch_add_seqcst32(&h->producer_waiters, 1);
-    for (;;) {
-        uint32_t seq = ferry__load_seqcst32(&h->ack_seq);
-        pthread_mutex_lock(&pool->lock);
-        st = pool->closing ? FERRY_CLOSING : lease_once_locked(pool, bytes, committed, out);
-        pthread_mutex_unlock(&pool->lock);
-        uint64_t now = ferry__now_ns();
-        if (st != FERRY_POOL_FULL || now >= deadline)
-            break;
-        uint64_t left = deadline - now, slice = pool->ops->space_poll_ns;
-        ferry__futex_wait(&h->ack_seq, seq, left < slice ? left : slice);
-    }
-    ferry__fetch_add_seqcst32(&h->producer_waiters, (uint32_t)-1);
+    space_wait sw = {.pool = pool, .bytes = bytes, .committed = committed, .out = out};
+    ferry__wait w = {
+        .look = space_look,
+        .sleep = space_sleep,
+        .expired = space_expired,
+        .ctx = &sw,
+        .slice_ns = pool->ops->space_poll_ns, /* GPU streams' acks wake nobody */
+    };
+    ferry__shm_space_wait_begin(&pool->mem.shm);
+    ferry_status st = ferry__wait_run(&w, 0, deadline);
+    ferry__shm_space_wait_end(&pool->mem.shm);
     return st;
 }
 
@@ -584,11 +583,6 @@ static void fill_descriptor(const ferry_pool *pool, const lease *l, uint64_t off
     d->tensor = *t;
 }
 
-static uint64_t row_word(const ferry_pool *pool, uint32_t slot)
-{
-    return (uint64_t)slot * pool->row_words;
-}
-
 /* Returns a lease that was never marked ready (a failed copy): its row is completed so
  * that its descriptor, if any escaped, reads as cancelled. */
 static void lease_abort(ferry_pool *pool, const lease *l)
@@ -596,8 +590,8 @@ static void lease_abort(ferry_pool *pool, const lease *l)
     char cause[256];
     snprintf(cause, sizeof(cause), "%s", ferry_last_error());
     pthread_mutex_lock(&pool->lock);
-    if (pool->ops->write_words(&pool->mem, row_word(pool, l->slot), pool->row_words,
-                               l->generation) == FERRY_OK) {
+    if (pool->ops->write_words(&pool->mem, ferry__shm_ready_word(&pool->mem.shm.layout, l->slot),
+                               pool->row_words, l->generation) == FERRY_OK) {
         ferry__slot_release_locked(pool, l->slot);
     } else {
         /* The slice cannot be handed back safely: the pool is failed from here on. */
@@ -699,8 +693,9 @@ static ferry_status preack_ranks(ferry_pool *pool, const lease *l, const uint8_t
         while (end < pool->consumers && preack[end])
             end++;
         if (end > r)
-            st = pool->ops->write_words(&pool->mem, row_word(pool, l->slot) + 1 + r, end - r,
-                                        l->generation);
+            st = pool->ops->write_words(&pool->mem,
+                                        ferry__shm_ack_word(&pool->mem.shm.layout, l->slot, r),
+                                        end - r, l->generation);
         r = end + 1;
     }
     return st;
@@ -724,7 +719,8 @@ static ferry_status publish_packed(ferry_pool *pool, const ferry_tensor *tensors
     if (st == FERRY_OK && preack)
         st = preack_ranks(pool, &l, preack);
     if (st == FERRY_OK)
-        st = pool->ops->mark_ready(&pool->mem, row_word(pool, l.slot), l.generation, stream);
+        st = pool->ops->mark_ready(&pool->mem, ferry__shm_ready_word(&pool->mem.shm.layout, l.slot),
+                                   l.generation, stream);
     if (st != FERRY_OK) {
         lease_abort(pool, &l);
         lease_done(pool);
@@ -849,8 +845,9 @@ ferry_status ferry_pool_commit_async(ferry_pool *pool, const ferry_descriptor *d
                          "%s pool lease (slot=%u, generation=%u) is already committed",
                          pool->ops->name, desc->slot, desc->generation);
     if (st == FERRY_OK)
-        st =
-            pool->ops->mark_ready(&pool->mem, row_word(pool, desc->slot), desc->generation, stream);
+        st = pool->ops->mark_ready(&pool->mem,
+                                   ferry__shm_ready_word(&pool->mem.shm.layout, desc->slot),
+                                   desc->generation, stream);
     if (st == FERRY_OK)
         pool->slots[desc->slot].committed = 1;
     pthread_mutex_unlock(&pool->lock);
@@ -865,13 +862,13 @@ ferry_status ferry_pool_commit_async(ferry_pool *pool, const ferry_descriptor *d
 static ferry_status cancel_locked(ferry_pool *pool, uint32_t slot)
 {
     ferry__slot *s = &pool->slots[slot];
-    uint64_t first = row_word(pool, slot) + (s->committed ? 1 : 0);
+    uint64_t first = ferry__shm_ready_word(&pool->mem.shm.layout, slot) + (s->committed ? 1 : 0);
     uint32_t count = pool->consumers + (s->committed ? 0 : 1);
     ferry_status st = pool->ops->write_words(&pool->mem, first, count, s->generation);
     if (st != FERRY_OK)
         return st;
     s->cancelled = 1;
-    ferry__store_release32(&pool->mem.generations[slot], s->generation | FERRY_GEN_CANCELLED);
+    ferry__shm_lease_cancel(&pool->mem.shm, slot, s->generation);
     pool->stats.cancelled++;
     if (pool->ops->sync_control(&pool->mem) == FERRY_OK && ferry__row_released_locked(pool, slot))
         ferry__slot_release_locked(pool, slot);
@@ -907,9 +904,11 @@ ferry_status ferry_pool_cancel(ferry_pool *pool, const ferry_descriptor *desc)
     if (st != FERRY_OK)
         return st;
     /* The space signal's read-modify-write comes first: it orders the row just written
-     * before signal_ready's read of the sleeper count. */
-    ferry__signal_space(pool);
-    ferry__signal_ready(pool, desc->slot);
+     * before the ready wake-up's read of the sleeper count. */
+    ferry__shm_acked(&pool->mem.shm);
+    ferry__shm_ready_wake(
+        &pool->mem.shm,
+        &pool->mem.control[ferry__shm_ready_word(&pool->mem.shm.layout, desc->slot)]);
     lease_done(pool);
     ferry__clear_error();
     return FERRY_OK;
@@ -938,8 +937,10 @@ ferry_status ferry_pool_copied(ferry_pool *pool, const ferry_descriptor *desc, i
     else if (!pool->closed && s->inflight_pos != FERRY_NIL && s->generation == desc->generation) {
         st = pool->ops->sync_control(&pool->mem);
         if (st == FERRY_OK)
-            copied = ferry__load_acquire32(&pool->mem.control[row_word(pool, desc->slot)]) ==
-                     desc->generation;
+            copied =
+                ferry__load_acquire32(
+                    &pool->mem.control[ferry__shm_ready_word(&pool->mem.shm.layout, desc->slot)]) ==
+                desc->generation;
     }
     pthread_mutex_unlock(&pool->lock);
     if (st != FERRY_OK)
@@ -987,7 +988,7 @@ ferry_status ferry_pool_reclaim(ferry_pool *pool, uint64_t *reclaimed)
     pool->active++; /* the wake-up below touches shared memory: close waits for it */
     pthread_mutex_unlock(&pool->lock);
     if (acked || n)
-        ferry__signal_space(pool);
+        ferry__shm_acked(&pool->mem.shm);
     lease_done(pool);
     if (reclaimed)
         *reclaimed = n;
@@ -996,20 +997,6 @@ ferry_status ferry_pool_reclaim(ferry_pool *pool, uint64_t *reclaimed)
 }
 
 /* ---- observation -------------------------------------------------------------------- */
-
-static uint64_t alive_ranks_locked(ferry_pool *pool, uint64_t *attached)
-{
-    uint64_t alive = 0;
-    *attached = 0;
-    for (uint32_t r = 0; r < pool->consumers; r++) {
-        const ferry__rank *rk = &pool->ranks[r];
-        if (!rk->pid)
-            continue;
-        (*attached)++;
-        alive += !rk->dead && ferry__proc_alive(rk->pid, rk->starttime);
-    }
-    return alive;
-}
 
 /* Bytes of each version of ferry_pool_stats; 0 for an unknown version. */
 static size_t stats_size(uint32_t version)
@@ -1036,7 +1023,7 @@ static void stats_fill_locked(ferry_pool *pool, ferry_pool_stats *s)
     s->largest_free = ferry__alloc_largest_free(&pool->alloc);
     s->leases_in_flight = pool->inflight_count;
     s->broker_refused = ferry__broker_refused(pool->broker);
-    s->consumers_alive = alive_ranks_locked(pool, &s->consumers_attached);
+    ferry__ranks_count_locked(pool, &s->consumers_attached, &s->consumers_alive);
 }
 
 ferry_status ferry_pool_stats_get(ferry_pool *pool, ferry_pool_stats *stats)
@@ -1071,9 +1058,11 @@ static void rank_backlog_locked(ferry_pool *pool, uint32_t rank, ferry_consumer_
     pool->ops->sync_control(&pool->mem);
     for (uint32_t i = 0; i < pool->inflight_count; i++) {
         uint32_t slot = pool->inflight[i];
-        const uint32_t *row = ferry__row(pool->mem.control, pool->row_words, slot);
+        const ferry__shm_layout *l = &pool->mem.shm.layout;
+        const uint32_t *words = pool->mem.control;
         uint32_t gen = pool->slots[slot].generation;
-        if (ferry__load_acquire32(&row[0]) != gen || ferry__load_acquire32(&row[1 + rank]) == gen)
+        if (ferry__load_acquire32(&words[ferry__shm_ready_word(l, slot)]) != gen ||
+            ferry__load_acquire32(&words[ferry__shm_ack_word(l, slot, rank)]) == gen)
             continue;
         info->outstanding++;
         uint64_t age = now - pool->slots[slot].leased_ns;
@@ -1085,10 +1074,7 @@ static void rank_backlog_locked(ferry_pool *pool, uint32_t rank, ferry_consumer_
 /* Fills a rank's fields of *info (whose counts the caller zeroed). */
 static void rank_info_locked(ferry_pool *pool, uint32_t rank, ferry_consumer_info *info)
 {
-    const ferry__rank *rk = &pool->ranks[rank];
-    info->attached = rk->pid != 0;
-    info->pid = rk->pid;
-    info->alive = info->attached && !rk->dead && ferry__proc_alive(rk->pid, rk->starttime);
+    ferry__rank_info_locked(pool, rank, info);
     rank_backlog_locked(pool, rank, info);
 }
 

@@ -9,7 +9,8 @@
 #include "broker/broker.h"
 #include "ferry.h"
 #include "pool/alloc.h"
-#include "pool/layout.h"
+#include "pool/ranks.h"
+#include "shm/layout.h"
 #include "transport/transport.h"
 
 #define FERRY_NIL UINT32_MAX
@@ -24,14 +25,6 @@ typedef struct ferry__slot {
     uint8_t committed;     /* the ready write was issued */
     uint8_t cancelled;     /* cancelled; freed once its row is complete */
 } ferry__slot;
-
-/* What the pool knows of the process attached as one rank. */
-typedef struct ferry__rank {
-    pid_t pid;          /* producer's pid namespace; 0 if never attached */
-    uint64_t starttime; /* guards against pid reuse */
-    int dead;           /* its process was found dead; acks are written on its behalf */
-    int warned;         /* the death was logged */
-} ferry__rank;
 
 struct ferry_pool {
     const ferry__transport_ops *ops;
@@ -51,13 +44,13 @@ struct ferry_pool {
     pthread_mutex_t lock; /* guards everything below */
     ferry__alloc alloc;
     ferry__slot *slots;
-    uint32_t *ring; /* free slots, FIFO so generations wear evenly */
-    uint32_t ring_head;
-    uint32_t ring_count;
+    uint32_t *free_slots; /* a FIFO queue of the free slots, so generations wear evenly */
+    uint32_t free_head;   /* its first entry */
+    uint32_t free_count;
     uint32_t *inflight; /* leased slots */
     uint32_t inflight_count;
-    ferry__rank *ranks;
-    uint64_t liveness_ns; /* when attached consumers' processes were last checked */
+    ferry__rank *ranks;   /* ranks.c's alone */
+    uint64_t liveness_ns; /* when the ranks' holders were last looked at (ranks.c) */
     ferry_pool_stats stats;
     int warned_full;
     int closing;
@@ -81,14 +74,26 @@ struct ferry_pool {
     int stop;
 };
 
-/* A caller's config (of any supported version) as the current struct, defaults filled. */
-void ferry__config_normalize(const ferry_pool_config *in, ferry_pool_config *out);
+/* ---- pool.c --------------------------------------------------------------------------- */
 
-/* Validates a configuration for the named transport; *data_start on success. */
-ferry_status ferry__config_validate(const ferry_pool_config *config,
-                                    const ferry__transport_ops *ops, uint64_t *data_start);
+/* Publishes count tensors into one lease (ferry_pool_publish_many_async); when preack is not
+ * NULL, the ranks r with preack[r] set are acknowledged for before the lease is marked ready
+ * (a send to other ranks, or to dead ones). */
+ferry_status ferry__publish(ferry_pool *pool, const ferry_tensor *tensors, const void *const *srcs,
+                            size_t count, void *stream, uint64_t timeout_ns,
+                            ferry_descriptor *descs, const uint8_t *preack);
 
-/* One look at a pool under one hold of its lock (metrics.c). */
+/* The pool's entry checks: FERRY_OK and one more active caller (close waits for it) if the
+ * pool takes new work; ferry__pool_leave ends it. */
+ferry_status ferry__pool_enter(ferry_pool *pool);
+void ferry__pool_leave(ferry_pool *pool);
+ferry_status ferry__pool_check(ferry_pool *pool, const void *ptr, const char *what);
+ferry_status ferry__pool_closing_error(ferry_pool *pool);
+
+/* Latches the pool's first background failure (every later publish fails POOL_FAILED). */
+void ferry__latch_locked(ferry_pool *pool, ferry_status status, const char *cause);
+
+/* One look at a pool under one hold of its lock (for metrics.c). */
 typedef struct ferry__pool_snapshot {
     uint8_t pool_id[16];
     ferry_backend backend;
@@ -101,23 +106,17 @@ typedef struct ferry__pool_snapshot {
  * nothing is left to free. CLOSING once close began (no shared memory is read then). */
 ferry_status ferry__pool_snapshot_take(ferry_pool *pool, ferry__pool_snapshot *snap);
 
-#endif
+/* ---- config.c ------------------------------------------------------------------------- */
 
-/* Publishes count tensors into one lease (ferry_pool_publish_many_async); when preack is not
- * NULL, the ranks r with preack[r] set are acknowledged for before the lease is marked ready
- * (a send to other ranks, or to dead ones). */
-ferry_status ferry__publish(ferry_pool *pool, const ferry_tensor *tensors, const void *const *srcs,
-                            size_t count, void *stream, uint64_t timeout_ns,
-                            ferry_descriptor *descs, const uint8_t *preack);
+/* A caller's config (of any supported version) as the current struct, defaults filled. */
+void ferry__config_normalize(const ferry_pool_config *in, ferry_pool_config *out);
 
-/* The pool's entry checks (pool.c): FERRY_OK and one more active caller (close waits for it)
- * if the pool takes new work; ferry__pool_leave ends it. */
-ferry_status ferry__pool_enter(ferry_pool *pool);
-void ferry__pool_leave(ferry_pool *pool);
-ferry_status ferry__pool_check(ferry_pool *pool, const void *ptr, const char *what);
-ferry_status ferry__pool_closing_error(ferry_pool *pool);
+/* Validates a configuration for the named transport; *data_start on success. */
+ferry_status ferry__config_validate(const ferry_pool_config *config,
+                                    const ferry__transport_ops *ops, uint64_t *data_start);
 
-/* channel.c */
+/* ---- channel.c ------------------------------------------------------------------------ */
+
 ferry_status ferry__channel_init(ferry_pool *pool);
 /* Wakes every sender and receiver of the rings (close: they see the pool closing). */
 void ferry__channel_wake(ferry_pool *pool);
@@ -130,27 +129,22 @@ ferry_status ferry__channel_notify(void *pool, uint32_t rank, pid_t pid, int fd)
  * sleeping receivers cleared. */
 void ferry__channel_forget_rank_locked(ferry_pool *pool, uint32_t rank);
 
-/* Latches the pool's first background failure (every later publish fails POOL_FAILED). */
-void ferry__latch_locked(ferry_pool *pool, ferry_status status, const char *cause);
+/* ---- reclaim.c ------------------------------------------------------------------------ */
 
-/* reclaim.c */
 /* Frees every leased slot whose row equals its generation; returns how many. */
 uint64_t ferry__reclaim_locked(ferry_pool *pool);
 /* Checks attached ranks' processes; acknowledges every lease of a dead rank for it. Returns
  * how many acknowledgements were written. */
 uint64_t ferry__reap_dead_locked(ferry_pool *pool);
-/* Tells sleeping publishers that space may have been freed. */
-void ferry__signal_space(ferry_pool *pool);
-/* Wakes consumers sleeping on a slot's ready word, after it was written with a seq_cst
- * store (which orders it before the read of the waiter count). */
-void ferry__signal_ready(ferry_pool *pool, uint32_t slot);
+/* Acknowledges for rank every lease in flight leased before before_ns; returns how many. */
+uint64_t ferry__ack_for_rank_locked(ferry_pool *pool, uint32_t rank, uint64_t before_ns);
 /* 1 if every word of the slot's row equals its generation (mem.control in sync). */
 int ferry__row_released_locked(const ferry_pool *pool, uint32_t slot);
 /* Returns a leased slot and its slice to the free lists. */
 void ferry__slot_release_locked(ferry_pool *pool, uint32_t slot);
-/* Broker callback: pid claims rank (ferry__broker_attach_fn). */
-ferry_status ferry__rank_attached(void *pool, uint32_t rank, pid_t pid, pid_t *holder);
 /* Describes who holds the pool (for POOL_FULL messages) into buf. */
 void ferry__describe_backlog_locked(ferry_pool *pool, char *buf, size_t size);
 ferry_status ferry__reclaimer_start(ferry_pool *pool);
 void ferry__reclaimer_stop(ferry_pool *pool);
+
+#endif

@@ -7,13 +7,12 @@
 #include "common/atomic.h"
 #include "common/clock.h"
 #include "common/error.h"
-#include "common/futex.h"
-#include "common/proc.h"
 #include "pool/pool.h"
+#include "shm/signal.h"
 
 int ferry__row_released_locked(const ferry_pool *pool, uint32_t slot)
 {
-    const uint32_t *row = ferry__row(pool->mem.control, pool->row_words, slot);
+    const uint32_t *row = &pool->mem.control[ferry__shm_ready_word(&pool->mem.shm.layout, slot)];
     uint32_t gen = pool->slots[slot].generation;
     for (uint32_t w = 0; w < pool->row_words; w++)
         if (ferry__load_acquire32(&row[w]) != gen)
@@ -34,8 +33,8 @@ void ferry__slot_release_locked(ferry_pool *pool, uint32_t slot)
 {
     ferry__alloc_free(&pool->alloc, pool->slots[slot].handle);
     inflight_remove(pool, slot);
-    pool->ring[(pool->ring_head + pool->ring_count) % pool->max_inflight] = slot;
-    pool->ring_count++;
+    pool->free_slots[(pool->free_head + pool->free_count) % pool->max_inflight] = slot;
+    pool->free_count++;
 }
 
 uint64_t ferry__reclaim_locked(ferry_pool *pool)
@@ -59,131 +58,36 @@ uint64_t ferry__reclaim_locked(ferry_pool *pool)
     return n;
 }
 
-/* Acknowledges for rank every lease in flight leased before before_ns. */
-static uint64_t ack_for_rank_locked(ferry_pool *pool, uint32_t rank, uint64_t before_ns)
+uint64_t ferry__ack_for_rank_locked(ferry_pool *pool, uint32_t rank, uint64_t before_ns)
 {
     uint64_t n = 0;
     for (uint32_t i = 0; i < pool->inflight_count; i++) {
         uint32_t slot = pool->inflight[i];
         if (pool->slots[slot].leased_ns >= before_ns)
             continue;
-        uint32_t *row = ferry__row(pool->mem.control, pool->row_words, slot);
+        uint64_t word = ferry__shm_ack_word(&pool->mem.shm.layout, slot, rank);
         uint32_t gen = pool->slots[slot].generation;
-        if (ferry__load_acquire32(&row[1 + rank]) != gen &&
-            pool->ops->write_words(&pool->mem, (uint64_t)slot * pool->row_words + 1 + rank, 1,
-                                   gen) == FERRY_OK)
+        if (ferry__load_acquire32(&pool->mem.control[word]) != gen &&
+            pool->ops->write_words(&pool->mem, word, 1, gen) == FERRY_OK)
             n++;
     }
     return n;
 }
 
-/* Reading /proc costs microseconds per consumer: processes are looked at no more often
- * than the reclaim interval (and at most every 10 ms), however often reclaim runs. */
-static int liveness_due_locked(ferry_pool *pool)
-{
-    uint64_t every = (uint64_t)pool->config.reclaim_interval_us * 1000ull;
-    if (every > 10000000ull)
-        every = 10000000ull;
-    uint64_t now = ferry__now_ns();
-    if (now - pool->liveness_ns < every)
-        return 0;
-    pool->liveness_ns = now;
-    return 1;
-}
-
-/* Marks attached ranks whose process is gone (when a look is due); 1 if any rank is dead. */
-static int find_dead_locked(ferry_pool *pool)
-{
-    int look = liveness_due_locked(pool), any = 0;
-    for (uint32_t r = 0; r < pool->consumers; r++) {
-        ferry__rank *rk = &pool->ranks[r];
-        if (look && rk->pid && !rk->dead && !ferry__proc_alive(rk->pid, rk->starttime))
-            rk->dead = 1;
-        any |= rk->dead;
-    }
-    return any;
-}
-
 uint64_t ferry__reap_dead_locked(ferry_pool *pool)
 {
     uint64_t n = 0;
-    if (!find_dead_locked(pool) || pool->ops->sync_control(&pool->mem) != FERRY_OK)
+    if (!ferry__ranks_look_locked(pool) || pool->ops->sync_control(&pool->mem) != FERRY_OK)
         return 0;
     for (uint32_t r = 0; r < pool->consumers; r++) {
-        ferry__rank *rk = &pool->ranks[r];
-        if (!rk->dead)
+        if (!ferry__rank_dead_locked(pool, r))
             continue;
-        uint64_t acked = ack_for_rank_locked(pool, r, UINT64_MAX);
-        if (acked && !rk->warned) {
-            rk->warned = 1;
-            ferry__log(FERRY_LOG_WARN,
-                       "%s pool: consumer rank %u (pid %d) is gone; acknowledging its leases "
-                       "on its behalf (%llu so far)",
-                       pool->ops->name, r, (int)rk->pid, (unsigned long long)acked);
-        }
+        uint64_t acked = ferry__ack_for_rank_locked(pool, r, UINT64_MAX);
+        ferry__rank_note_reaped_locked(pool, r, acked);
         n += acked;
     }
     pool->stats.acked_for_dead += n;
     return n;
-}
-
-void ferry__signal_space(ferry_pool *pool)
-{
-    ferry__shm_header *h = pool->mem.header;
-    ferry__fetch_add_seqcst32(&h->ack_seq, 1);
-    if (ferry__load_seqcst32(&h->producer_waiters))
-        ferry__futex_wake_all(&h->ack_seq);
-}
-
-void ferry__signal_ready(ferry_pool *pool, uint32_t slot)
-{
-    if (ferry__load_seqcst32(&pool->mem.header->consumer_waiters))
-        ferry__futex_wake_all(ferry__row(pool->mem.control, pool->row_words, slot));
-}
-
-/* A rank whose process died is taken over: its leases in flight were sent to that process,
- * so they are acknowledged on its behalf first, in the same critical section as the takeover
- * (a lease published between the death and the reclaimer's next look would otherwise wait
- * forever for an acknowledgement the new process knows nothing of). Leases published after
- * the new process started may already be on their way to it: those are left to it. */
-static uint64_t settle_dead_rank_locked(ferry_pool *pool, uint32_t rank, pid_t successor)
-{
-    if (pool->ops->sync_control(&pool->mem) != FERRY_OK)
-        return 0;
-    uint64_t born = ferry__proc_start_ns(successor);
-    uint64_t n = ack_for_rank_locked(pool, rank, born ? born : UINT64_MAX);
-    pool->stats.acked_for_dead += n;
-    if (n)
-        ferry__log(FERRY_LOG_WARN,
-                   "%s pool: consumer rank %u (pid %d) is gone and a new process takes it "
-                   "over; its %llu leases in flight were acknowledged on its behalf",
-                   pool->ops->name, rank, (int)pool->ranks[rank].pid, (unsigned long long)n);
-    return n;
-}
-
-ferry_status ferry__rank_attached(void *arg, uint32_t rank, pid_t pid, pid_t *holder)
-{
-    ferry_pool *pool = arg;
-    uint64_t start = ferry__proc_starttime(pid), settled = 0;
-    pthread_mutex_lock(&pool->lock);
-    ferry__rank *rk = &pool->ranks[rank];
-    if (rk->pid && !(rk->pid == pid && rk->starttime == start)) {
-        if (!rk->dead && ferry__proc_alive(rk->pid, rk->starttime)) {
-            *holder = rk->pid;
-            pthread_mutex_unlock(&pool->lock);
-            return FERRY_RANK_IN_USE;
-        }
-        settled = settle_dead_rank_locked(pool, rank, pid);
-        ferry__channel_forget_rank_locked(pool, rank);
-    }
-    rk->pid = pid;
-    rk->starttime = start;
-    rk->dead = 0;
-    rk->warned = 0;
-    pthread_mutex_unlock(&pool->lock);
-    if (settled)
-        ferry__signal_space(pool);
-    return FERRY_OK;
 }
 
 /* The rank with the oldest published lease it has not acknowledged. */
@@ -195,10 +99,10 @@ static int slowest_rank_locked(ferry_pool *pool, uint64_t *oldest, uint64_t *hel
         uint64_t old = UINT64_MAX, count = 0;
         for (uint32_t i = 0; i < pool->inflight_count; i++) {
             uint32_t slot = pool->inflight[i];
-            const uint32_t *row = ferry__row(pool->mem.control, pool->row_words, slot);
+            const ferry__shm_layout *l = &pool->mem.shm.layout;
             uint32_t gen = pool->slots[slot].generation;
-            if (ferry__load_acquire32(&row[0]) == gen &&
-                ferry__load_acquire32(&row[1 + r]) != gen) {
+            if (ferry__load_acquire32(&pool->mem.control[ferry__shm_ready_word(l, slot)]) == gen &&
+                ferry__load_acquire32(&pool->mem.control[ferry__shm_ack_word(l, slot, r)]) != gen) {
                 count++;
                 if (pool->slots[slot].leased_ns < old)
                     old = pool->slots[slot].leased_ns;
@@ -221,13 +125,10 @@ void ferry__describe_backlog_locked(ferry_pool *pool, char *buf, size_t size)
         snprintf(buf, size, "no consumer holds a published lease");
         return;
     }
-    const ferry__rank *rk = &pool->ranks[r];
-    const char *state = !rk->pid                                    ? "not attached yet"
-                        : ferry__proc_alive(rk->pid, rk->starttime) ? "alive"
-                                                                    : "dead";
-    snprintf(buf, size, "slowest consumer: rank %d (pid %d, %s) holds %llu leases, oldest %.3f ms",
-             r, (int)rk->pid, state, (unsigned long long)held,
-             (double)(ferry__now_ns() - oldest) / 1e6);
+    char who[64];
+    ferry__rank_describe_locked(pool, (uint32_t)r, who, sizeof(who));
+    snprintf(buf, size, "slowest consumer: rank %d (%s) holds %llu leases, oldest %.3f ms", r, who,
+             (unsigned long long)held, (double)(ferry__now_ns() - oldest) / 1e6);
 }
 
 static void *reclaimer_main(void *arg)
@@ -249,7 +150,7 @@ static void *reclaimer_main(void *arg)
             changed += ferry__reclaim_locked(pool);
         if (changed) {
             pthread_mutex_unlock(&pool->lock);
-            ferry__signal_space(pool);
+            ferry__shm_acked(&pool->mem.shm);
             pthread_mutex_lock(&pool->lock);
         }
     }

@@ -17,17 +17,16 @@
 #include "driver/driver.h"
 #include "transport/cuda_pool.h"
 
-
 /* Streams a view remembers, to release it only after their work on it ran. */
 #define FERRY_VIEW_STREAMS 16
 
 typedef struct cuda_view {
     const ferry__cuda *cuda;
-    pthread_mutex_t lock;                    /* guards base[] while opening */
-    int registered;                          /* the segment is registered with CUDA */
-    int device;                              /* the device whose context registered it */
-    CUdeviceptr segment_dev;                 /* its device address */
-    CUdeviceptr base[FERRY_MAX_DEVICES]; /* the pool opened on each device, 0 if not */
+    pthread_mutex_t lock;                           /* guards base[] while opening */
+    int registered;                                 /* the segment is registered with CUDA */
+    int device;                                     /* the device whose context registered it */
+    CUdeviceptr segment_dev;                        /* its device address */
+    CUdeviceptr base[FERRY_MAX_DEVICES];            /* the pool opened on each device, 0 if not */
     ferry__cuda_local *borrowed[FERRY_MAX_DEVICES]; /* base is the producer's own mapping */
     CUmemGenericAllocationHandle vmm[FERRY_MAX_DEVICES]; /* CUDA VMM: imported handles */
     CUstream io[FERRY_MAX_DEVICES]; /* device placement: CPU access to the words, per device */
@@ -44,8 +43,6 @@ static cuda_view *view_of(const ferry__mapped_pool *p)
 
 /* Calls that reach gpu_map after their pool was opened give the VMM broker this long. */
 #define FERRY_VMM_BROKER_TIMEOUT_NS 5000000000ull
-
-
 
 static int device_control(const ferry__mapped_pool *p)
 {
@@ -138,9 +135,9 @@ static ferry_status import_vmm(ferry__mapped_pool *p, uint64_t deadline,
     uint64_t size;
     pid_t pid;
     uint64_t now = ferry__now_ns();
-    ferry_status st = ferry__broker_request(p->handle, p->pool_id, FERRY__RANK_NONE,
-                                            "CUDA VMM POSIX FD broker",
-                                            deadline > now ? deadline - now : 0, &fd, &size, &pid);
+    ferry_status st =
+        ferry__broker_request(p->handle, p->pool_id, FERRY__RANK_NONE, "CUDA VMM POSIX FD broker",
+                              deadline > now ? deadline - now : 0, &fd, &size, &pid);
     if (st != FERRY_OK)
         return st;
     CUresult rc = cuda->cuMemImportFromShareableHandle(h, (void *)(intptr_t)fd,
@@ -412,7 +409,7 @@ static ferry_status word_address(ferry__mapped_pool *p, int device, uint64_t wor
     if (device_control(p))
         *addr = g->base[device] + word * sizeof(uint32_t);
     else
-        *addr = g->segment_dev + p->header->header_bytes + word * sizeof(uint32_t);
+        *addr = g->segment_dev + p->shm.layout.header_bytes + word * sizeof(uint32_t);
     return FERRY_OK;
 }
 
@@ -446,8 +443,7 @@ static ferry_status io_stream(ferry__mapped_pool *p, int device, CUstream *io)
     return st;
 }
 
-static ferry_status device_load(ferry__mapped_pool *p, int device, uint64_t word,
-                                uint32_t *value)
+static ferry_status device_load(ferry__mapped_pool *p, int device, uint64_t word, uint32_t *value)
 {
     CUdeviceptr addr;
     ferry_status st = word_address(p, device, word, &addr);
@@ -465,8 +461,8 @@ static ferry_status device_load(ferry__mapped_pool *p, int device, uint64_t word
 
 /* Reading the word would cost a device round trip: this process's own record instead (an
  * acknowledgement another process wrote for the rank is not seen here). */
-static ferry_status device_load_ack(ferry__mapped_pool *p, int device, uint32_t slot,
-                                    uint32_t rank, uint32_t *value)
+static ferry_status device_load_ack(ferry__mapped_pool *p, int device, uint32_t slot, uint32_t rank,
+                                    uint32_t *value)
 {
     (void)device;
     *value = ferry__load_acquire32(&p->my_acks[(uint64_t)slot * p->consumers + rank]);
@@ -527,17 +523,17 @@ const ferry__placement ferry__device_placement = {
 
 /* ---- the rest of the consumer side ------------------------------------------------------ */
 
-const char *ferry__cuda_view_check(const ferry__shm_header *h, uint64_t *tail)
+const char *ferry__cuda_view_check(const ferry__shm_layout *l, uint64_t *tail)
 {
-    if (h->device < 0)
+    if (l->device < 0)
         return "placement differs";
-    *tail = (h->desc_flags & FERRY_DESC_FLAG_DEVICE_CONTROL) ? 0 : h->data_start;
+    *tail = (l->desc_flags & FERRY_DESC_FLAG_DEVICE_CONTROL) ? 0 : l->data_start;
     return NULL;
 }
 
-const ferry__placement *ferry__cuda_view_placement(const ferry__shm_header *h)
+const ferry__placement *ferry__cuda_view_placement(const ferry__shm_layout *l)
 {
-    return (h->desc_flags & FERRY_DESC_FLAG_DEVICE_CONTROL) ? &ferry__device_placement
+    return (l->desc_flags & FERRY_DESC_FLAG_DEVICE_CONTROL) ? &ferry__device_placement
                                                             : &ferry__host_placement;
 }
 
@@ -547,17 +543,18 @@ ferry_status ferry__cuda_view_streams(const ferry__mapped_pool *p)
     return FERRY_OK;
 }
 
-ferry_status ferry__cuda_view_data(ferry__mapped_pool *p, int device, uint64_t offset, const void **data)
+ferry_status ferry__cuda_view_data(ferry__mapped_pool *p, int device, uint64_t offset,
+                                   const void **data)
 {
     ferry_status st = ferry__cuda_view_map(p, device, ferry__deadline(FERRY_VMM_BROKER_TIMEOUT_NS));
     if (st != FERRY_OK)
         return st;
-    *data = (const void *)(uintptr_t)(view_of(p)->base[device] + p->header->data_start + offset);
+    *data = (const void *)(uintptr_t)(view_of(p)->base[device] + p->shm.layout.data_start + offset);
     return FERRY_OK;
 }
 
-ferry_status ferry__cuda_view_copy_out(ferry__mapped_pool *p, int device, uint64_t offset, void *dst,
-                                 uint64_t n)
+ferry_status ferry__cuda_view_copy_out(ferry__mapped_pool *p, int device, uint64_t offset,
+                                       void *dst, uint64_t n)
 {
     const void *src;
     ferry_status st = ferry__cuda_view_data(p, device, offset, &src);
@@ -569,7 +566,7 @@ ferry_status ferry__cuda_view_copy_out(ferry__mapped_pool *p, int device, uint64
 }
 
 ferry_status ferry__cuda_view_enqueue_wait(ferry__mapped_pool *p, int device, uint64_t word,
-                                     uint32_t value, void *stream)
+                                           uint32_t value, void *stream)
 {
     CUdeviceptr addr;
     ferry_status st = word_address(p, device, word, &addr);
@@ -581,8 +578,8 @@ ferry_status ferry__cuda_view_enqueue_wait(ferry__mapped_pool *p, int device, ui
     return FERRY_OK;
 }
 
-ferry_status ferry__cuda_view_enqueue_copy(ferry__mapped_pool *p, int device, uint64_t offset, void *dst,
-                                     uint64_t n, void *stream)
+ferry_status ferry__cuda_view_enqueue_copy(ferry__mapped_pool *p, int device, uint64_t offset,
+                                           void *dst, uint64_t n, void *stream)
 {
     const void *src;
     ferry_status st = ferry__cuda_view_data(p, device, offset, &src);
@@ -595,7 +592,7 @@ ferry_status ferry__cuda_view_enqueue_copy(ferry__mapped_pool *p, int device, ui
 }
 
 ferry_status ferry__cuda_view_enqueue_store(ferry__mapped_pool *p, int device, uint64_t word,
-                                      uint32_t value, void *stream)
+                                            uint32_t value, void *stream)
 {
     CUdeviceptr addr;
     ferry_status st = word_address(p, device, word, &addr);

@@ -22,8 +22,8 @@ typedef struct ferry__cuda_pool {
     uint32_t *mirror; /* device placement: what the CPU last read of the table */
     CUstream io;      /* device placement: the stream the CPU reads and writes the table on */
     const ferry__placement *place; /* where the control words live */
-    void *backend;    /* the transport's own state */
-    ferry__cuda_local *local; /* registered among this process's pools */
+    void *backend;                 /* the transport's own state */
+    ferry__cuda_local *local;      /* registered among this process's pools */
 } ferry__cuda_pool;
 
 /* Loads the driver and makes the pool's device current; fills c (cuda, transport, device,
@@ -70,13 +70,13 @@ ferry_status ferry__cuda_local_add(ferry__cuda_pool *c, const ferry__pool_memory
 int ferry__cuda_local_retire(ferry__cuda_pool *c);
 
 /* The device placement's producer side (its table is in cuda_consumer.c). */
-ferry_status ferry__cuda_device_write_words(ferry__pool_memory *mem, uint64_t first,
-                                            uint32_t count, uint32_t value);
+ferry_status ferry__cuda_device_write_words(ferry__pool_memory *mem, uint64_t first, uint32_t count,
+                                            uint32_t value);
 ferry_status ferry__cuda_device_sync(ferry__pool_memory *mem);
 
 /* The consumer side, identical for every GPU transport (cuda_consumer.c). */
-const char *ferry__cuda_view_check(const ferry__shm_header *h, uint64_t *tail);
-const ferry__placement *ferry__cuda_view_placement(const ferry__shm_header *h);
+const char *ferry__cuda_view_check(const ferry__shm_layout *l, uint64_t *tail);
+const ferry__placement *ferry__cuda_view_placement(const ferry__shm_layout *l);
 ferry_status ferry__cuda_view_attach(ferry__mapped_pool *p, int device);
 void ferry__cuda_view_detach(ferry__mapped_pool *p);
 ferry_status ferry__cuda_view_map(ferry__mapped_pool *p, int device, uint64_t deadline);
@@ -95,19 +95,18 @@ ferry_status ferry__cuda_view_enqueue_store(ferry__mapped_pool *p, int device, u
 /* The entries every GPU transport's ops table shares: the producer's data path and the
  * whole consumer side. */
 #define FERRY_CUDA_SHARED_OPS                                                                      \
-    .gpu = 1, .device_placement = 1, .space_poll_ns = 20000ull, .copy_in = ferry__cuda_copy_in,             \
-    .mark_ready = ferry__cuda_mark_ready, .write_words = ferry__cuda_write_words,                 \
-    .sync_control = ferry__cuda_sync_control, .slice_ptr = ferry__cuda_slice_ptr,                 \
+    .gpu = 1, .device_placement = 1, .space_poll_ns = 20000ull, .copy_in = ferry__cuda_copy_in,    \
+    .mark_ready = ferry__cuda_mark_ready, .write_words = ferry__cuda_write_words,                  \
+    .sync_control = ferry__cuda_sync_control, .slice_ptr = ferry__cuda_slice_ptr,                  \
     FERRY_CUDA_VIEW_OPS
 
 #define FERRY_CUDA_VIEW_OPS                                                                        \
-    .ready_poll_ns = 20000ull, .ready_spin_ns = 100000ull, .view_check = ferry__cuda_view_check, \
-    .view_placement = ferry__cuda_view_placement, .view_attach = ferry__cuda_view_attach,         \
-    .view_detach = ferry__cuda_view_detach, .view_map = ferry__cuda_view_map,                     \
-    .view_copy_out = ferry__cuda_view_copy_out, .view_data = ferry__cuda_view_data,               \
-    .view_streams = ferry__cuda_view_streams,                                                     \
-    .view_enqueue_wait = ferry__cuda_view_enqueue_wait,                                           \
-    .view_enqueue_copy = ferry__cuda_view_enqueue_copy,                                           \
+    .ready_poll_ns = 20000ull, .ready_spin_ns = 100000ull, .view_check = ferry__cuda_view_check,   \
+    .view_placement = ferry__cuda_view_placement, .view_attach = ferry__cuda_view_attach,          \
+    .view_detach = ferry__cuda_view_detach, .view_map = ferry__cuda_view_map,                      \
+    .view_copy_out = ferry__cuda_view_copy_out, .view_data = ferry__cuda_view_data,                \
+    .view_streams = ferry__cuda_view_streams, .view_enqueue_wait = ferry__cuda_view_enqueue_wait,  \
+    .view_enqueue_copy = ferry__cuda_view_enqueue_copy,                                            \
     .view_enqueue_store = ferry__cuda_view_enqueue_store
 
 /* The data path, identical for every GPU transport (transport.h ops). */

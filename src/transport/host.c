@@ -9,7 +9,7 @@
 
 #include "common/atomic.h"
 #include "common/error.h"
-#include "common/futex.h"
+#include "shm/signal.h"
 #include "transport/transport.h"
 
 ferry_status ferry__segment_create(const char *transport, uint64_t size, int *fd_out,
@@ -45,11 +45,9 @@ close_fd:
 
 void ferry__segment_layout(ferry__pool_memory *mem, void *base, const ferry_pool_config *config)
 {
-    uint64_t max_inflight = (uint64_t)config->max_inflight_slices;
-    mem->header = base;
-    mem->generations = (uint32_t *)((uint8_t *)base + FERRY_GEN_TABLE_OFFSET);
-    mem->extents = (ferry__extent *)((uint8_t *)base + ferry__extent_offset(max_inflight));
-    mem->control = (uint32_t *)((uint8_t *)base + ferry__header_bytes_of(config));
+    ferry__shm_layout_init(&mem->shm.layout, config);
+    ferry__shm_map(&mem->shm, base);
+    mem->control = (uint32_t *)((uint8_t *)base + mem->shm.layout.header_bytes);
 }
 
 void ferry__fill_words(uint32_t *words, uint64_t count, uint32_t value)
@@ -136,10 +134,7 @@ static ferry_status host_mark_ready(ferry__pool_memory *mem, uint64_t word, uint
 {
     if (stream)
         return ferry__fail(FERRY_INVALID_ARGUMENT, "host pool: a stream needs a GPU pool");
-    /* seq_cst, so that the read of the sleeper count below cannot pass it. */
-    ferry__store_seqcst32(&mem->control[word], generation);
-    if (ferry__load_seqcst32(&mem->header->consumer_waiters))
-        ferry__futex_wake_all(&mem->control[word]);
+    ferry__shm_ready_store(&mem->shm, &mem->control[word], generation);
     return FERRY_OK;
 }
 
@@ -153,7 +148,7 @@ static ferry_status host_slice_ptr(ferry__pool_memory *mem, uint64_t offset, voi
 
 static ferry_status words_open(ferry__mapped_pool *p)
 {
-    p->control = (uint32_t *)((uint8_t *)p->base + p->header->header_bytes);
+    p->control = (uint32_t *)((uint8_t *)p->base + p->shm.layout.header_bytes);
     return FERRY_OK;
 }
 
@@ -172,7 +167,7 @@ static ferry_status words_load(ferry__mapped_pool *p, int device, uint64_t word,
 static ferry_status words_load_ack(ferry__mapped_pool *p, int device, uint32_t slot, uint32_t rank,
                                    uint32_t *value)
 {
-    return words_load(p, device, (uint64_t)slot * p->row_words + 1 + rank, value);
+    return words_load(p, device, ferry__shm_ack_word(&p->shm.layout, slot, rank), value);
 }
 
 static ferry_status words_replace(ferry__mapped_pool *p, int device, uint64_t word,
@@ -196,14 +191,9 @@ static int words_seen(const ferry__mapped_pool *p, uint64_t word, uint32_t value
     return ferry__load_acquire32(&p->control[word]) == value;
 }
 
-/* The waiter count is raised first (seq_cst, as the producer's store of the word and its
- * read of the count), so that a producer that writes the word after our look wakes us. */
 static void words_sleep(ferry__mapped_pool *p, uint64_t word, uint32_t seen, uint64_t ns)
 {
-    ferry__fetch_add_seqcst32(&p->header->consumer_waiters, 1);
-    if (ferry__load_seqcst32(&p->control[word]) == seen)
-        ferry__futex_wait(&p->control[word], seen, ns);
-    ferry__fetch_add_seqcst32(&p->header->consumer_waiters, (uint32_t)-1);
+    ferry__shm_sleep_on_ready(&p->shm, &p->control[word], seen, ns);
 }
 
 const ferry__placement ferry__host_placement = {
@@ -222,24 +212,24 @@ const ferry__placement ferry__host_placement = {
 
 /* ---- the consumer side: the whole pool region lives in the segment ---------------------- */
 
-static const char *host_view_check(const ferry__shm_header *h, uint64_t *tail)
+static const char *host_view_check(const ferry__shm_layout *l, uint64_t *tail)
 {
-    if (h->device >= 0 || (h->desc_flags & FERRY_DESC_FLAG_DEVICE_CONTROL))
+    if (l->device >= 0 || (l->desc_flags & FERRY_DESC_FLAG_DEVICE_CONTROL))
         return "placement differs";
-    *tail = h->memory_size;
+    *tail = l->memory_size;
     return NULL;
 }
 
-static const ferry__placement *host_view_placement(const ferry__shm_header *h)
+static const ferry__placement *host_view_placement(const ferry__shm_layout *l)
 {
-    (void)h;
+    (void)l;
     return &ferry__host_placement;
 }
 
 static ferry_status host_view_attach(ferry__mapped_pool *p, int device)
 {
     (void)device;
-    p->data = (uint8_t *)p->base + p->header->header_bytes + p->header->data_start;
+    p->data = (uint8_t *)p->base + p->shm.layout.header_bytes + p->shm.layout.data_start;
     return FERRY_OK;
 }
 

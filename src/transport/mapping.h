@@ -12,7 +12,7 @@
 #include <sys/types.h>
 
 #include "ferry.h"
-#include "pool/layout.h"
+#include "shm/segment.h"
 
 struct ferry__pool_memory;
 
@@ -24,7 +24,8 @@ typedef struct ferry__placement ferry__placement;
  * one for each consumer call in progress, and one for each view handed out and not yet
  * acknowledged; consumer objects hold none, so that a pool whose producer is gone is unmapped
  * once its calls and views are done. Fields other than refs, gone, attached, viewed and the
- * part sets are immutable once the entry is published in the cache. */
+ * part sets are immutable once the entry is published in the cache; consumers, max_inflight,
+ * row_words, memory_size, data_size, backend and flags are shm.layout's, copied at open. */
 typedef struct ferry__mapped_pool {
     struct ferry__mapped_pool *next;
     uint8_t pool_id[16];
@@ -33,9 +34,7 @@ typedef struct ferry__mapped_pool {
     uint32_t gone; /* atomic: producer found gone */
     void *base;
     uint64_t size;
-    ferry__shm_header *header;
-    uint32_t *generations;
-    ferry__extent *extents; /* each slot's lease extent, written by the producer */
+    ferry__shm shm; /* the segment at base, with the layout validated and kept at open */
     const ferry__transport_ops *ops; /* the pool's transport, consumer side */
     const ferry__placement *place;   /* where its control words live */
     uint32_t *control; /* the control words in the segment (host placement), else NULL */
@@ -51,13 +50,13 @@ typedef struct ferry__mapped_pool {
     uint64_t data_size;
     pid_t producer_pid; /* as seen from this process */
     uint64_t producer_start;
-    uint8_t *attached;  /* one byte per rank; cache lock */
-    uint32_t open_rank; /* the rank that opened the pool (asks the CUDA VMM fd broker) */
-    uint32_t *my_acks;  /* control words on the device: the acknowledgements this process
-                         * wrote, by slot and rank (atomic), so that refusing an already
-                         * acknowledged lease costs no device read */
-    uint32_t *viewed;   /* by slot and rank, the generation of a view holding a reference
-                         * (0: none); allocated on the first view (atomic words) */
+    uint8_t *attached;          /* one byte per rank; cache lock */
+    uint32_t open_rank;         /* the rank that opened the pool (asks the CUDA VMM fd broker) */
+    uint32_t *my_acks;          /* control words on the device: the acknowledgements this process
+                                 * wrote, by slot and rank (atomic), so that refusing an already
+                                 * acknowledged lease costs no device read */
+    uint32_t *viewed;           /* by slot and rank, the generation of a view holding a reference
+                                 * (0: none); allocated on the first view (atomic words) */
     pthread_mutex_t parts_lock; /* guards parts */
     ferry__part_set *parts;     /* packed leases acknowledged part by part, in progress */
 } ferry__mapped_pool;

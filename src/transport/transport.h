@@ -10,25 +10,23 @@
 #include <stdint.h>
 
 #include "ferry.h"
-#include "pool/layout.h"
+#include "shm/segment.h"
 #include "transport/mapping.h"
 
 typedef struct ferry__pool_memory {
-    uint8_t pool_id[16];       /* set by the engine before create: the pool's identity */
-    ferry__shm_header *header; /* shared header (host memory) */
-    uint32_t *generations;     /* shared slot generation table (host memory) */
-    ferry__extent *extents;    /* shared slot extent table (host memory) */
-    uint32_t *control;         /* control table as the CPU reads it: the shared words, or a
-                                * mirror refreshed by sync_control (device placement) */
-    uint64_t data_start;       /* data offset inside the pool region */
-    uint64_t memory_size;      /* bytes of the pool region as allocated (CUDA VMM rounds the
-                                * configured size down to its granularity) */
-    int shared_fd;             /* the host segment's fd, handed to consumers by the broker */
-    uint64_t shared_size;      /* its size */
-    int device;                /* GPU ordinal, -1 for host memory */
-    uint8_t flags;             /* FERRY_DESC_FLAG_DEVICE_CONTROL when control is on the device */
-    uint8_t handle[64];        /* what consumers need to open the pool's data (CUDA IPC) */
-    void *priv;                /* transport state */
+    uint8_t pool_id[16];  /* set by the engine before create: the pool's identity */
+    ferry__shm shm;       /* the host segment and its layout (the producer's own) */
+    uint32_t *control;    /* control table as the CPU reads it: the shared words, or a
+                           * mirror refreshed by sync_control (device placement) */
+    uint64_t data_start;  /* data offset inside the pool region */
+    uint64_t memory_size; /* bytes of the pool region as allocated (CUDA VMM rounds the
+                           * configured size down to its granularity) */
+    int shared_fd;        /* the host segment's fd, handed to consumers by the broker */
+    uint64_t shared_size; /* its size */
+    int device;           /* GPU ordinal, -1 for host memory */
+    uint8_t flags;        /* FERRY_DESC_FLAG_DEVICE_CONTROL when control is on the device */
+    uint8_t handle[64];   /* what consumers need to open the pool's data (CUDA IPC) */
+    void *priv;           /* transport state */
 } ferry__pool_memory;
 
 /* Both sides of a transport: the producer's pool memory (ferry__pool_memory) and a consumer
@@ -80,11 +78,11 @@ typedef struct ferry__transport_ops {
      * sleepers it is long; GPU streams wake nobody), and how long it yields first. */
     uint64_t ready_poll_ns;
     uint64_t ready_spin_ns;
-    /* Checks a pool header for this transport: NULL and *tail (the segment's bytes after
-     * the header) if it is consistent, else why not. */
-    const char *(*view_check)(const ferry__shm_header *h, uint64_t *tail);
-    /* The placement of the control words the header describes. */
-    const ferry__placement *(*view_placement)(const ferry__shm_header *h);
+    /* Checks a validated layout for this transport: NULL and *tail (the segment's bytes
+     * after the header) if it is consistent, else why not. */
+    const char *(*view_check)(const ferry__shm_layout *l, uint64_t *tail);
+    /* The placement of the control words the layout describes. */
+    const ferry__placement *(*view_placement)(const ferry__shm_layout *l);
     /* Once the segment is mapped and its layout known: what the process needs before it reads
      * (GPU pools: the segment registered with CUDA on device). Undone by view_detach, which
      * is also safe on a partial attach; a detach that must wait for streams still working on

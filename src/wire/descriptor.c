@@ -2,7 +2,7 @@
 #include <string.h>
 
 #include "common/error.h"
-#include "pool/layout.h"
+#include "shm/layout.h"
 #include "wire/wire.h"
 
 #define DESC_VERSION 1u

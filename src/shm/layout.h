@@ -17,8 +17,8 @@
  * counters followed by ring_depth entries of FERRY_DESCRIPTOR_SIZE bytes, each an encoded
  * descriptor. The producer alone writes tail and the entries; the rank's process advances
  * head. Entry i lives at index i % ring_depth; the entries [head, tail) are queued. */
-#ifndef FERRY_POOL_LAYOUT_H
-#define FERRY_POOL_LAYOUT_H
+#ifndef FERRY_SHM_LAYOUT_H
+#define FERRY_SHM_LAYOUT_H
 
 #include <stdint.h>
 
@@ -32,6 +32,10 @@
  * bit, so consumers tell a cancelled lease from a live one without reading control words
  * (which may live on the device). */
 #define FERRY_GEN_CANCELLED 0x80000000u
+/* The largest pool a producer makes and a consumer accepts (config.c, segment.c). */
+#define FERRY_MAX_CONSUMERS 65535
+#define FERRY_MAX_INFLIGHT  (1 << 24)
+#define FERRY_MAX_DEPTH     (1 << 16)
 
 typedef struct ferry__shm_header {
     uint32_t magic;
@@ -80,6 +84,27 @@ typedef struct ferry__extent {
     uint64_t length; /* bytes of the lease (all its tensors) */
 } ferry__extent;
 
+/* The segment's layout as one side keeps it, privately: computed from the configuration at
+ * create (producer), read once from a validated header at open (consumer). Nothing reads the
+ * header's layout words again: every process of the pool can write them. */
+typedef struct ferry__shm_layout {
+    uint32_t backend;
+    uint32_t consumers;
+    uint32_t max_inflight;
+    uint32_t row_words; /* 1 + consumers */
+    uint32_t ring_depth;
+    uint32_t desc_flags; /* FERRY_DESC_FLAG_DEVICE_CONTROL when control is on the GPU */
+    int32_t device;      /* the pool's device, -1 for host memory */
+    uint64_t header_bytes;
+    uint64_t gen_offset;
+    uint64_t extent_offset;
+    uint64_t ring_offset;
+    uint64_t ring_stride; /* bytes of one rank's ring */
+    uint64_t memory_size; /* bytes of the pool region */
+    uint64_t data_start;  /* data offset inside the pool region */
+    uint64_t data_size;   /* usable data bytes (memory_size - data_start, 256-byte multiple) */
+} ferry__shm_layout;
+
 /* Bytes of the control table for a configuration. */
 static inline uint64_t ferry__control_bytes(uint64_t max_inflight, uint64_t consumers)
 {
@@ -117,15 +142,7 @@ static inline uint64_t ferry__ring_stride(uint64_t depth)
     return sizeof(ferry__ring) + depth * FERRY_DESCRIPTOR_SIZE;
 }
 
-/* Bytes of the segment before the pool region (page multiple) for a configuration. */
-static inline uint64_t ferry__header_bytes_of(const ferry_pool_config *config)
-{
-    uint64_t b =
-        ferry__ring_offset((uint64_t)config->max_inflight_slices) +
-        (uint64_t)config->consumer_count * ferry__ring_stride((uint64_t)config->channel_depth);
-    return (b + 4095) & ~(uint64_t)4095;
-}
-
+/* Bytes of the segment before the pool region (page multiple). */
 static inline uint64_t ferry__header_bytes(uint64_t max_inflight, uint64_t consumers,
                                            uint64_t depth)
 {
@@ -133,21 +150,16 @@ static inline uint64_t ferry__header_bytes(uint64_t max_inflight, uint64_t consu
     return (b + 4095) & ~(uint64_t)4095;
 }
 
-/* Rank r's ring in a segment laid out as header h says. */
-static inline ferry__ring *ferry__ring_of(const ferry__shm_header *h, uint32_t r)
+static inline uint64_t ferry__header_bytes_of(const ferry_pool_config *config)
 {
-    return (ferry__ring *)((uint8_t *)h + h->ring_offset + r * ferry__ring_stride(h->ring_depth));
+    return ferry__header_bytes((uint64_t)config->max_inflight_slices,
+                               (uint64_t)config->consumer_count, (uint64_t)config->channel_depth);
 }
 
 /* Entry i of a ring of depth entries. */
 static inline uint8_t *ferry__ring_entry(ferry__ring *ring, uint32_t depth, uint32_t i)
 {
     return (uint8_t *)(ring + 1) + (uint64_t)(i % depth) * FERRY_DESCRIPTOR_SIZE;
-}
-
-static inline uint32_t *ferry__row(uint32_t *control, uint32_t row_words, uint32_t slot)
-{
-    return control + (uint64_t)slot * row_words;
 }
 
 #endif

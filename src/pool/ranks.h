@@ -1,0 +1,85 @@
+/* Rank liveness, the producer's side (ranks.c): who holds each rank of a pool, whether it
+ * lives, the verdict that it died and its reversal when a successor takes the rank over.
+ * Every question "is rank r attached, alive, dead" is answered here, for reclaim, send,
+ * drain, statistics, consumer_info, metrics and the broker.
+ *
+ * A rank is held by a holder of some kind. Today the only kind is a local process that
+ * claimed the rank through the pool's broker; another kind (a remote consumer whose
+ * liveness is its connection) is a new ferry__holder_kind and one more case in the few
+ * functions of ranks.c that switch on the kind (holder_check, holder_describe, holder_same,
+ * holder_release). Nothing outside ranks.c looks inside a holder.
+ *
+ * Functions whose names end in _locked are called under the pool lock. */
+#ifndef FERRY_POOL_RANKS_H
+#define FERRY_POOL_RANKS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "ferry.h"
+
+typedef enum ferry__holder_kind {
+    FERRY__HOLDER_NONE = 0, /* nobody attached yet */
+    FERRY__HOLDER_PROCESS,  /* a process of this machine, claimed through the broker */
+} ferry__holder_kind;
+
+/* Who holds one rank. */
+typedef struct ferry__holder {
+    ferry__holder_kind kind;
+    pid_t pid;          /* PROCESS: as the producer sees it */
+    uint64_t starttime; /* PROCESS: guards against pid reuse */
+} ferry__holder;
+
+/* What the pool knows of one rank. */
+typedef struct ferry__rank {
+    ferry__holder holder;
+    int dead;   /* verdict: the holder is gone; its acknowledgements are written on its behalf
+                 * until a successor attaches (the reversal) */
+    int warned; /* the death was logged */
+} ferry__rank;
+
+/* What a look at a rank's holder found. */
+typedef enum ferry__liveness {
+    FERRY__RANK_FREE,  /* nobody attached yet */
+    FERRY__RANK_ALIVE, /* its holder lives */
+    FERRY__RANK_DEAD,  /* its holder is gone */
+} ferry__liveness;
+
+/* The pool's table of ranks (pool->ranks), all free; fini releases it. */
+ferry_status ferry__ranks_init(ferry_pool *pool);
+void ferry__ranks_fini(ferry_pool *pool);
+
+/* Broker callback (ferry__broker_attach_fn): pid claims rank. FERRY_OK for the holder itself,
+ * a free rank, or a successor of a dead holder (whose leases in flight are settled first,
+ * under the same hold of the lock); RANK_IN_USE with *holder while the holder lives. */
+ferry_status ferry__ranks_attach(void *pool, uint32_t rank, pid_t pid, pid_t *holder);
+
+/* Looks at the attached holders (when a look is due: at most every reclaim interval, and at
+ * most every 10 ms) and gives the verdict on those found gone. 1 if any rank is dead. */
+int ferry__ranks_look_locked(ferry_pool *pool);
+
+/* The verdict as last given: 1 if rank's holder was found gone and nobody took it over. */
+int ferry__rank_dead_locked(const ferry_pool *pool, uint32_t rank);
+
+/* A look now at rank's holder (no verdict is given). */
+ferry__liveness ferry__rank_liveness_locked(const ferry_pool *pool, uint32_t rank);
+
+/* 1 if process pid holds rank and lives (who may hand the rank a poll fd). */
+int ferry__rank_held_by_locked(const ferry_pool *pool, uint32_t rank, pid_t pid);
+
+/* Describes rank's holder for messages: "pid P, alive", "pid P, dead", "pid 0, not attached
+ * yet". */
+void ferry__rank_describe_locked(const ferry_pool *pool, uint32_t rank, char *buf, size_t size);
+
+/* Logs, once per death, that rank's holder is gone and acked leases were acknowledged for
+ * it (the reclaimer's reaping). */
+void ferry__rank_note_reaped_locked(ferry_pool *pool, uint32_t rank, uint64_t acked);
+
+/* Fills the attached, pid and alive fields of *info for rank. */
+void ferry__rank_info_locked(const ferry_pool *pool, uint32_t rank, ferry_consumer_info *info);
+
+/* Ranks attached at least once, and those whose holder lives. */
+void ferry__ranks_count_locked(const ferry_pool *pool, uint64_t *attached, uint64_t *alive);
+
+#endif

@@ -1,0 +1,151 @@
+/* The descriptor rings, both halves (ring.h). */
+#include <string.h>
+
+#include "common/atomic.h"
+#include "common/error.h"
+#include "common/futex.h"
+#include "shm/ring.h"
+#include "wire/wire.h"
+
+/* Entries are copied word by word with atomics on both sides: a receiver may read an entry
+ * it lost to another thread while a later push rewrites it. */
+static void entry_store(uint8_t *entry, const uint8_t *bytes)
+{
+    for (size_t i = 0; i < FERRY_DESCRIPTOR_SIZE; i += 8) {
+        uint64_t w;
+        memcpy(&w, bytes + i, 8);
+        ferry__store_relaxed64((uint64_t *)(entry + i), w);
+    }
+}
+
+/* Decodes the entry at position i. */
+static ferry_status entry_load(ferry__ring *ring, uint32_t depth, uint32_t i, ferry_descriptor *d)
+{
+    uint8_t raw[FERRY_DESCRIPTOR_SIZE];
+    const uint8_t *entry = ferry__ring_entry(ring, depth, i);
+    for (size_t w = 0; w < FERRY_DESCRIPTOR_SIZE; w += 8) {
+        uint64_t v = ferry__load_relaxed64((const uint64_t *)(entry + w));
+        memcpy(raw + w, &v, 8);
+    }
+    return ferry_descriptor_decode(raw, sizeof(raw), d);
+}
+
+/* ---- the producer's half -------------------------------------------------------------- */
+
+uint32_t ferry__ring_queued(ferry__ring *ring)
+{
+    return ferry__load_relaxed32(&ring->tail) - ferry__load_acquire32(&ring->head);
+}
+
+void ferry__ring_drop(ferry__ring *ring)
+{
+    uint32_t head = ferry__load_acquire32(&ring->head);
+    ferry__cas_acqrel32(&ring->head, &head, ferry__load_relaxed32(&ring->tail));
+}
+
+void ferry__ring_push(ferry__ring *ring, uint32_t depth, const uint8_t *encoded, uint32_t count)
+{
+    uint32_t tail = ferry__load_relaxed32(&ring->tail);
+    for (uint32_t i = 0; i < count; i++)
+        entry_store(ferry__ring_entry(ring, depth, tail + i),
+                    encoded + (size_t)i * FERRY_DESCRIPTOR_SIZE);
+    /* seq_cst: the store half of a Dekker pair with a receiver's sleep on tail. */
+    ferry__store_seqcst32(&ring->tail, tail + count);
+}
+
+int ferry__ring_wake_receivers(ferry__ring *ring, int force)
+{
+    if (ferry__load_seqcst32(&ring->receivers))
+        ferry__futex_wake_all(&ring->tail);
+    /* A plain look first: the exchange's write would bounce the line on every push. */
+    return force ||
+           (ferry__load_seqcst32(&ring->armed) && ferry__exchange_seqcst32(&ring->armed, 0));
+}
+
+void ferry__ring_wake_senders(ferry__ring *ring)
+{
+    if (ferry__load_seqcst32(&ring->senders))
+        ferry__futex_wake_all(&ring->head);
+}
+
+void ferry__ring_sleep_on_head(ferry__ring *ring, uint32_t depth, uint32_t need, uint64_t ns)
+{
+    uint32_t head = ferry__load_acquire32(&ring->head);
+    ferry__fetch_add_seqcst32(&ring->senders, 1);
+    if (depth - ferry__ring_queued(ring) < need)
+        ferry__futex_wait(&ring->head, head, ns);
+    ferry__fetch_add_seqcst32(&ring->senders, (uint32_t)-1);
+}
+
+void ferry__ring_forget_receivers(ferry__ring *ring)
+{
+    ferry__store_seqcst32(&ring->receivers, 0);
+}
+
+/* ---- the rank's half -------------------------------------------------------------------- */
+
+int ferry__ring_take(const ferry__ring_reader *r, ferry_descriptor *descs, size_t max,
+                     size_t *count)
+{
+    ferry__ring *ring = r->ring;
+    uint32_t depth = r->depth;
+    for (;;) {
+        uint32_t head = ferry__load_acquire32(&ring->head);
+        uint32_t tail = ferry__load_acquire32(&ring->tail);
+        if (head == tail)
+            return FERRY__RING_EMPTY;
+        if (tail - head > depth) {
+            if (ferry__load_after_reads32(&ring->head) != head)
+                continue; /* head moved on between the two loads */
+            return ferry__fail(FERRY_MALFORMED,
+                               "descriptor ring of rank %u is corrupt (head %u, tail %u, depth "
+                               "%u)",
+                               r->rank, head, tail, depth);
+        }
+        ferry_status st = entry_load(ring, depth, head, &descs[0]);
+        size_t k = st == FERRY_OK && descs[0].part_count ? descs[0].part_count : 1;
+        if (st == FERRY_OK && (k > tail - head || memcmp(descs[0].pool_id, r->pool_id, 16) != 0 ||
+                               descs[0].slot >= r->max_inflight)) {
+            st = ferry__fail(FERRY_MALFORMED, "descriptor ring of rank %u holds a foreign entry",
+                             r->rank);
+            k = 1; /* dropped alone: the entries after it are the producer's */
+        }
+        if (st == FERRY_OK && k > max) {
+            if (ferry__load_after_reads32(&ring->head) != head)
+                continue;
+            *count = k;
+            return ferry__fail(FERRY_INVALID_ARGUMENT,
+                               "the next lease has %zu tensors; the output holds %zu", k, max);
+        }
+        for (size_t i = 1; i < k && st == FERRY_OK; i++)
+            st = entry_load(ring, depth, head + (uint32_t)i, &descs[i]);
+        /* seq_cst: the store half of a Dekker pair with a sender's sleep on head. */
+        if (!ferry__cas_seqcst32(&ring->head, &head, head + (uint32_t)k))
+            continue; /* another thread took them: the copies may be torn */
+        if (ferry__load_seqcst32(&ring->senders))
+            ferry__futex_wake_all(&ring->head);
+        if (st != FERRY_OK)
+            return st;
+        if (!r->current(r->arg, &descs[0]))
+            continue;
+        *count = k;
+        return FERRY_OK;
+    }
+}
+
+int ferry__ring_arm(ferry__ring *ring, const uint32_t *closing)
+{
+    ferry__store_seqcst32(&ring->armed, 1);
+    /* A close after the caller's look at the closing flag signalled the fd just drained. */
+    return ferry__load_seqcst32(&ring->tail) != ferry__load_seqcst32(&ring->head) ||
+           ferry__load_seqcst32(closing);
+}
+
+void ferry__ring_sleep_on_tail(ferry__ring *ring, uint64_t ns)
+{
+    ferry__fetch_add_seqcst32(&ring->receivers, 1);
+    uint32_t tail = ferry__load_seqcst32(&ring->tail);
+    if (tail == ferry__load_seqcst32(&ring->head))
+        ferry__futex_wait(&ring->tail, tail, ns);
+    ferry__fetch_add_seqcst32(&ring->receivers, (uint32_t)-1);
+}

@@ -1,0 +1,75 @@
+/* A rank's descriptor ring, both halves: the producer's push (ferry_pool_send, pool/channel.c)
+ * and the rank's pop (ferry_consumer_recv, consumer/receive.c), with the wake-ups each side
+ * owes the other, next to the struct they share (ferry__ring, shm/layout.h).
+ *
+ * The entries [head, tail) are queued; entry i lives at i % depth. The producer alone writes
+ * tail and the entries; the rank's process advances head by compare-and-swap, so that threads
+ * of one process share a rank: a thread that loses the race drops its copy (which the
+ * producer may have been rewriting) and tries again. */
+#ifndef FERRY_SHM_RING_H
+#define FERRY_SHM_RING_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ferry.h"
+#include "shm/layout.h"
+
+/* ---- the producer's half -------------------------------------------------------------- */
+
+/* Entries queued (the sender's view: its own tail, the receiver's head). */
+uint32_t ferry__ring_queued(ferry__ring *ring);
+
+/* Drops every queued entry (a dead rank's: its process reads nothing any more). */
+void ferry__ring_drop(ferry__ring *ring);
+
+/* Queues count encoded descriptors (the caller made room for them) and publishes them. */
+void ferry__ring_push(ferry__ring *ring, uint32_t depth, const uint8_t *encoded, uint32_t count);
+
+/* Wakes the receivers asleep on the tail; 1 if the rank's poll fd is to be signalled (force,
+ * or it asked for a signal at this push). */
+int ferry__ring_wake_receivers(ferry__ring *ring, int force);
+
+/* Wakes the senders asleep on the head (close: they see the pool closing). */
+void ferry__ring_wake_senders(ferry__ring *ring);
+
+/* Sleeps at most ns until the receiver takes entries, unless the ring has room for need
+ * entries already. */
+void ferry__ring_sleep_on_head(ferry__ring *ring, uint32_t depth, uint32_t need, uint64_t ns);
+
+/* A new process takes the rank over: a dead one killed in its sleep left its count of
+ * sleeping receivers raised (the successor has no thread asleep yet). */
+void ferry__ring_forget_receivers(ferry__ring *ring);
+
+/* ---- the rank's half -------------------------------------------------------------------- */
+
+enum { FERRY__RING_EMPTY = -1 };
+
+/* What a receiver knows of its pool, to check the entries it takes. */
+typedef struct ferry__ring_reader {
+    ferry__ring *ring;
+    uint32_t depth;
+    uint32_t rank;
+    const uint8_t *pool_id;
+    uint32_t max_inflight;
+    /* 1 if the lease d names is still the rank's to read (its slot holds its generation, the
+     * rank has not acknowledged it): leases no longer current are skipped. */
+    int (*current)(void *arg, const ferry_descriptor *d);
+    void *arg;
+} ferry__ring_reader;
+
+/* Takes the next current lease's entries at head: FERRY_OK with its descriptors in descs and
+ * their number in *count, FERRY__RING_EMPTY, or an error (INVALID_ARGUMENT with *count set to
+ * the lease's parts when it has more than max: the entries stay queued; MALFORMED for a
+ * corrupt ring or a foreign entry, which is dropped). */
+int ferry__ring_take(const ferry__ring_reader *r, ferry_descriptor *descs, size_t max,
+                     size_t *count);
+
+/* Asks the producer to signal the poll fd at its next push; 1 if the ring got entries in the
+ * meantime or the pool is closing (closing: the header's word), i.e. take again. */
+int ferry__ring_arm(ferry__ring *ring, const uint32_t *closing);
+
+/* Sleeps at most ns until the ring's tail moves on. */
+void ferry__ring_sleep_on_tail(ferry__ring *ring, uint64_t ns);
+
+#endif
