@@ -222,7 +222,7 @@ FERRY_API ferry_status ferry_descriptor_decode(const void *buf, size_t len, ferr
 
 typedef struct ferry_pool ferry_pool;
 
-#define FERRY_POOL_CONFIG_VERSION 2
+#define FERRY_POOL_CONFIG_VERSION 3
 
 typedef struct ferry_pool_config {
     uint32_t struct_size;        /* sizeof(ferry_pool_config), set by the initialiser */
@@ -244,6 +244,15 @@ typedef struct ferry_pool_config {
                                * consumer_count * (192 + 256 * channel_depth) bytes */
     int64_t drain_timeout_us; /* close first waits up to this long for every published lease
                                * to be acknowledged (ferry_pool_drain); default 0: no wait */
+    /* version 3 */
+    const char *listen; /* "HOST:PORT" (port 0: any free one; HOST 0.0.0.0 or [::]: every
+                         * interface): the pool also serves consumers on other hosts, over
+                         * UCX (ferry_pool_remote_address); NULL (default): local only. The
+                         * string is not kept. */
+    int64_t remote_timeout_us; /* a remote consumer (or its host, or the link) silent this long
+                                * is gone: its leases are acknowledged for it, and its calls
+                                * get PRODUCER_GONE when the producer falls silent; default
+                                * 5 s, at least 2 s */
 } ferry_pool_config;
 
 /* How a CUDA VMM pool is shared. */
@@ -275,7 +284,8 @@ typedef enum ferry_control_placement {
 #define FERRY_POOL_CONFIG_INIT                                                                     \
     {                                                                                              \
         sizeof(ferry_pool_config), FERRY_POOL_CONFIG_VERSION, FERRY_BACKEND_AUTO, 0, 1, 4096,      \
-            1000, 0, FERRY_DEVICE_DEFAULT, FERRY_CONTROL_HOST, FERRY_VMM_HANDLE_AUTO, 64, 0        \
+            1000, 0, FERRY_DEVICE_DEFAULT, FERRY_CONTROL_HOST, FERRY_VMM_HANDLE_AUTO, 64, 0, NULL, \
+            5000000                                                                                \
     }
 
 /* Validates a configuration without creating anything; the messages are those of
@@ -408,6 +418,15 @@ FERRY_API ferry_status ferry_pool_drain(ferry_pool *pool, uint64_t timeout_ns);
 /* The pool's address into buf (size >= FERRY_ADDRESS_SIZE); also once close began (it never
  * changes, but nobody answers at it after the close). */
 FERRY_API ferry_status ferry_pool_address(ferry_pool *pool, char *buf, size_t size);
+
+/* Bytes a remote address needs, NUL included. */
+#define FERRY_REMOTE_ADDRESS_SIZE 352
+
+/* The pool's remote address into buf (size >= FERRY_REMOTE_ADDRESS_SIZE), for consumers on
+ * other hosts: "ferry+ucx://HOST:PORT/<pool id>/<secret>", 32 hex digits each. It carries a
+ * 128-bit secret: whoever has the address can read every lease of the pool (docs/design.md,
+ * "Security"). INVALID_ARGUMENT for a pool made without cfg.listen. */
+FERRY_API ferry_status ferry_pool_remote_address(ferry_pool *pool, char *buf, size_t size);
 
 /* The ranks a send goes to: the list of count ranks, or when list is NULL the range
  * [first, first + count). A NULL ferry_ranks pointer means every rank. */

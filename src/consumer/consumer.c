@@ -17,6 +17,7 @@
 #include "common/proc.h"
 #include "driver/driver.h"
 #include "consumer/consumer.h"
+#include "remote/remote.h"
 #include "shm/signal.h"
 #include "shm/wait.h"
 #include "transport/transport.h"
@@ -167,9 +168,33 @@ static ferry_status done(ferry_consumer *c, ferry__mapped_pool *p, ferry_status 
     return st;
 }
 
+/* ---- pools on other hosts ----------------------------------------------------------------- */
+
+/* The connection a call goes through when the descriptor names the pool this consumer
+ * reaches over the network (ferry_consumer_connect to a remote address); NULL for every pool
+ * of this host (and in a forked child, whose calls then fail FORKED on the local path). */
+static ferry__remote_client *remote_of(const ferry_consumer *c, const ferry_descriptor *d)
+{
+    return c && d && c->remote && c->pid == ferry__proc_self() && ferry__remote_owns(c->remote, d)
+               ? c->remote
+               : NULL;
+}
+
+static ferry_status remote_unmapped(const char *what)
+{
+    return ferry__fail(FERRY_NOT_SUPPORTED,
+                       "%s needs the pool mapped in this process, and this pool is on another "
+                       "host: read the lease into memory of yours (ferry_consumer_read)",
+                       what);
+}
+
 ferry_status ferry_consumer_open(ferry_consumer *c, const ferry_descriptor *d)
 {
     FERRY_CUDA_BOUNDARY;
+    if (remote_of(c, d)) { /* connected, its rank claimed, at ferry_consumer_connect */
+        ferry__clear_error();
+        return FERRY_OK;
+    }
     ferry__mapped_pool *p;
     ferry_status st =
         pool_lookup(c, d, c ? c->rank : 0, ferry__deadline(FERRY_OPEN_TIMEOUT_NS), 1, &p);
@@ -333,6 +358,8 @@ static ferry_status wait_ready(ferry_consumer *c, ferry__mapped_pool *p, const f
 ferry_status ferry_consumer_wait(ferry_consumer *c, const ferry_descriptor *d, uint64_t timeout_ns)
 {
     FERRY_CUDA_BOUNDARY;
+    if (remote_of(c, d))
+        return ferry__remote_wait(c->remote, d, timeout_ns);
     ferry__mapped_pool *p;
     uint64_t deadline = ferry__deadline(timeout_ns);
     ferry_status st = pool_lookup(c, d, c ? c->rank : 0, deadline, 0, &p);
@@ -383,6 +410,8 @@ ferry_status ferry_consumer_read(ferry_consumer *c, const ferry_descriptor *d, v
                                  size_t dst_size, uint64_t timeout_ns)
 {
     FERRY_CUDA_BOUNDARY;
+    if (remote_of(c, d))
+        return ferry__remote_read(c->remote, d, dst, dst_size, timeout_ns);
     ferry__mapped_pool *p;
     uint64_t deadline = ferry__deadline(timeout_ns);
     ferry_status st = pool_lookup(c, d, c ? c->rank : 0, deadline, 0, &p);
@@ -473,6 +502,8 @@ ferry_status ferry_consumer_view(ferry_consumer *c, const ferry_descriptor *d, c
                                  uint64_t timeout_ns)
 {
     FERRY_CUDA_BOUNDARY;
+    if (remote_of(c, d))
+        return remote_unmapped("a view");
     ferry__mapped_pool *p;
     uint64_t deadline = ferry__deadline(timeout_ns);
     ferry_status st = pool_lookup(c, d, c ? c->rank : 0, deadline, 0, &p);
@@ -657,6 +688,8 @@ static ferry_status ack_call(ferry_consumer *c, const ferry_descriptor *d, uint3
                              uint32_t count, int strict)
 {
     ferry__mapped_pool *p;
+    if (remote_of(c, d))
+        return ferry__remote_ack(c->remote, d, first, count, strict, 0);
     ferry_status st =
         pool_lookup(c, d, FERRY__RANK_NONE, ferry__deadline(FERRY_OPEN_TIMEOUT_NS), 0, &p);
     if (st != FERRY_OK)
@@ -730,6 +763,8 @@ ferry_status ferry_consumer_read_async(ferry_consumer *c, const ferry_descriptor
 {
     FERRY_CUDA_BOUNDARY;
     ferry__mapped_pool *p;
+    if (remote_of(c, d))
+        return remote_unmapped("a stream-ordered read");
     ferry_status st = gpu_pool_for(c, d, c ? c->rank : 0, &p);
     if (st != FERRY_OK)
         return st;
@@ -748,6 +783,8 @@ ferry_status ferry_consumer_view_async(ferry_consumer *c, const ferry_descriptor
 {
     FERRY_CUDA_BOUNDARY;
     ferry__mapped_pool *p;
+    if (remote_of(c, d))
+        return remote_unmapped("a view");
     ferry_status st = gpu_pool_for(c, d, c ? c->rank : 0, &p);
     if (st != FERRY_OK)
         return st;
@@ -764,6 +801,8 @@ ferry_status ferry_consumer_ack_async(ferry_consumer *c, const ferry_descriptor 
 {
     FERRY_CUDA_BOUNDARY;
     ferry__mapped_pool *p;
+    if (remote_of(c, d))
+        return remote_unmapped("a stream-ordered acknowledgement");
     ferry_status st = gpu_pool_for(c, d, FERRY__RANK_NONE, &p);
     if (st != FERRY_OK)
         return st;

@@ -26,6 +26,9 @@ struct ferry_consumer {
     int poll_fd;             /* epoll set of event_fd and the producer's pidfd */
     int pid_fd;              /* the producer's pidfd, -1 where the kernel has none */
     uint64_t alive_ns;       /* atomic: when a recv last looked at the producer's process */
+    /* ferry_consumer_connect to a remote address: the connection its calls on that pool
+     * go through (remote/remote.h), else NULL. */
+    struct ferry__remote_client *remote;
 };
 
 /* ---- consumer.c ------------------------------------------------------------------------ */

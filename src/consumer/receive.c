@@ -14,6 +14,7 @@
 #include "common/error.h"
 #include "common/proc.h"
 #include "consumer/consumer.h"
+#include "remote/remote.h"
 #include "driver/driver.h"
 #include "shm/ring.h"
 #include "shm/wait.h"
@@ -67,10 +68,31 @@ static ferry_status describe(const uint8_t name[16], const char *address, uint64
     return st;
 }
 
+/* A consumer on another host: the remote server admits it and the connection carries its
+ * calls (remote/client.c). */
+static ferry_status connect_remote(const char *address, uint32_t rank, int32_t device,
+                                   ferry_consumer **out)
+{
+    ferry_consumer *c = NULL;
+    ferry_status st = ferry_consumer_create_on(rank, device, &c);
+    if (st == FERRY_OK)
+        st = ferry__remote_connect(address, rank, device, ferry__deadline(FERRY_OPEN_TIMEOUT_NS),
+                                   &c->remote);
+    if (st != FERRY_OK) {
+        ferry_consumer_destroy(c);
+        return st;
+    }
+    *out = c;
+    ferry__clear_error();
+    return FERRY_OK;
+}
+
 ferry_status ferry_consumer_connect(const char *address, uint32_t rank, int32_t device,
                                     ferry_consumer **out)
 {
     FERRY_CUDA_BOUNDARY;
+    if (out && ferry__remote_is_address(address))
+        return connect_remote(address, rank, device, out);
     uint8_t name[16];
     ferry_descriptor d;
     ferry_consumer *c = NULL;
@@ -110,6 +132,8 @@ void ferry__consumer_unbind(ferry_consumer *c)
     if (c->bound && c->pid == ferry__proc_self())
         ferry__cache_release(c->bound);
     c->bound = NULL;
+    ferry__remote_close(c->remote); /* in a forked child: the child's copies only */
+    c->remote = NULL;
     int fds[3] = {c->poll_fd, c->event_fd, c->pid_fd};
     close_fds(fds, 3);
     c->poll_fd = c->event_fd = c->pid_fd = -1;
@@ -122,7 +146,7 @@ static ferry_status check_bound(const ferry_consumer *c)
     ferry_status st = ferry__consumer_owned(c);
     if (st != FERRY_OK)
         return st;
-    if (!c->bound)
+    if (!c->bound && !c->remote)
         return ferry__fail(FERRY_INVALID_ARGUMENT,
                            "consumer of rank %u was not connected to a pool (make it with "
                            "ferry_consumer_connect)",
@@ -245,6 +269,8 @@ ferry_status ferry_consumer_recv(ferry_consumer *c, uint64_t timeout_ns, ferry_d
         st = ferry__fail(FERRY_INVALID_ARGUMENT, "recv needs descriptor room and a count output");
     if (st != FERRY_OK)
         return st;
+    if (c->remote)
+        return ferry__remote_recv(c->remote, timeout_ns, descs, max, count);
     recv_wait rw = {.c = c, .descs = descs, .max = max, .count = count, .timeout_ns = timeout_ns};
     ferry__wait w = {
         .look = recv_look,
@@ -318,6 +344,8 @@ ferry_status ferry_consumer_fd(ferry_consumer *c, int *fd)
         st = ferry__fail(FERRY_INVALID_ARGUMENT, "fd output is NULL");
     if (st != FERRY_OK)
         return st;
+    if (c->remote)
+        return ferry__remote_fd(c->remote, fd);
     pthread_mutex_lock(&c->fd_lock);
     if (c->poll_fd < 0)
         st = make_fds(c);

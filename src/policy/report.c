@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "policy/policy.h"
+#include "remote/ucx.h"
 
 #define TIME_SLICED                                                                                \
     "processes sharing one GPU are time-sliced (~140 us per switch, so a same-GPU handoff costs "  \
@@ -178,8 +179,23 @@ static void text_mps(out *o, const ferry__mps *m)
         put(o, "MPS: not active \xe2\x80\x94 " TIME_SLICED "\n");
 }
 
+static void text_ucx(out *o, const ferry__ucx_report *u)
+{
+    if (!u->loaded) {
+        put(o, "UCX: not found: %s (consumers on other hosts need it: the site's UCX, or pip "
+               "install 'ferry-tensors[ucx]')\n",
+            u->error);
+        return;
+    }
+    put(o, "UCX: %u.%u.%u, %s (consumers on other hosts: cfg.listen)\n", u->major, u->minor,
+        u->release, u->path);
+    put(o, "  transports: %s\n", u->transports[0] ? u->transports : "none");
+    put(o, "  remote read of host memory: %s\n", u->host_read);
+    put(o, "  remote read of GPU memory: %s\n", u->gpu_read);
+}
+
 static void report_text(out *o, const ferry__machine *m, ferry_backend choice, const char *reason,
-                        const char *vmm)
+                        const char *vmm, const ferry__ucx_report *ucx)
 {
     if (!m->cuda)
         put(o, "no GPU: %s\n", m->error);
@@ -193,6 +209,7 @@ static void report_text(out *o, const ferry__machine *m, ferry_backend choice, c
     put(o, "transport: %s (%s)\n", ferry_backend_name(choice), reason);
     put(o, "cuda_vmm: %s%s\n", vmm,
         m->count ? "; the fallback for containers that forbid legacy CUDA IPC" : "");
+    text_ucx(o, ucx);
 }
 
 /* ---- JSON ------------------------------------------------------------------------------ */
@@ -324,8 +341,23 @@ static void json_driver(out *o, const ferry__machine *m)
     put(o, "\"device_count\": %d}, ", c ? c->device_count : 0);
 }
 
+static void json_ucx(out *o, const ferry__ucx_report *u)
+{
+    char version[48];
+    snprintf(version, sizeof(version), "%u.%u.%u", u->major, u->minor, u->release);
+    put(o, "\"ucx\": {");
+    json_bool(o, "loaded", u->loaded, ", ");
+    json_str(o, "path", u->loaded ? u->path : NULL, ", ");
+    json_str(o, "version", u->loaded ? version : NULL, ", ");
+    json_str(o, "error", u->loaded ? NULL : u->error, ", ");
+    json_str(o, "transports", u->loaded ? u->transports : NULL, ", ");
+    json_bool(o, "cuda", u->loaded ? u->cuda : -1, ", ");
+    json_str(o, "host_read", u->loaded ? u->host_read : NULL, ", ");
+    json_str(o, "gpu_read", u->loaded ? u->gpu_read : NULL, "}");
+}
+
 static void report_json(out *o, const ferry__machine *m, ferry_backend choice, const char *reason,
-                        const char *vmm)
+                        const char *vmm, const ferry__ucx_report *ucx)
 {
     put(o, "{");
     json_driver(o, m);
@@ -342,7 +374,9 @@ static void report_json(out *o, const ferry__machine *m, ferry_backend choice, c
     put(o, "\"transport\": {");
     json_str(o, "choice", ferry_backend_name(choice), ", ");
     json_str(o, "reason", reason, ", ");
-    json_str(o, "cuda_vmm", vmm, "}}\n");
+    json_str(o, "cuda_vmm", vmm, "}, ");
+    json_ucx(o, ucx);
+    put(o, "}\n");
 }
 
 /* ---- the call ---------------------------------------------------------------------------- */
@@ -351,6 +385,7 @@ ferry_status ferry_doctor_report(int json, char *buf, size_t size, size_t *neede
 {
     char reason[FERRY__PROBE_LONG], vmm[FERRY__PROBE_LONG];
     ferry_backend choice;
+    static ferry__ucx_report ucx; /* under the machine's lock */
     out o = {buf, buf ? size : 0, 0};
     if (o.size)
         o.buf[0] = '\0';
@@ -360,10 +395,11 @@ ferry_status ferry_doctor_report(int json, char *buf, size_t size, size_t *neede
     ferry__probe_all(m);
     ferry__policy_decide(m, FERRY__POLICY_MACHINE, &choice, reason, sizeof(reason));
     ferry__policy_vmm(m, vmm, sizeof(vmm));
+    ferry__ucx_report_get(&ucx);
     if (json)
-        report_json(&o, m, choice, reason, vmm);
+        report_json(&o, m, choice, reason, vmm, &ucx);
     else
-        report_text(&o, m, choice, reason, vmm);
+        report_text(&o, m, choice, reason, vmm, &ucx);
     ferry__machine_unlock();
     if (needed)
         *needed = o.len;

@@ -152,17 +152,23 @@ ferry_status ferry__channel_notify(void *arg, uint32_t rank, pid_t pid, int fd)
         close(fd);
         return holds ? FERRY_INVALID_ARGUMENT : FERRY_PERMISSION;
     }
+    ferry__channel_set_notify(pool, rank, fd);
+    return FERRY_OK;
+}
+
+void ferry__channel_set_notify(ferry_pool *pool, uint32_t rank, int fd)
+{
     pthread_mutex_lock(&pool->notify_lock);
     int old = pool->notify_fds[rank];
     pool->notify_fds[rank] = fd;
     /* Signalled once whatever happened before it arrived: entries queued (or taken by
      * another thread of the rank) while it was on its way, or a close that already woke
      * the fds (the fd may wake without a lease). */
-    signal_fd(fd);
+    if (fd >= 0)
+        signal_fd(fd);
     pthread_mutex_unlock(&pool->notify_lock);
     if (old >= 0)
         close(old);
-    return FERRY_OK;
 }
 
 /* ---- send ------------------------------------------------------------------------------- */
@@ -190,7 +196,7 @@ static ferry_status pick_ranks(ferry_pool *pool, const ferry_ranks *ranks, uint8
 
 static ferry_status ring_full(ferry_pool *pool, uint32_t rank, uint32_t need)
 {
-    char who[64];
+    char who[FERRY__HOLDER_TEXT];
     ferry__rank_describe_locked(pool, rank, who, sizeof(who));
     return ferry__fail(FERRY_POOL_FULL,
                        "%s pool: the descriptor ring of rank %u is full (%u of %u queued, %u "

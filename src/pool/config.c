@@ -25,6 +25,8 @@ static size_t config_size(uint32_t version)
         return offsetof(ferry_pool_config, vmm_handle) + sizeof(int32_t);
     case 2:
         return offsetof(ferry_pool_config, drain_timeout_us) + sizeof(int64_t);
+    case 3:
+        return offsetof(ferry_pool_config, remote_timeout_us) + sizeof(int64_t);
     default:
         return 0;
     }
@@ -75,6 +77,10 @@ static ferry_status check_limits(const ferry_pool_config *config)
     if (config->drain_timeout_us < 0)
         return ferry__fail(FERRY_INVALID_ARGUMENT, "drain_timeout_us=%lld is negative",
                            (long long)config->drain_timeout_us);
+    if (config->listen && config->remote_timeout_us < 2000000)
+        return ferry__fail(FERRY_INVALID_ARGUMENT,
+                           "remote_timeout_us=%lld is below 2 s (TCP keepalive counts seconds)",
+                           (long long)config->remote_timeout_us);
     if (config->initial_generation >= FERRY_GENERATION_MAX)
         return ferry__fail(FERRY_INVALID_ARGUMENT,
                            "initial_generation=%u leaves no generation to lease (max %u)",

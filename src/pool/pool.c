@@ -14,6 +14,7 @@
 #include "driver/driver.h"
 #include "policy/policy.h"
 #include "pool/pool.h"
+#include "remote/remote.h"
 #include "shm/signal.h"
 #include "shm/wait.h"
 
@@ -177,12 +178,17 @@ ferry_status ferry_pool_create(const ferry_pool_config *config, ferry_pool **out
         st = start_broker(pool);
     if (st != FERRY_OK)
         goto destroy_memory;
-    st = ferry__reclaimer_start(pool);
+    st = ferry__pool_remote_start(pool);
     if (st != FERRY_OK)
         goto stop_broker;
+    st = ferry__reclaimer_start(pool);
+    if (st != FERRY_OK)
+        goto stop_remote;
     *out = pool;
     ferry__clear_error();
     return FERRY_OK;
+stop_remote:
+    ferry__remote_stop(pool->remote);
 stop_broker:
     ferry__broker_stop(pool->broker);
 destroy_memory:
@@ -256,6 +262,8 @@ void ferry_pool_close(ferry_pool *pool)
     ferry__shm_ready_wake_all(&pool->mem.shm, pool->mem.control, pool->max_inflight,
                               pool->row_words);
     ferry__channel_wake(pool); /* receivers, and their poll fds, see it */
+    ferry__remote_stop(pool->remote); /* remote consumers see their connections end */
+    pool->remote = NULL;
     ferry__reclaimer_stop(pool);
     ferry__broker_stop(pool->broker);
     pool->broker = NULL;
@@ -273,6 +281,7 @@ void ferry_pool_close(ferry_pool *pool)
 static void forget_in_child(ferry_pool *pool)
 {
     ferry__broker_forget(pool->broker);
+    ferry__remote_forget(pool->remote);
     pool->ops->forget(&pool->mem);
     ferry__channel_fini(pool);
     free_tables(pool);
@@ -344,6 +353,7 @@ static ferry_status try_lease_locked(ferry_pool *pool, uint64_t bytes, int commi
     pool->free_head = (pool->free_head + 1) % pool->max_inflight;
     pool->free_count--;
     s->offset = offset;
+    s->length = bytes;
     s->handle = handle;
     s->committed = (uint8_t)committed;
     s->cancelled = 0;

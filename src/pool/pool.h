@@ -18,6 +18,7 @@
 /* One control-table row's lease, as the producer tracks it. */
 typedef struct ferry__slot {
     uint64_t offset;       /* data offset of the slice */
+    uint64_t length;       /* bytes of the lease (all its tensors) */
     uint64_t leased_ns;    /* when the lease was created */
     uint32_t handle;       /* allocator handle of the slice */
     uint32_t generation;   /* generation of the current (or last) lease */
@@ -68,6 +69,7 @@ struct ferry_pool {
     uint32_t channel_depth;
 
     ferry__broker *broker;
+    struct ferry__remote_server *remote; /* consumers on other hosts (cfg.listen), else NULL */
     pthread_t reclaimer;
     pthread_cond_t reclaimer_cv;
     int reclaimer_running;
@@ -128,6 +130,14 @@ ferry_status ferry__channel_notify(void *pool, uint32_t rank, pid_t pid, int fd)
 /* A new process takes the rank over: the dead one's poll fd is closed and its count of
  * sleeping receivers cleared. */
 void ferry__channel_forget_rank_locked(ferry_pool *pool, uint32_t rank);
+/* Makes fd the eventfd signalled for rank (the pool owns it from here; -1: none), closing
+ * the one it had, and signals it once (for what was queued before it came). */
+void ferry__channel_set_notify(ferry_pool *pool, uint32_t rank, int fd);
+
+/* ---- remote.c ------------------------------------------------------------------------- */
+
+/* Starts serving remote consumers when the config has a listen address (a no-op otherwise). */
+ferry_status ferry__pool_remote_start(ferry_pool *pool);
 
 /* ---- reclaim.c ------------------------------------------------------------------------ */
 

@@ -15,6 +15,8 @@ static ferry__liveness holder_check(const ferry__holder *h)
     switch (h->kind) {
     case FERRY__HOLDER_PROCESS:
         return ferry__proc_alive(h->pid, h->starttime) ? FERRY__RANK_ALIVE : FERRY__RANK_DEAD;
+    case FERRY__HOLDER_REMOTE:
+        return h->gone ? FERRY__RANK_DEAD : FERRY__RANK_ALIVE;
     case FERRY__HOLDER_NONE:
         break;
     }
@@ -29,7 +31,11 @@ static int holder_same(const ferry__holder *h, pid_t pid, uint64_t start)
 
 static void holder_describe(const ferry__holder *h, const char *state, char *buf, size_t size)
 {
-    snprintf(buf, size, "pid %d, %s", h->kind == FERRY__HOLDER_PROCESS ? (int)h->pid : 0, state);
+    if (h->kind == FERRY__HOLDER_REMOTE)
+        snprintf(buf, size, "pid %d on host %s, remote, %s", (int)h->pid, h->host, state);
+    else
+        snprintf(buf, size, "pid %d, %s", h->kind == FERRY__HOLDER_PROCESS ? (int)h->pid : 0,
+                 state);
 }
 
 static void holder_release(ferry__holder *h)
@@ -130,7 +136,7 @@ void ferry__rank_note_reaped_locked(ferry_pool *pool, uint32_t rank, uint64_t ac
     ferry__rank *rk = &pool->ranks[rank];
     if (!acked || rk->warned)
         return;
-    char who[64];
+    char who[FERRY__HOLDER_TEXT];
     holder_describe(&rk->holder, "dead", who, sizeof(who));
     rk->warned = 1;
     ferry__log(FERRY_LOG_WARN,
@@ -143,7 +149,7 @@ void ferry__rank_info_locked(const ferry_pool *pool, uint32_t rank, ferry_consum
 {
     const ferry__holder *h = &pool->ranks[rank].holder;
     info->attached = h->kind != FERRY__HOLDER_NONE;
-    info->pid = h->kind == FERRY__HOLDER_PROCESS ? h->pid : 0;
+    info->pid = h->kind != FERRY__HOLDER_NONE ? h->pid : 0;
     info->alive = ferry__rank_liveness_locked(pool, rank) == FERRY__RANK_ALIVE;
 }
 
@@ -172,7 +178,7 @@ static uint64_t settle_dead_rank_locked(ferry_pool *pool, uint32_t rank, pid_t s
     uint64_t n = ferry__ack_for_rank_locked(pool, rank, born ? born : UINT64_MAX);
     pool->stats.acked_for_dead += n;
     if (n) {
-        char who[64];
+        char who[FERRY__HOLDER_TEXT];
         holder_describe(&pool->ranks[rank].holder, "dead", who, sizeof(who));
         ferry__log(FERRY_LOG_WARN,
                    "%s pool: consumer rank %u (%s) is gone and a new process takes it over; its "
@@ -205,4 +211,48 @@ ferry_status ferry__ranks_attach(void *arg, uint32_t rank, pid_t pid, pid_t *hol
     if (settled)
         ferry__shm_acked(&pool->mem.shm);
     return FERRY_OK;
+}
+
+/* ---- remote holders -------------------------------------------------------------------- */
+
+ferry_status ferry__ranks_attach_remote(ferry_pool *pool, uint32_t rank, uint32_t conn, pid_t pid,
+                                        const char *host, pid_t *holder)
+{
+    uint64_t settled = 0;
+    pthread_mutex_lock(&pool->lock);
+    ferry__rank *rk = &pool->ranks[rank];
+    if (rk->holder.kind != FERRY__HOLDER_NONE) {
+        if (ferry__rank_liveness_locked(pool, rank) == FERRY__RANK_ALIVE) {
+            *holder = rk->holder.pid;
+            pthread_mutex_unlock(&pool->lock);
+            return FERRY_RANK_IN_USE;
+        }
+        /* Whatever the dead holder was sent is settled; a remote successor started after
+         * every lease in flight, as far as the producer can know. */
+        settled = pool->ops->sync_control(&pool->mem) == FERRY_OK
+                      ? ferry__ack_for_rank_locked(pool, rank, UINT64_MAX)
+                      : 0;
+        pool->stats.acked_for_dead += settled;
+        ferry__channel_forget_rank_locked(pool, rank);
+    }
+    holder_release(&rk->holder);
+    rk->holder = (ferry__holder){.kind = FERRY__HOLDER_REMOTE, .pid = pid, .conn = conn};
+    snprintf(rk->holder.host, sizeof(rk->holder.host), "%s", host);
+    rk->dead = 0;
+    rk->warned = 0;
+    pthread_mutex_unlock(&pool->lock);
+    if (settled)
+        ferry__shm_acked(&pool->mem.shm);
+    return FERRY_OK;
+}
+
+void ferry__ranks_detach_remote(ferry_pool *pool, uint32_t rank, uint32_t conn)
+{
+    pthread_mutex_lock(&pool->lock);
+    ferry__rank *rk = &pool->ranks[rank];
+    if (rk->holder.kind == FERRY__HOLDER_REMOTE && rk->holder.conn == conn) {
+        rk->holder.gone = 1;
+        rk->dead = 1; /* a connection that ended does not come back: the verdict is now */
+    }
+    pthread_mutex_unlock(&pool->lock);
 }

@@ -22,6 +22,8 @@
 typedef enum ferry__holder_kind {
     FERRY__HOLDER_NONE = 0, /* nobody attached yet */
     FERRY__HOLDER_PROCESS,  /* a process of this machine, claimed through the broker */
+    FERRY__HOLDER_REMOTE,   /* a consumer on another host, admitted by the remote server: it
+                             * lives while its connection does (remote/server.c) */
 } ferry__holder_kind;
 
 /* Who holds one rank. */
@@ -29,7 +31,13 @@ typedef struct ferry__holder {
     ferry__holder_kind kind;
     pid_t pid;          /* PROCESS: as the producer sees it */
     uint64_t starttime; /* PROCESS: guards against pid reuse */
+    uint32_t conn;      /* REMOTE: the connection's id */
+    int gone;           /* REMOTE: its connection ended */
+    char host[64];      /* REMOTE: its host name (pid is its pid there) */
 } ferry__holder;
+
+/* Bytes of a holder's description (ferry__rank_describe_locked). */
+#define FERRY__HOLDER_TEXT 128
 
 /* What the pool knows of one rank. */
 typedef struct ferry__rank {
@@ -54,6 +62,13 @@ void ferry__ranks_fini(ferry_pool *pool);
  * a free rank, or a successor of a dead holder (whose leases in flight are settled first,
  * under the same hold of the lock); RANK_IN_USE with *holder while the holder lives. */
 ferry_status ferry__ranks_attach(void *pool, uint32_t rank, pid_t pid, pid_t *holder);
+
+/* Remote server callbacks (remote/remote.h hooks): connection conn, of process pid on host,
+ * claims rank (as ferry__ranks_attach: RANK_IN_USE with *holder while another holder lives);
+ * the connection that held rank ended (the verdict is given at once). */
+ferry_status ferry__ranks_attach_remote(ferry_pool *pool, uint32_t rank, uint32_t conn, pid_t pid,
+                                        const char *host, pid_t *holder);
+void ferry__ranks_detach_remote(ferry_pool *pool, uint32_t rank, uint32_t conn);
 
 /* Looks at the attached holders (when a look is due: at most every reclaim interval, and at
  * most every 10 ms) and gives the verdict on those found gone. 1 if any rank is dead. */

@@ -125,7 +125,7 @@ void ferry__describe_backlog_locked(ferry_pool *pool, char *buf, size_t size)
         snprintf(buf, size, "no consumer holds a published lease");
         return;
     }
-    char who[64];
+    char who[FERRY__HOLDER_TEXT];
     ferry__rank_describe_locked(pool, (uint32_t)r, who, sizeof(who));
     snprintf(buf, size, "slowest consumer: rank %d (%s) holds %llu leases, oldest %.3f ms", r, who,
              (unsigned long long)held, (double)(ferry__now_ns() - oldest) / 1e6);

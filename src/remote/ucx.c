@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/error.h"
+#include "common/proc.h"
 #include "remote/ucx.h"
 
 /* The oldest UCX with every call ferry makes (ucp_am_send_nbx, ucp_get_nbx). */
@@ -13,6 +14,8 @@
 #define FERRY_UCX_MIN_MINOR 10
 
 static ferry__ucx ucx_table;
+static pid_t
+    ucx_user; /* the process whose UCX is initialised (atomic): UCX does not survive fork */
 static ferry_status ucx_status = FERRY_OK;
 static char ucx_error[512];
 static pthread_once_t ucx_once = PTHREAD_ONCE_INIT;
@@ -102,6 +105,22 @@ ferry_status ferry__ucx_fail(const ferry__ucx *ucx, const char *call, ucs_status
         }                                                                                          \
     } while (0)
 
+/* UCX's global state (its progress thread, its memory hooks) is the parent's after a fork: a
+ * child that uses UCX after its parent did hangs in ways nobody can diagnose. Refused. */
+static ferry_status fork_check(void)
+{
+    pid_t self = ferry__proc_self(), user = 0;
+    if (__atomic_compare_exchange_n(&ucx_user, &user, self, 0, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE) ||
+        user == self)
+        return FERRY_OK;
+    return ferry__fail(FERRY_FORKED,
+                       "UCX was started by process %d and this is a forked child (pid %d): UCX "
+                       "does not survive fork; start processes that use remote pools with spawn "
+                       "or exec",
+                       (int)user, (int)self);
+}
+
 ferry_status ferry__ucx_node_open(ferry__ucx_node *node, const char *name)
 {
     const ferry__ucx *u;
@@ -109,6 +128,8 @@ ferry_status ferry__ucx_node_open(ferry__ucx_node *node, const char *name)
     memset(node, 0, sizeof(*node));
     node->efd = -1;
     ferry_status st = ferry__ucx_get(&u);
+    if (st == FERRY_OK)
+        st = fork_check();
     if (st != FERRY_OK)
         return st;
     node->ucx = u;
@@ -166,7 +187,8 @@ void ferry__ucx_node_drain(ferry__ucx_node *node)
  * lane description), and those of all its lanes. */
 static void scan_lanes(char *text, char *rma, size_t rma_size, char *all, size_t all_size)
 {
-    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+    for (char *save = NULL, *line = strtok_r(text, "\n", &save); line;
+         line = strtok_r(NULL, "\n", &save)) {
         char *lane = strstr(line, "lane[");
         char *colon = lane ? strstr(lane, ":  ") : NULL;
         if (!colon)
@@ -204,4 +226,102 @@ void ferry__ucx_ep_rma_path(ferry__ucx_node *node, ucp_ep_h ep, char *buf, size_
         snprintf(buf, size, "emulated over active messages (%s)", all[0] ? all : "unknown lanes");
     else
         snprintf(buf, size, "native RMA over %s", rma);
+}
+
+/* ---- what ferry doctor says -------------------------------------------------------------- */
+
+/* Transports that reach only this node (shared memory, loopback, CUDA IPC): not what a
+ * consumer on another host can use. */
+static int node_local(const char *tl)
+{
+    static const char *const local[] = {"self/",      "sysv/",      "posix/",    "cma/",
+                                        "xpmem/",     "knem/",      "cuda_ipc/", "rocm_ipc/",
+                                        "cuda_copy/", "rocm_copy/", "gdr_copy/"};
+    for (size_t i = 0; i < sizeof(local) / sizeof(local[0]); i++)
+        if (strncmp(tl, local[i], strlen(local[i])) == 0)
+            return 1;
+    return 0;
+}
+
+static int rdma(const char *tl)
+{
+    static const char *const verbs[] = {"rc", "dc", "ud", "srd"};
+    for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++)
+        if (strncmp(tl, verbs[i], strlen(verbs[i])) == 0)
+            return 1;
+    return 0;
+}
+
+/* The context's resources, from its printed description ("resource N : md M dev D flags --
+ * tl/dev"). */
+static void scan_resources(ferry__ucx_report *r, char *text, int *net, int *rdma_seen)
+{
+    for (char *save = NULL, *line = strtok_r(text, "\n", &save); line;
+         line = strtok_r(NULL, "\n", &save)) {
+        char *dash = strstr(line, "resource");
+        char *tl = dash ? strstr(dash, "-- ") : NULL;
+        if (!tl)
+            continue;
+        tl += 3;
+        tl[strcspn(tl, " \t")] = '\0';
+        size_t used = strlen(r->transports);
+        snprintf(r->transports + used, sizeof(r->transports) - used, "%s%s", used ? ", " : "", tl);
+        if (!node_local(tl))
+            *net = 1;
+        if (rdma(tl))
+            *rdma_seen = 1;
+    }
+}
+
+void ferry__ucx_report_get(ferry__ucx_report *r)
+{
+    ferry__ucx_node node;
+    memset(r, 0, sizeof(*r));
+    ferry_status st = ferry__ucx_node_open(&node, "ferry-doctor");
+    if (st != FERRY_OK) {
+        snprintf(r->error, sizeof(r->error), "%s", ferry_last_error());
+        ferry__clear_error();
+        return;
+    }
+    const ferry__ucx *u = node.ucx;
+    r->loaded = 1;
+    snprintf(r->path, sizeof(r->path), "%s", u->path);
+    r->major = u->major;
+    r->minor = u->minor;
+    r->release = u->release;
+    ucp_context_attr_t attr = {.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES};
+    r->cuda = u->ucp_context_query(node.context, &attr) == UCS_OK &&
+              (attr.memory_types & (1ull << UCS_MEMORY_TYPE_CUDA)) != 0;
+    char *text = NULL;
+    size_t len = 0;
+    int net = 0, verbs = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (f) {
+        u->ucp_context_print_info(node.context, f);
+        fclose(f);
+        if (text)
+            scan_resources(r, text, &net, &verbs);
+    }
+    free(text);
+    ferry__ucx_node_close(&node);
+    if (!net)
+        snprintf(r->host_read, sizeof(r->host_read),
+                 "none: UCX offers no network transport here (UCX_TLS?)");
+    else if (verbs)
+        snprintf(r->host_read, sizeof(r->host_read), "native RMA (RDMA: one-sided gets)");
+    else
+        snprintf(r->host_read, sizeof(r->host_read),
+                 "emulated over active messages (tcp): the producer's thread serves every get");
+    if (!r->cuda)
+        snprintf(r->gpu_read, sizeof(r->gpu_read),
+                 "not possible: this UCX has no CUDA support (pip's libucx-cu12/libucx-cu13 "
+                 "has it); pools in GPU memory cannot be read remotely");
+    else if (verbs)
+        snprintf(r->gpu_read, sizeof(r->gpu_read),
+                 "RDMA from GPU memory where the NIC can register it (GPUDirect), else staged "
+                 "through host memory by cuda_copy");
+    else
+        snprintf(r->gpu_read, sizeof(r->gpu_read),
+                 "staged through host memory by cuda_copy, then emulated over active messages "
+                 "(tcp)");
 }

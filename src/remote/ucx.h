@@ -95,4 +95,18 @@ void ferry__ucx_node_drain(ferry__ucx_node *node);
 void ferry__ucx_ep_rma_path(ferry__ucx_node *node, ucp_ep_h ep, char *buf, size_t size,
                             int *emulated);
 
+/* What ferry doctor says of UCX: found or why not, its version, the transports its context
+ * offers, and how a remote read of host and of GPU memory would go. */
+typedef struct ferry__ucx_report {
+    int loaded;
+    char error[512];
+    char path[256];
+    unsigned major, minor, release;
+    char transports[1024]; /* "tcp/eth0, sysv/memory, ..." as UCX lists its resources */
+    int cuda;              /* UCX reaches CUDA memory (its cuda transports are there) */
+    char host_read[256];
+    char gpu_read[256];
+} ferry__ucx_report;
+
+void ferry__ucx_report_get(ferry__ucx_report *r);
 #endif

@@ -135,7 +135,7 @@ static const char *header_mismatch(const ferry__shm_header *h, const ferry_descr
 
 ferry_status ferry__shm_open(ferry__shm *s, void *base, uint64_t size, const ferry_descriptor *d)
 {
-    ferry__shm_header h;
+    ferry__shm_header h = {0}; /* gcc -O2 cannot see that a short segment stops before h is read */
     ferry__shm_layout l;
     const char *why = NULL;
     if (size < FERRY_GEN_TABLE_OFFSET)

@@ -301,3 +301,20 @@ ferry_status ferry__cuda_slice_ptr(ferry__pool_memory *mem, uint64_t offset, voi
     *ptr = (void *)(uintptr_t)(c->base + mem->data_start + offset);
     return FERRY_OK;
 }
+
+/* The host segment and the device pool; the control words in one or the other. */
+void ferry__cuda_memory_map(const ferry__pool_memory *mem, ferry__memory_map *map)
+{
+    const ferry__cuda_pool *c = mem->priv;
+    *map = (ferry__memory_map){
+        .base = {c->segment, (void *)(uintptr_t)c->base},
+        .size = {mem->shared_size, mem->memory_size},
+        .gpu = {0, 1},
+        .control_region = c->device_control,
+        .control_offset = c->device_control
+                              ? 0
+                              : (uint64_t)((const uint8_t *)mem->control - (uint8_t *)c->segment),
+        .data_region = 1,
+        .data_offset = mem->data_start,
+    };
+}

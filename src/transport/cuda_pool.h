@@ -98,7 +98,7 @@ ferry_status ferry__cuda_view_enqueue_store(ferry__mapped_pool *p, int device, u
     .gpu = 1, .device_placement = 1, .space_poll_ns = 20000ull, .copy_in = ferry__cuda_copy_in,    \
     .mark_ready = ferry__cuda_mark_ready, .write_words = ferry__cuda_write_words,                  \
     .sync_control = ferry__cuda_sync_control, .slice_ptr = ferry__cuda_slice_ptr,                  \
-    FERRY_CUDA_VIEW_OPS
+    .memory_map = ferry__cuda_memory_map, FERRY_CUDA_VIEW_OPS
 
 #define FERRY_CUDA_VIEW_OPS                                                                        \
     .ready_poll_ns = 20000ull, .ready_spin_ns = 100000ull, .view_check = ferry__cuda_view_check,   \
@@ -118,5 +118,6 @@ ferry_status ferry__cuda_write_words(ferry__pool_memory *mem, uint64_t first, ui
                                      uint32_t value);
 ferry_status ferry__cuda_sync_control(ferry__pool_memory *mem);
 ferry_status ferry__cuda_slice_ptr(ferry__pool_memory *mem, uint64_t offset, void **ptr);
+void ferry__cuda_memory_map(const ferry__pool_memory *mem, ferry__memory_map *map);
 
 #endif

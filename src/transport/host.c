@@ -297,6 +297,17 @@ static ferry_status host_view_enqueue_copy(ferry__mapped_pool *p, int device, ui
     return no_streams();
 }
 
+/* One region: the whole memfd, control words and data after the header. */
+static void host_memory_map(const ferry__pool_memory *mem, ferry__memory_map *map)
+{
+    *map = (ferry__memory_map){
+        .base = {mem->priv, NULL},
+        .size = {mem->shared_size, 0},
+        .control_offset = mem->shm.layout.header_bytes,
+        .data_offset = mem->shm.layout.header_bytes + mem->data_start,
+    };
+}
+
 const ferry__transport_ops ferry__host_transport = {
     .name = "host",
     .pool_name = "host",
@@ -314,6 +325,7 @@ const ferry__transport_ops ferry__host_transport = {
     .write_words = ferry__host_write_words,
     .sync_control = ferry__host_sync_control,
     .slice_ptr = host_slice_ptr,
+    .memory_map = host_memory_map,
     .ready_poll_ns = 10000000ull,
     .ready_spin_ns = 0,
     .view_check = host_view_check,

@@ -29,6 +29,17 @@ typedef struct ferry__pool_memory {
     void *priv;           /* transport state */
 } ferry__pool_memory;
 
+/* The pool's memory as consumers on other hosts read it (remote/remote.h): up to two regions
+ * (the host segment; the device pool of a GPU pool), and where the control words and the
+ * data lie in them. */
+typedef struct ferry__memory_map {
+    void *base[2];
+    uint64_t size[2]; /* size[1] is 0 when there is no second region */
+    int gpu[2];       /* the region is GPU memory (of mem->device) */
+    int control_region, data_region;
+    uint64_t control_offset, data_offset;
+} ferry__memory_map;
+
 /* Both sides of a transport: the producer's pool memory (ferry__pool_memory) and a consumer
  * process's mapping of the pool (ferry__mapped_pool, transport/mapping.h). */
 typedef struct ferry__transport_ops {
@@ -72,6 +83,8 @@ typedef struct ferry__transport_ops {
     ferry_status (*sync_control)(ferry__pool_memory *mem);
     /* Pointer to the data region at offset for a zero-copy writer (device pointer on GPUs). */
     ferry_status (*slice_ptr)(ferry__pool_memory *mem, uint64_t offset, void **ptr);
+    /* The memory remote consumers read. */
+    void (*memory_map)(const ferry__pool_memory *mem, ferry__memory_map *map);
 
     /* ---- consumer side: one mapping of the pool per consumer process ---- */
     /* Longest sleep of a CPU waiter between looks at a ready word (where producers wake

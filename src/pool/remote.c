@@ -1,0 +1,138 @@
+/* The pool's side of remote consumers (remote/remote.h): starting its remote server, the
+ * hooks through which the server asks the pool (rank claims, leases, acknowledgements, notify
+ * fds), and the pool's remote address. */
+#include <stdio.h>
+#include <string.h>
+
+#include "common/error.h"
+#include "pool/pool.h"
+#include "remote/remote.h"
+#include "shm/segment.h"
+#include "shm/signal.h"
+#include "wire/remote.h"
+
+static ferry_status hook_attach(void *user, uint32_t rank, uint32_t conn, pid_t pid,
+                                const char *host, pid_t *holder)
+{
+    ferry_pool *pool = user;
+    return ferry__ranks_attach_remote(pool, rank, conn, pid, host, holder);
+}
+
+static void hook_detach(void *user, uint32_t rank, uint32_t conn)
+{
+    ferry__ranks_detach_remote(user, rank, conn);
+}
+
+/* A lease is the rank's to read while its slot holds it (not cancelled) and the rank's
+ * acknowledgement is not written. Under the pool's lock, from the producer's own records:
+ * nothing here comes from memory another process can write, but the control words. */
+static ferry_status hook_lease(void *user, uint32_t slot, uint32_t generation, uint32_t rank,
+                               int *ready, uint64_t *offset, uint64_t *length)
+{
+    ferry_pool *pool = user;
+    ferry_status st = FERRY_STALE;
+    pthread_mutex_lock(&pool->lock);
+    const ferry__slot *s = &pool->slots[slot];
+    const ferry__shm_layout *l = &pool->mem.shm.layout;
+    if (!pool->closing && s->inflight_pos != FERRY_NIL && s->generation == generation &&
+        !s->cancelled && pool->ops->sync_control(&pool->mem) == FERRY_OK &&
+        ferry__load_acquire32(&pool->mem.control[ferry__shm_ack_word(l, slot, rank)]) !=
+            generation) {
+        *ready =
+            s->committed &&
+            ferry__load_acquire32(&pool->mem.control[ferry__shm_ready_word(l, slot)]) == generation;
+        *offset = s->offset;
+        *length = s->length;
+        st = FERRY_OK;
+    }
+    pthread_mutex_unlock(&pool->lock);
+    return st;
+}
+
+/* A remote consumer's acknowledgement, written as a local one would be: each rank's word
+ * from what it held, for the current lease only. */
+static void hook_ack(void *user, uint32_t slot, uint32_t generation, uint32_t first, uint32_t count)
+{
+    ferry_pool *pool = user;
+    const ferry__shm_layout *l = &pool->mem.shm.layout;
+    uint64_t written = 0;
+    pthread_mutex_lock(&pool->lock);
+    const ferry__slot *s = &pool->slots[slot];
+    if (!pool->closing && s->inflight_pos != FERRY_NIL && s->generation == generation &&
+        !s->cancelled && pool->ops->sync_control(&pool->mem) == FERRY_OK) {
+        for (uint32_t r = first; r < first + count; r++) {
+            uint64_t w = ferry__shm_ack_word(l, slot, r);
+            if (ferry__load_acquire32(&pool->mem.control[w]) != generation &&
+                pool->ops->write_words(&pool->mem, w, 1, generation) == FERRY_OK)
+                written++;
+        }
+    }
+    pthread_mutex_unlock(&pool->lock);
+    if (written)
+        ferry__shm_acked(&pool->mem.shm); /* publishers waiting for space look again */
+}
+
+static void hook_notify(void *user, uint32_t rank, int fd)
+{
+    ferry__channel_set_notify(user, rank, fd);
+}
+
+ferry_status ferry__pool_remote_start(ferry_pool *pool)
+{
+    if (!pool->config.listen)
+        return FERRY_OK;
+    ferry__remote_config rc = {
+        .listen = pool->config.listen,
+        .timeout_ns = (uint64_t)pool->config.remote_timeout_us * 1000ull,
+        .device = pool->mem.device,
+        .consumers = pool->consumers,
+        .max_inflight = pool->max_inflight,
+        .ring_depth = pool->channel_depth,
+        .rings = pool->mem.shm.rings,
+        .ring_stride = pool->mem.shm.layout.ring_stride,
+        .gen_offset = FERRY_GEN_TABLE_OFFSET,
+        .extent_offset =
+            (uint64_t)((uint8_t *)pool->mem.shm.extents - (uint8_t *)pool->mem.shm.header),
+        .hooks = {pool, hook_attach, hook_detach, hook_lease, hook_ack, hook_notify},
+    };
+    char label[64];
+    snprintf(label, sizeof(label), "%s pool", pool->ops->name);
+    rc.label = label;
+    ferry__memory_map map;
+    pool->ops->memory_map(&pool->mem, &map);
+    for (int i = 0; i < 2; i++)
+        rc.region[i] = (ferry__remote_region){map.base[i], map.size[i], map.gpu[i]};
+    rc.control_offset = map.control_offset;
+    rc.data_offset = map.data_offset;
+    rc.welcome_flags = (map.control_region ? FERRY_WELCOME_CONTROL_IN_POOL : 0u) |
+                       (map.data_region ? FERRY_WELCOME_DATA_IN_POOL : 0u);
+    memcpy(rc.pool_id, pool->pool_id, 16);
+    ferry_descriptor d;
+    ferry_status st = ferry_pool_describe(pool, &d);
+    if (st == FERRY_OK)
+        st = ferry_descriptor_encode(&d, rc.pool_desc);
+    if (st == FERRY_OK)
+        st = ferry__remote_start(&rc, &pool->remote);
+    pool->config.listen = NULL; /* the caller's string is not kept */
+    return st;
+}
+
+ferry_status ferry_pool_remote_address(ferry_pool *pool, char *buf, size_t size)
+{
+    ferry_status st = ferry__pool_check(pool, buf, "address buffer");
+    if (st != FERRY_OK)
+        return st;
+    if (!pool->remote)
+        return ferry__fail(FERRY_INVALID_ARGUMENT,
+                           "%s pool serves no remote consumers (create it with cfg.listen)",
+                           pool->ops->name);
+    const char *address = ferry__remote_server_address(pool->remote);
+    if (size <= strlen(address))
+        return ferry__fail(FERRY_INVALID_ARGUMENT,
+                           "address buffer of %zu bytes is too small (FERRY_REMOTE_ADDRESS_SIZE "
+                           "is %d)",
+                           size, FERRY_REMOTE_ADDRESS_SIZE);
+    snprintf(buf, size, "%s", address);
+    ferry__clear_error();
+    return FERRY_OK;
+}

@@ -1,0 +1,1033 @@
+/* Remote consumers, consumer side (remote.h): connecting by remote address, receiving the
+ * descriptors the producer forwards, reading leases with one-sided gets, acknowledging.
+ *
+ * A client is one rank's connection to one remote pool: its TCP connection to the producer
+ * (kept open: its end, or a keepalive failure, means the producer is gone), a UCX worker of
+ * its own with one endpoint to the producer's worker, and the remote keys of the pool's two
+ * regions. Every call holds the client's lock while it uses UCX (the worker is SERIALIZED)
+ * and lets it go while it sleeps on the worker's event fd and the connection.
+ *
+ * A read never hands out another lease's bytes: after the get of the slice, a second pair of
+ * gets (ordered after it by a fence) reads the slot's generation and this rank's
+ * acknowledgement word; a slot reused or a lease acknowledged on this rank's behalf since
+ * (after which the producer may free the slice) ends the read STALE. */
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "broker/broker.h"
+#include "common/clock.h"
+#include "common/error.h"
+#include "common/proc.h"
+#include "driver/driver.h"
+#include "shm/layout.h"
+#include "remote/remote.h"
+#include "remote/ucx.h"
+#include "wire/remote.h"
+#include "wire/wire.h"
+
+/* How long a waiting call spins on the worker before it sleeps on its event fd. */
+#define CLIENT_SPIN_NS 50000ull
+/* The longest sleep between looks at the connection. */
+#define CLIENT_SLICE_NS 10000000ull
+/* How often a read polls the ready word of a lease that is not ready yet. */
+#define CLIENT_READY_POLL_NS 20000ull
+
+/* What this process knows of a slot's current lease. */
+typedef struct lease_note {
+    uint32_t generation; /* 0: nothing known */
+    uint32_t ready;      /* the producer forwarded it, or a read saw its ready word */
+    uint64_t offset, length;
+} lease_note;
+
+/* The parts of one packed lease acknowledged by this process for one rank. */
+typedef struct part_set {
+    struct part_set *next;
+    uint32_t slot, generation, rank, count, done;
+    uint64_t bits[];
+} part_set;
+
+struct ferry__remote_client {
+    pthread_mutex_t lock;
+    pid_t owner;
+    ferry__ucx_node node;
+    ucp_ep_h ep;
+    ucp_rkey_h rkey[2];
+    int sock;      /* the connection to the producer */
+    int poll_fd;   /* epoll of the worker's event fd and sock, for ferry_consumer_fd */
+    int gone;      /* the producer closed the pool, died or fell silent */
+    int gpu_reads; /* UCX reaches GPU memory (cuda transports) */
+    char address[FERRY_REMOTE_ADDRESS_SIZE];
+    uint32_t rank;
+    int32_t device;
+    uint32_t conn_id;
+    uint64_t token;
+    pid_t producer_pid;
+    ferry_descriptor pool; /* the pool-only descriptor: identity, layout, backend */
+    uint32_t consumers, max_inflight, row_words, depth;
+    uint64_t data_size;
+    uint64_t gen_addr, extent_addr, control_addr, data_addr; /* remote addresses */
+    int control_rkey, data_rkey;                             /* which region's key */
+    /* descriptors forwarded and not taken yet: [in_head, in_tail) */
+    ferry_descriptor *inbox;
+    uint32_t in_head, in_tail;
+    uint32_t taken, reported; /* taken so far; what the producer was told */
+    lease_note *notes;        /* by slot */
+    uint32_t *my_acks;        /* by slot: the generation this process acknowledged its rank */
+    part_set *parts;
+};
+
+/* ---- the connection ---------------------------------------------------------------------- */
+
+static ferry_status gone_error(ferry__remote_client *cl)
+{
+    return ferry__fail(FERRY_PRODUCER_GONE,
+                       "producer of the remote pool %.80s (pid %d on its host) closed it, exited "
+                       "or fell silent: nothing more comes to rank %u",
+                       cl->address, (int)cl->producer_pid, cl->rank);
+}
+
+/* 1 once the producer's end of the connection closed or failed (checked without blocking). */
+static int producer_gone(ferry__remote_client *cl)
+{
+    if (cl->gone)
+        return 1;
+    uint8_t b;
+    ssize_t n = recv(cl->sock, &b, 1, MSG_DONTWAIT | MSG_PEEK);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR) || n > 0)
+        cl->gone = 1; /* the producer sends nothing after its welcome: a byte is a violation */
+    return cl->gone;
+}
+
+static void set_keepalive(int fd, uint32_t timeout_ms)
+{
+    int one = 1;
+    unsigned ms = timeout_ms;
+    int idle = ms >= 5000 ? (int)(ms / 5000) : 1;
+    int count = (int)((ms / 1000 > (unsigned)idle ? ms / 1000 - (unsigned)idle : 1));
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &one, sizeof(one));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
+    setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof(ms));
+}
+
+static uint64_t left_of(uint64_t deadline)
+{
+    uint64_t now = ferry__now_ns();
+    return deadline > now ? deadline - now : 0;
+}
+
+static ferry_status dial(const ferry__remote_address *a, uint64_t deadline, int *out)
+{
+    char port[8];
+    snprintf(port, sizeof(port), "%u", (unsigned)a->port);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_NUMERICSERV},
+                    *res = NULL;
+    int rc = getaddrinfo(a->host, port, &hints, &res);
+    if (rc != 0)
+        return ferry__fail(FERRY_PRODUCER_GONE, "remote pool at %s:%u: %s", a->host, a->port,
+                           gai_strerror(rc));
+    int fd = -1, err = ECONNREFUSED;
+    for (struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next) {
+        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fd < 0) {
+            err = errno;
+            continue;
+        }
+        if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
+            err = 0;
+        } else if (errno == EINPROGRESS) {
+            struct pollfd p = {.fd = fd, .events = POLLOUT};
+            socklen_t len = sizeof(err);
+            if (poll(&p, 1, (int)(left_of(deadline) / 1000000ull)) != 1 ||
+                getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
+                err = ETIMEDOUT;
+        } else {
+            err = errno;
+        }
+        if (err) {
+            close(fd);
+            fd = -1;
+        }
+    }
+    freeaddrinfo(res);
+    if (fd < 0)
+        return ferry__fail_errno(err == ETIMEDOUT ? FERRY_TIMEOUT : FERRY_PRODUCER_GONE, err,
+                                 "no remote pool answers at %s:%u", a->host, a->port);
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    *out = fd;
+    return FERRY_OK;
+}
+
+static int io_all(int fd, uint8_t *buf, size_t n, int writing, uint64_t deadline)
+{
+    while (n) {
+        ssize_t k = writing ? send(fd, buf, n, MSG_NOSIGNAL) : recv(fd, buf, n, 0);
+        if (k > 0) {
+            buf += k;
+            n -= (size_t)k;
+            continue;
+        }
+        if (k == 0 || (errno != EAGAIN && errno != EINTR))
+            return k == 0 ? -2 : -1;
+        uint64_t left = left_of(deadline);
+        if (!left)
+            return -3;
+        struct pollfd p = {.fd = fd, .events = writing ? POLLOUT : POLLIN};
+        poll(&p, 1, (int)(left / 1000000ull) + 1);
+    }
+    return 0;
+}
+
+static ferry_status io_failed(ferry__remote_client *cl, int rc, const char *what)
+{
+    if (rc == -3)
+        return ferry__fail(FERRY_TIMEOUT, "remote pool %.80s: %s timed out", cl->address, what);
+    if (rc == -2)
+        return ferry__fail(FERRY_PRODUCER_GONE,
+                           "remote pool %.80s closed the connection during %s (its producer "
+                           "closed the pool or refused the peer)",
+                           cl->address, what);
+    return ferry__fail_errno(FERRY_PRODUCER_GONE, errno, "remote pool %.80s: %s failed",
+                             cl->address, what);
+}
+
+static ferry_status refused(ferry__remote_client *cl, const ferry__refuse *r)
+{
+    switch (r->status) {
+    case FERRY_PERMISSION:
+        return ferry__fail(FERRY_PERMISSION,
+                           "remote pool %.80s refused the connection: wrong secret or another "
+                           "pool (use the address ferry_pool_remote_address gives)",
+                           cl->address);
+    case FERRY_RANK_IN_USE:
+        return ferry__fail(FERRY_RANK_IN_USE,
+                           "rank %u is held by live process %u (a rank belongs to one live "
+                           "process at a time)",
+                           r->rank, r->holder_pid);
+    case FERRY_INVALID_ARGUMENT:
+        return ferry__fail(FERRY_INVALID_ARGUMENT, "rank %u is not a rank of the remote pool %.80s",
+                           r->rank, cl->address);
+    default:
+        return ferry__fail((ferry_status)r->status, "remote pool %.80s refused rank %u: %s",
+                           cl->address, r->rank, ferry_status_str((ferry_status)r->status));
+    }
+}
+
+static ferry_status say_hello(ferry__remote_client *cl, const ferry__remote_address *a,
+                              uint64_t deadline)
+{
+    ferry__hello h = {.rank = cl->rank,
+                      .pid = (uint32_t)getpid(),
+                      .worker_len = (uint32_t)cl->node.address_len,
+                      .worker = (const uint8_t *)cl->node.address};
+    memcpy(h.secret, a->secret, 16);
+    memcpy(h.pool_id, a->pool_id, 16);
+    char host[256] = "";
+    gethostname(host, sizeof(host) - 1);
+    for (size_t i = 0; i < sizeof(h.host) - 1 && host[i]; i++)
+        h.host[i] = host[i] > 0x20 && host[i] < 0x7f ? host[i] : '_';
+    uint8_t msg[FERRY_REMOTE_MAX_MESSAGE];
+    size_t n = ferry__hello_size(&h);
+    ferry_status st = ferry__hello_encode(&h, msg, sizeof(msg));
+    if (st != FERRY_OK)
+        return st;
+    int rc = io_all(cl->sock, msg, n, 1, deadline);
+    return rc ? io_failed(cl, rc, "sending the hello") : FERRY_OK;
+}
+
+/* Reads the producer's answer: FERRY_OK with *w (pointing into buf), or the refusal. */
+static ferry_status hear_answer(ferry__remote_client *cl, uint8_t *buf, uint64_t deadline,
+                                ferry__welcome *w)
+{
+    uint32_t type, size;
+    int rc = io_all(cl->sock, buf, FERRY_REMOTE_HEADER, 0, deadline);
+    if (rc)
+        return io_failed(cl, rc, "waiting for the welcome");
+    ferry_status st = ferry__remote_peek(buf, FERRY_REMOTE_HEADER, &type, &size);
+    if (st == FERRY_OK && type == FERRY_REMOTE_HELLO)
+        st = ferry__fail(FERRY_MALFORMED, "remote pool %.80s answered with a hello", cl->address);
+    if (st != FERRY_OK)
+        return st;
+    rc = io_all(cl->sock, buf + FERRY_REMOTE_HEADER, size - FERRY_REMOTE_HEADER, 0, deadline);
+    if (rc)
+        return io_failed(cl, rc, "reading the welcome");
+    if (type == FERRY_REMOTE_REFUSE) {
+        ferry__refuse r;
+        st = ferry__refuse_decode(buf, size, &r);
+        return st == FERRY_OK ? refused(cl, &r) : st;
+    }
+    return ferry__welcome_decode(buf, size, w);
+}
+
+/* 1 if [offset, offset + bytes) lies in a region of size. */
+static int inside(uint64_t offset, uint64_t bytes, uint64_t size)
+{
+    return offset <= size && bytes <= size - offset;
+}
+
+/* Checks the welcome against the pool's own descriptor and the address, and keeps the
+ * layout privately. */
+static ferry_status take_layout(ferry__remote_client *cl, const ferry__remote_address *a,
+                                const ferry__welcome *w)
+{
+    ferry_descriptor d;
+    ferry_status st = ferry_descriptor_decode(w->pool, FERRY_DESCRIPTOR_SIZE, &d);
+    if (st != FERRY_OK)
+        return ferry__fail_wrap(FERRY_MALFORMED, "remote pool %.80s sent a bad pool descriptor",
+                                cl->address);
+    uint64_t consumers = d.consumer_count, rows = d.max_inflight;
+    uint64_t data_start = ferry__data_start(rows, consumers);
+    uint64_t data_size = d.pool_size > data_start ? (d.pool_size - data_start) & ~(uint64_t)255 : 0;
+    int ctl = (w->flags & FERRY_WELCOME_CONTROL_IN_POOL) != 0;
+    int dat = (w->flags & FERRY_WELCOME_DATA_IN_POOL) != 0;
+    const char *why = NULL;
+    if (!(d.flags & FERRY_DESC_FLAG_POOL_ONLY) || memcmp(d.pool_id, a->pool_id, 16) != 0)
+        why = "it is another pool's";
+    else if (cl->rank >= consumers)
+        why = "the rank is out of range";
+    else if (!data_size || !inside(w->gen_offset, 4 * rows, w->region_size[0]) ||
+             !inside(w->extent_offset, 16 * rows, w->region_size[0]) ||
+             !inside(w->control_offset, 4 * rows * (1 + consumers), w->region_size[ctl]) ||
+             !inside(w->data_offset, data_size, w->region_size[dat]) || w->ring_depth > 65536)
+        why = "its tables do not fit its regions";
+    if (why)
+        return ferry__fail(FERRY_MISMATCH, "remote pool %.80s sent a layout ferry cannot use: %s",
+                           cl->address, why);
+    cl->pool = d;
+    cl->consumers = (uint32_t)consumers;
+    cl->max_inflight = (uint32_t)rows;
+    cl->row_words = (uint32_t)consumers + 1;
+    cl->depth = w->ring_depth;
+    cl->data_size = data_size;
+    cl->gen_addr = w->region_addr[0] + w->gen_offset;
+    cl->extent_addr = w->region_addr[0] + w->extent_offset;
+    cl->control_addr = w->region_addr[ctl] + w->control_offset;
+    cl->data_addr = w->region_addr[dat] + w->data_offset;
+    cl->control_rkey = ctl;
+    cl->data_rkey = dat;
+    cl->conn_id = w->conn_id;
+    cl->token = w->token;
+    cl->producer_pid = (pid_t)w->producer_pid;
+    cl->inbox = calloc(cl->depth, sizeof(*cl->inbox));
+    cl->notes = calloc(rows, sizeof(*cl->notes));
+    cl->my_acks = calloc(rows, sizeof(*cl->my_acks));
+    if (!cl->inbox || !cl->notes || !cl->my_acks)
+        return ferry__fail(FERRY_NO_MEMORY, "out of memory for a remote pool's bookkeeping");
+    return FERRY_OK;
+}
+
+/* ---- UCX: the endpoint, active messages, gets ------------------------------------------------ */
+
+static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    (void)ep;
+    (void)status;
+    ferry__remote_client *cl = arg;
+    cl->gone = 1; /* called inside progress, under the client's lock */
+}
+
+/* A DESC from the producer: count descriptors of one lease, checked and queued. */
+static void on_desc(ferry__remote_client *cl, const ferry__am *m, const uint8_t *data, size_t len)
+{
+    uint32_t k = (uint32_t)(len / FERRY_DESCRIPTOR_SIZE);
+    if (k > cl->depth - (cl->in_tail - cl->in_head))
+        return; /* more than the window: the producer broke the protocol; nothing is queued */
+    ferry_descriptor *slots = malloc(k * sizeof(*slots));
+    if (!slots)
+        return;
+    for (uint32_t i = 0; i < k; i++) {
+        ferry_descriptor *d = &slots[i];
+        if (ferry_descriptor_decode(data + (size_t)i * FERRY_DESCRIPTOR_SIZE, FERRY_DESCRIPTOR_SIZE,
+                                    d) != FERRY_OK ||
+            memcmp(d->pool_id, cl->pool.pool_id, 16) != 0 || d->slot >= cl->max_inflight ||
+            (d->flags & FERRY_DESC_FLAG_POOL_ONLY) || d->slot != slots[0].slot ||
+            d->generation != slots[0].generation || (k > 1 && d->part_index != i) ||
+            (k > 1 ? d->part_count != k : d->part_count > 1) || d->offset < m->u.desc.offset ||
+            d->length > m->u.desc.length ||
+            d->offset - m->u.desc.offset > m->u.desc.length - d->length) {
+            free(slots);
+            return;
+        }
+    }
+    for (uint32_t i = 0; i < k; i++)
+        cl->inbox[(cl->in_tail + i) % cl->depth] = slots[i];
+    cl->in_tail += k;
+    lease_note *n = &cl->notes[slots[0].slot];
+    *n = (lease_note){slots[0].generation, 1, m->u.desc.offset, m->u.desc.length};
+    free(slots);
+}
+
+static ucs_status_t on_am(void *arg, const void *header, size_t header_len, void *data, size_t len,
+                          const ucp_am_recv_param_t *param)
+{
+    ferry__remote_client *cl = arg;
+    ferry__am m;
+    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) &&
+        ferry__am_decode(header, header_len, len, &m) == FERRY_OK && m.type == FERRY_AM_DESC &&
+        m.conn_id == cl->conn_id &&
+        !ferry__secret_differs((const uint8_t *)&m.token, (const uint8_t *)&cl->token, 8))
+        on_desc(cl, &m, data, len);
+    return UCS_OK;
+}
+
+static ferry_status make_ep(ferry__remote_client *cl, const ferry__welcome *w)
+{
+    const ferry__ucx *u = cl->node.ucx;
+    ucp_ep_params_t ep = {
+        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER,
+        .address = (const ucp_address_t *)w->worker,
+        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+        .err_handler = {on_ep_error, cl},
+    };
+    ucs_status_t rc = u->ucp_ep_create(cl->node.worker, &ep, &cl->ep);
+    if (rc != UCS_OK) {
+        cl->ep = NULL;
+        return ferry__ucx_fail(u, "ucp_ep_create", rc);
+    }
+    for (int i = 0; i < 2; i++) {
+        if (!w->rkey_len[i])
+            continue;
+        rc = u->ucp_ep_rkey_unpack(cl->ep, w->rkey[i], &cl->rkey[i]);
+        if (rc != UCS_OK) {
+            cl->rkey[i] = NULL;
+            return ferry__ucx_fail(u, "ucp_ep_rkey_unpack", rc);
+        }
+    }
+    return FERRY_OK;
+}
+
+/* Registered before the hello goes out: the producer may forward descriptors the moment it
+ * admits this rank, before its welcome is read here (they wait in the worker until the
+ * client progresses it, once it knows its connection). */
+static ferry_status set_handler(ferry__remote_client *cl)
+{
+    ucp_am_handler_param_t hp = {
+        .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                      UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG,
+        .id = FERRY_AM_ID,
+        .flags = UCP_AM_FLAG_WHOLE_MSG,
+        .cb = on_am,
+        .arg = cl,
+    };
+    ucs_status_t rc = cl->node.ucx->ucp_worker_set_am_recv_handler(cl->node.worker, &hp);
+    return rc == UCS_OK ? FERRY_OK
+                        : ferry__ucx_fail(cl->node.ucx, "ucp_worker_set_am_recv_handler", rc);
+}
+
+/* Progresses until every request of reqs[0, n) is done, sleeping on the worker's event fd
+ * once a spin found nothing to do; the connection is looked at every slice. Requests are
+ * freed. PRODUCER_GONE (the endpoint is closed by force, which ends the requests) if the
+ * producer went away meanwhile. Called with the lock held. */
+static ferry_status wait_requests(ferry__remote_client *cl, void **reqs, int n, const char *what)
+{
+    const ferry__ucx *u = cl->node.ucx;
+    ucs_status_t first = UCS_OK;
+    uint64_t start = ferry__now_ns(), check = start + CLIENT_SLICE_NS;
+    for (int i = 0; i < n; i++) {
+        if (FERRY_UCS_PTR_IS_ERR(reqs[i]) && first == UCS_OK)
+            first = FERRY_UCS_PTR_STATUS(reqs[i]);
+        if (!reqs[i] || FERRY_UCS_PTR_IS_ERR(reqs[i]))
+            continue;
+        ucs_status_t st;
+        while ((st = u->ucp_request_check_status(reqs[i])) == UCS_INPROGRESS) {
+            if (u->ucp_worker_progress(cl->node.worker))
+                continue;
+            uint64_t now = ferry__now_ns();
+            if (now >= check) {
+                check = now + CLIENT_SLICE_NS;
+                if (producer_gone(cl)) {
+                    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                                             .flags = UCP_EP_CLOSE_FLAG_FORCE};
+                    void *close_req = u->ucp_ep_close_nbx(cl->ep, &p);
+                    cl->ep = NULL;
+                    while (close_req && !FERRY_UCS_PTR_IS_ERR(close_req) &&
+                           u->ucp_request_check_status(close_req) == UCS_INPROGRESS)
+                        u->ucp_worker_progress(cl->node.worker);
+                    if (close_req && !FERRY_UCS_PTR_IS_ERR(close_req))
+                        u->ucp_request_free(close_req);
+                }
+            }
+            if (now - start > CLIENT_SPIN_NS && u->ucp_worker_arm(cl->node.worker) == UCS_OK) {
+                struct pollfd p = {.fd = cl->node.efd, .events = POLLIN};
+                poll(&p, 1, 1);
+            }
+        }
+        u->ucp_request_free(reqs[i]);
+        if (st != UCS_OK && first == UCS_OK)
+            first = st;
+    }
+    if (cl->gone || !cl->ep)
+        return gone_error(cl);
+    if (first != UCS_OK) {
+        ferry__ucx_fail(u, what, first);
+        return ferry__fail_wrap(FERRY_SYSTEM, "remote pool %.80s", cl->address);
+    }
+    return FERRY_OK;
+}
+
+static void *get(ferry__remote_client *cl, void *dst, uint64_t n, uint64_t raddr, int key,
+                 int gpu_dst)
+{
+    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_MEMORY_TYPE,
+                             .memory_type = gpu_dst ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST};
+    return cl->node.ucx->ucp_get_nbx(cl->ep, dst, n, raddr, cl->rkey[key], &p);
+}
+
+/* Sends a small active message to the producer (header only, or a short text). */
+static ferry_status send_am(ferry__remote_client *cl, ferry__am *m, const void *payload, size_t n)
+{
+    uint8_t hdr[FERRY_AM_HEADER];
+    m->conn_id = cl->conn_id;
+    m->token = cl->token;
+    ferry__am_encode(m, hdr);
+    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                             .flags = UCP_AM_SEND_FLAG_EAGER};
+    void *req =
+        cl->node.ucx->ucp_am_send_nbx(cl->ep, FERRY_AM_ID, hdr, sizeof(hdr), payload, n, &p);
+    return wait_requests(cl, &req, 1, "ucp_am_send_nbx");
+}
+
+/* Tells the producer how reads go, so that an emulated path is counted and logged there. */
+static void send_info(ferry__remote_client *cl)
+{
+    char path[FERRY_AM_MAX_INFO];
+    int emulated = 0;
+    ferry__ucx_ep_rma_path(&cl->node, cl->ep, path, sizeof(path), &emulated);
+    ferry__am m = {.type = FERRY_AM_INFO, .flags = (uint16_t)emulated};
+    send_am(cl, &m, path, strlen(path));
+}
+
+static ferry_status make_poll_fd(ferry__remote_client *cl)
+{
+    struct epoll_event ev = {.events = EPOLLIN};
+    cl->poll_fd = epoll_create1(EPOLL_CLOEXEC);
+    if (cl->poll_fd < 0 || epoll_ctl(cl->poll_fd, EPOLL_CTL_ADD, cl->node.efd, &ev) != 0 ||
+        epoll_ctl(cl->poll_fd, EPOLL_CTL_ADD, cl->sock, &ev) != 0)
+        return ferry__fail_errno(FERRY_SYSTEM, errno, "the poll fd of a remote pool");
+    return FERRY_OK;
+}
+
+static void gpu_capable(ferry__remote_client *cl)
+{
+    ucp_context_attr_t attr = {.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES};
+    cl->gpu_reads = cl->node.ucx->ucp_context_query(cl->node.context, &attr) == UCS_OK &&
+                    (attr.memory_types & (1ull << UCS_MEMORY_TYPE_CUDA));
+}
+
+/* ---- connect and close ----------------------------------------------------------------------- */
+
+static void free_parts(ferry__remote_client *cl)
+{
+    while (cl->parts) {
+        part_set *n = cl->parts->next;
+        free(cl->parts);
+        cl->parts = n;
+    }
+}
+
+static void client_free(ferry__remote_client *cl)
+{
+    if (cl->sock >= 0)
+        close(cl->sock);
+    if (cl->poll_fd >= 0)
+        close(cl->poll_fd);
+    free_parts(cl);
+    free(cl->inbox);
+    free(cl->notes);
+    free(cl->my_acks);
+    pthread_mutex_destroy(&cl->lock);
+    free(cl);
+}
+
+void ferry__remote_close(ferry__remote_client *cl)
+{
+    if (!cl)
+        return;
+    if (cl->owner != ferry__proc_self()) {
+        ferry__remote_forget_client(cl);
+        return;
+    }
+    const ferry__ucx *u = cl->node.ucx;
+    for (int i = 0; u && i < 2; i++)
+        if (cl->rkey[i])
+            u->ucp_rkey_destroy(cl->rkey[i]);
+    if (u && cl->ep) {
+        /* Flushed, so that acknowledgements sent last make it out; by force once the
+         * producer is gone. An endpoint still flushing after a short while goes with the
+         * worker. */
+        ucp_request_param_t p = {.op_attr_mask = cl->gone ? UCP_OP_ATTR_FIELD_FLAGS : 0,
+                                 .flags = UCP_EP_CLOSE_FLAG_FORCE};
+        void *req = u->ucp_ep_close_nbx(cl->ep, &p);
+        uint64_t deadline = ferry__deadline(100000000ull);
+        if (req && !FERRY_UCS_PTR_IS_ERR(req)) {
+            while (u->ucp_request_check_status(req) == UCS_INPROGRESS && ferry__now_ns() < deadline)
+                u->ucp_worker_progress(cl->node.worker);
+            u->ucp_request_free(req);
+        }
+    }
+    ferry__ucx_node_close(&cl->node);
+    client_free(cl);
+}
+
+void ferry__remote_forget_client(ferry__remote_client *cl)
+{
+    if (!cl)
+        return;
+    client_free(cl); /* the child's copies of the fds and the heap; UCX is the parent's */
+}
+
+static ferry_status connect_steps(ferry__remote_client *cl, const ferry__remote_address *a,
+                                  uint64_t deadline)
+{
+    uint8_t *buf = malloc(FERRY_REMOTE_MAX_MESSAGE);
+    ferry__welcome w;
+    ferry_status st = buf ? ferry__ucx_node_open(&cl->node, "ferry-consumer")
+                          : ferry__fail(FERRY_NO_MEMORY, "out of memory connecting");
+    if (st == FERRY_OK)
+        st = set_handler(cl);
+    if (st == FERRY_OK)
+        st = dial(a, deadline, &cl->sock);
+    if (st == FERRY_OK)
+        st = say_hello(cl, a, deadline);
+    if (st == FERRY_OK)
+        st = hear_answer(cl, buf, deadline, &w);
+    if (st == FERRY_OK)
+        st = take_layout(cl, a, &w);
+    if (st == FERRY_OK)
+        st = make_ep(cl, &w);
+    if (st == FERRY_OK)
+        st = make_poll_fd(cl);
+    if (st == FERRY_OK) {
+        set_keepalive(cl->sock, w.timeout_ms);
+        gpu_capable(cl);
+        send_info(cl);
+    }
+    free(buf);
+    return st;
+}
+
+ferry_status ferry__remote_connect(const char *address, uint32_t rank, int32_t device,
+                                   uint64_t deadline, ferry__remote_client **out)
+{
+    ferry__remote_address a;
+    ferry_status st = ferry__remote_parse(address, &a);
+    if (st != FERRY_OK)
+        return st;
+    ferry__remote_client *cl = calloc(1, sizeof(*cl));
+    if (!cl)
+        return ferry__fail(FERRY_NO_MEMORY, "out of memory connecting to %.80s", address);
+    pthread_mutex_init(&cl->lock, NULL);
+    cl->sock = cl->poll_fd = -1;
+    cl->owner = ferry__proc_self();
+    cl->rank = rank;
+    cl->device = device;
+    ferry__remote_format(&a, cl->address, sizeof(cl->address));
+    /* The secret stays out of messages: they name the pool by host, port and identity. */
+    char *secret = strrchr(cl->address, '/');
+    if (secret)
+        *secret = '\0';
+    st = connect_steps(cl, &a, deadline);
+    if (st != FERRY_OK) {
+        ferry__remote_close(cl);
+        return st;
+    }
+    *out = cl;
+    return FERRY_OK;
+}
+
+int ferry__remote_owns(const ferry__remote_client *cl, const ferry_descriptor *d)
+{
+    return memcmp(d->pool_id, cl->pool.pool_id, 16) == 0;
+}
+
+/* ---- receiving ----------------------------------------------------------------------------- */
+
+/* Tells the producer what was taken, so that it sends more. */
+static void report_taken(ferry__remote_client *cl)
+{
+    if (cl->taken == cl->reported || cl->gone)
+        return;
+    ferry__am m = {.type = FERRY_AM_TAKEN, .u.taken.taken = cl->taken};
+    if (send_am(cl, &m, NULL, 0) == FERRY_OK)
+        cl->reported = m.u.taken.taken;
+}
+
+/* 1 if this process already acknowledged the lease for its rank. */
+static int acked_here(const ferry__remote_client *cl, const ferry_descriptor *d)
+{
+    return cl->my_acks[d->slot] == d->generation;
+}
+
+/* One look at the inbox: FERRY_OK with a lease, TIMEOUT (empty), INVALID_ARGUMENT (too many
+ * parts for max; it stays queued). */
+static ferry_status take(ferry__remote_client *cl, ferry_descriptor *descs, size_t max,
+                         size_t *count)
+{
+    while (cl->in_head != cl->in_tail) {
+        const ferry_descriptor *d0 = &cl->inbox[cl->in_head % cl->depth];
+        uint32_t k = d0->part_count ? d0->part_count : 1;
+        if (acked_here(cl, d0)) { /* acknowledged already: no longer this rank's to read */
+            cl->in_head += k;
+            cl->taken += k;
+            continue;
+        }
+        if (k > max) {
+            *count = k;
+            return ferry__fail(FERRY_INVALID_ARGUMENT,
+                               "the next lease has %u tensors; the output holds %zu", k, max);
+        }
+        for (uint32_t i = 0; i < k; i++)
+            descs[i] = cl->inbox[(cl->in_head + i) % cl->depth];
+        cl->in_head += k;
+        cl->taken += k;
+        if (cl->taken - cl->reported >= cl->depth / 2)
+            report_taken(cl);
+        *count = k;
+        return FERRY_OK;
+    }
+    return FERRY_TIMEOUT;
+}
+
+/* Sleeps until the worker or the connection has news, ns at most; the lock is let go. */
+static void sleep_on(ferry__remote_client *cl, uint64_t ns)
+{
+    struct epoll_event ev;
+    pthread_mutex_unlock(&cl->lock);
+    epoll_wait(cl->poll_fd, &ev, 1, (int)((ns + 999999ull) / 1000000ull));
+    pthread_mutex_lock(&cl->lock);
+}
+
+/* Progresses the worker and arms it; 1 if it is armed (a sleep on its fd will wake). */
+static int progress_and_arm(ferry__remote_client *cl)
+{
+    const ferry__ucx *u = cl->node.ucx;
+    while (u->ucp_worker_progress(cl->node.worker)) {
+    }
+    return u->ucp_worker_arm(cl->node.worker) == UCS_OK;
+}
+
+ferry_status ferry__remote_recv(ferry__remote_client *cl, uint64_t timeout_ns,
+                                ferry_descriptor *descs, size_t max, size_t *count)
+{
+    uint64_t start = ferry__now_ns(), deadline = ferry__deadline(timeout_ns);
+    ferry_status st;
+    pthread_mutex_lock(&cl->lock);
+    for (;;) {
+        if (producer_gone(cl)) {
+            st = gone_error(cl);
+            break;
+        }
+        while (cl->node.ucx->ucp_worker_progress(cl->node.worker)) {
+        }
+        st = take(cl, descs, max, count);
+        if (st != FERRY_TIMEOUT)
+            break;
+        report_taken(cl); /* nothing queued: the producer may be waiting for room */
+        uint64_t now = ferry__now_ns();
+        if (now - start < CLIENT_SPIN_NS && now < deadline) {
+            pthread_mutex_unlock(&cl->lock);
+            sched_yield();
+            pthread_mutex_lock(&cl->lock);
+            continue;
+        }
+        /* Armed last: whatever arrives from here wakes the poll fd (and a caller's poll on
+         * it after a TIMEOUT). */
+        if (!progress_and_arm(cl) || cl->in_head != cl->in_tail)
+            continue;
+        if (now >= deadline) {
+            st = ferry__fail(FERRY_TIMEOUT, "no lease came for rank %u within %.3f ms", cl->rank,
+                             (double)timeout_ns / 1e6);
+            break;
+        }
+        uint64_t left = deadline - now;
+        sleep_on(cl, left < CLIENT_SLICE_NS ? left : CLIENT_SLICE_NS);
+    }
+    pthread_mutex_unlock(&cl->lock);
+    if (st == FERRY_OK)
+        ferry__clear_error();
+    return st;
+}
+
+ferry_status ferry__remote_fd(ferry__remote_client *cl, int *fd)
+{
+    pthread_mutex_lock(&cl->lock);
+    while (!progress_and_arm(cl)) {
+    }
+    pthread_mutex_unlock(&cl->lock);
+    *fd = cl->poll_fd;
+    ferry__clear_error();
+    return FERRY_OK;
+}
+
+/* ---- reading ------------------------------------------------------------------------------- */
+
+static ferry_status check_desc(ferry__remote_client *cl, const ferry_descriptor *d)
+{
+    if (d->backend != cl->pool.backend || d->consumer_count != cl->consumers ||
+        d->max_inflight != cl->max_inflight || d->pool_size != cl->pool.pool_size)
+        return ferry__fail(FERRY_MISMATCH, "descriptor disagrees with the remote pool %.80s",
+                           cl->address);
+    if (d->flags & FERRY_DESC_FLAG_POOL_ONLY)
+        return ferry__fail(FERRY_INVALID_ARGUMENT,
+                           "a pool-only descriptor names no lease: it can only open the pool");
+    if (d->slot >= cl->max_inflight || d->generation == 0 || d->generation > FERRY_GENERATION_MAX)
+        return ferry__fail(FERRY_MISMATCH, "descriptor slot %u / generation %u out of range",
+                           d->slot, d->generation);
+    if (d->offset > cl->data_size || d->length > cl->data_size - d->offset)
+        return ferry__fail(FERRY_MISMATCH,
+                           "descriptor range [%llu, +%llu) exceeds the pool's %llu data bytes",
+                           (unsigned long long)d->offset, (unsigned long long)d->length,
+                           (unsigned long long)cl->data_size);
+    return FERRY_OK;
+}
+
+static ferry_status stale(const ferry_descriptor *d, uint32_t now, uint32_t rank)
+{
+    if (now == (d->generation | FERRY_GEN_CANCELLED))
+        return ferry__fail(FERRY_STALE,
+                           "stale descriptor: lease (slot=%u, generation=%u) was cancelled by "
+                           "the producer",
+                           d->slot, d->generation);
+    if (now != d->generation)
+        return ferry__fail(FERRY_STALE,
+                           "stale descriptor: slot %u now holds generation %u, descriptor has %u",
+                           d->slot, now, d->generation);
+    return ferry__fail(FERRY_STALE,
+                       "stale descriptor: lease (slot=%u, generation=%u) was already "
+                       "acknowledged for rank %u",
+                       d->slot, d->generation, rank);
+}
+
+static uint64_t ack_word_addr(const ferry__remote_client *cl, uint32_t slot)
+{
+    return cl->control_addr + 4ull * ((uint64_t)slot * cl->row_words + 1 + cl->rank);
+}
+
+/* Looks at the lease remotely (generation, ready word, extent) until it is ready. */
+static ferry_status wait_ready(ferry__remote_client *cl, const ferry_descriptor *d,
+                               uint64_t timeout_ns, uint64_t deadline)
+{
+    lease_note *n = &cl->notes[d->slot];
+    while (!(n->generation == d->generation && n->ready)) {
+        uint32_t gen = 0, ready = 0;
+        uint64_t extent[2] = {0, 0};
+        void *reqs[3] = {
+            get(cl, &gen, 4, cl->gen_addr + 4ull * d->slot, 0, 0),
+            get(cl, &ready, 4, cl->control_addr + 4ull * d->slot * cl->row_words, cl->control_rkey,
+                0),
+            get(cl, extent, 16, cl->extent_addr + 16ull * d->slot, 0, 0),
+        };
+        ferry_status st = wait_requests(cl, reqs, 3, "ucp_get_nbx");
+        if (st != FERRY_OK)
+            return st;
+        if (gen != d->generation)
+            return stale(d, gen, cl->rank);
+        if (ready == d->generation) {
+            *n = (lease_note){d->generation, 1, extent[0], extent[1]};
+            break;
+        }
+        if (ferry__now_ns() >= deadline)
+            return ferry__fail(FERRY_TIMEOUT,
+                               "lease (slot=%u, generation=%u) not ready after %.3f ms", d->slot,
+                               d->generation, (double)timeout_ns / 1e6);
+        sleep_on(cl, CLIENT_READY_POLL_NS);
+        if (producer_gone(cl))
+            return gone_error(cl);
+    }
+    if (d->offset < n->offset || d->length > n->length ||
+        d->offset - n->offset > n->length - d->length)
+        return ferry__fail(FERRY_MISMATCH,
+                           "descriptor range [%llu, +%llu) is not inside its lease (slot=%u, "
+                           "generation=%u), which holds [%llu, +%llu)",
+                           (unsigned long long)d->offset, (unsigned long long)d->length, d->slot,
+                           d->generation, (unsigned long long)n->offset,
+                           (unsigned long long)n->length);
+    return FERRY_OK;
+}
+
+/* Checks, before anything is read, that the call may go ahead. */
+static ferry_status precheck(ferry__remote_client *cl, const ferry_descriptor *d)
+{
+    ferry_status st = check_desc(cl, d);
+    if (st != FERRY_OK)
+        return st;
+    if (producer_gone(cl))
+        return gone_error(cl);
+    if (acked_here(cl, d))
+        return stale(d, d->generation, cl->rank);
+    return FERRY_OK;
+}
+
+ferry_status ferry__remote_wait(ferry__remote_client *cl, const ferry_descriptor *d,
+                                uint64_t timeout_ns)
+{
+    pthread_mutex_lock(&cl->lock);
+    ferry_status st = precheck(cl, d);
+    if (st == FERRY_OK)
+        st = wait_ready(cl, d, timeout_ns, ferry__deadline(timeout_ns));
+    pthread_mutex_unlock(&cl->lock);
+    if (st == FERRY_OK)
+        ferry__clear_error();
+    return st;
+}
+
+/* 1 if dst is memory of a GPU (only a consumer made for a GPU can hand one). */
+static int gpu_memory(const ferry__remote_client *cl, const void *dst)
+{
+    const ferry__cuda *cuda;
+    unsigned type = 0;
+    if (cl->device < 0 || ferry__cuda_get(&cuda) != FERRY_OK)
+        return 0;
+    return cuda->cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                       (CUdeviceptr)(uintptr_t)dst) == CUDA_SUCCESS &&
+           type == CU_MEMORYTYPE_DEVICE;
+}
+
+static ferry_status read_checked(ferry__remote_client *cl, const ferry_descriptor *d, void *dst,
+                                 uint64_t timeout_ns)
+{
+    ferry_status st = wait_ready(cl, d, timeout_ns, ferry__deadline(timeout_ns));
+    if (st != FERRY_OK || !d->length)
+        return st;
+    int gpu = gpu_memory(cl, dst);
+    if (gpu && !cl->gpu_reads)
+        return ferry__fail(FERRY_NOT_SUPPORTED,
+                           "remote pool %.80s: the destination is GPU memory and this process's "
+                           "UCX has no CUDA support (install a CUDA-enabled UCX, e.g. pip's "
+                           "libucx-cu13, or read into host memory)",
+                           cl->address);
+    uint32_t gen = 0, ack = 0;
+    void *reqs[3];
+    reqs[0] = get(cl, dst, d->length, cl->data_addr + d->offset, cl->data_rkey, gpu);
+    /* The checks are read after the slice (a fence orders them behind it). */
+    cl->node.ucx->ucp_worker_fence(cl->node.worker);
+    reqs[1] = get(cl, &gen, 4, cl->gen_addr + 4ull * d->slot, 0, 0);
+    reqs[2] = get(cl, &ack, 4, ack_word_addr(cl, d->slot), cl->control_rkey, 0);
+    st = wait_requests(cl, reqs, 3, "ucp_get_nbx");
+    if (st == FERRY_OK && (gen != d->generation || ack == d->generation))
+        st = stale(d, gen, cl->rank);
+    return st;
+}
+
+ferry_status ferry__remote_read(ferry__remote_client *cl, const ferry_descriptor *d, void *dst,
+                                size_t dst_size, uint64_t timeout_ns)
+{
+    if (d->length && !dst)
+        return ferry__fail(FERRY_INVALID_ARGUMENT, "destination is NULL");
+    if (dst_size < d->length)
+        return ferry__fail(FERRY_INVALID_ARGUMENT, "destination holds %zu bytes, tensor has %llu",
+                           dst_size, (unsigned long long)d->length);
+    pthread_mutex_lock(&cl->lock);
+    ferry_status st = precheck(cl, d);
+    if (st == FERRY_OK)
+        st = read_checked(cl, d, dst, timeout_ns);
+    pthread_mutex_unlock(&cl->lock);
+    if (st == FERRY_OK)
+        ferry__clear_error();
+    return st;
+}
+
+/* ---- acknowledging ------------------------------------------------------------------------- */
+
+/* Records that rank acknowledged a part: 1 if the lease is complete for it (its word must be
+ * written now), 0 if parts remain, -1 if that part was acknowledged already. */
+static int part_done(ferry__remote_client *cl, const ferry_descriptor *d, uint32_t rank)
+{
+    part_set **pp = &cl->parts;
+    while (*pp) {
+        part_set *s = *pp;
+        if (s->slot == d->slot && s->generation == d->generation && s->rank == rank)
+            break;
+        if (cl->notes[s->slot].generation != s->generation && s->slot == d->slot) {
+            *pp = s->next; /* a set of an older lease of the slot: that lease moved on */
+            free(s);
+            continue;
+        }
+        pp = &s->next;
+    }
+    if (!*pp) {
+        size_t words = ((size_t)d->part_count + 63) / 64;
+        part_set *s = calloc(1, sizeof(*s) + words * sizeof(uint64_t));
+        if (!s)
+            return 1; /* no memory to count parts: acknowledge the whole lease */
+        *s = (part_set){NULL, d->slot, d->generation, rank, d->part_count, 0};
+        s->next = cl->parts;
+        cl->parts = s;
+        pp = &cl->parts;
+    }
+    part_set *s = *pp;
+    uint64_t bit = 1ull << (d->part_index % 64), *word = &s->bits[d->part_index / 64];
+    if (*word & bit)
+        return -1;
+    *word |= bit;
+    if (++s->done < s->count)
+        return 0;
+    *pp = s->next;
+    free(s);
+    return 1;
+}
+
+static ferry_status acked_stale(ferry__remote_client *cl, const ferry_descriptor *d)
+{
+    return stale(d, d->generation, cl->rank);
+}
+
+ferry_status ferry__remote_ack(ferry__remote_client *cl, const ferry_descriptor *d, uint32_t first,
+                               uint32_t count, int strict, int whole)
+{
+    ferry_status st;
+    pthread_mutex_lock(&cl->lock);
+    if ((st = check_desc(cl, d)) != FERRY_OK)
+        goto done;
+    if (count == 0 || first >= cl->consumers || count > cl->consumers - first) {
+        st = ferry__fail(FERRY_INVALID_ARGUMENT, "rank range [%u, %u) is outside [0, %u)", first,
+                         first + count, cl->consumers);
+        goto done;
+    }
+    if (d->part_count && (d->part_index >= d->part_count || d->part_count > cl->depth * 256u)) {
+        st = ferry__fail(FERRY_MISMATCH, "descriptor part %u of %u is out of range", d->part_index,
+                         d->part_count);
+        goto done;
+    }
+    if (producer_gone(cl)) {
+        st = gone_error(cl);
+        goto done;
+    }
+    int mine = cl->rank >= first && cl->rank - first < count;
+    if (mine && count == 1 && acked_here(cl, d)) {
+        st = acked_stale(cl, d);
+        goto done;
+    }
+    if (d->part_count && !whole && count == 1) {
+        int done_parts = part_done(cl, d, first);
+        if (done_parts <= 0) {
+            st = done_parts < 0 && strict ? acked_stale(cl, d) : FERRY_OK;
+            goto done;
+        }
+    }
+    ferry__am m = {.type = FERRY_AM_ACK, .u.ack = {d->slot, d->generation, first, count}};
+    st = send_am(cl, &m, NULL, 0);
+    if (st == FERRY_OK && mine)
+        cl->my_acks[d->slot] = d->generation;
+done:
+    pthread_mutex_unlock(&cl->lock);
+    if (st == FERRY_OK)
+        ferry__clear_error();
+    return st;
+}

@@ -1,0 +1,1069 @@
+/* Remote consumers, producer side (remote.h): the listener, the bootstrap, the admitted
+ * consumers' connections, and forwarding their rings' descriptors as active messages.
+ *
+ * One thread serves everything, in one epoll loop over: the listening socket; the
+ * connections waiting for their HELLO (each with its own deadline, at most
+ * SERVER_MAX_PENDING of them); the admitted connections (kept open for liveness: EOF, an
+ * error or a keepalive failure means the consumer is gone); each admitted rank's notify
+ * eventfd (signalled by senders, as a local consumer's poll fd is); the UCX worker's event
+ * fd; and a wake-up eventfd for stop. Only this thread calls UCX on the server's worker, so
+ * that remote reads emulated over active messages (tcp) are served whenever they arrive.
+ *
+ * Forwarding: an admitted rank's descriptor ring in the shared segment is consumed by this
+ * thread, as a local consumer's process would consume it: entries are taken from head (each
+ * checked as a consumer checks them: well formed, this pool's, a current lease, ready) and
+ * sent as one FERRY_AM_DESC per lease, with the lease's extent. At most ring_depth
+ * descriptors are on their way to one consumer; its FERRY_AM_TAKEN messages open the window
+ * again. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "broker/broker.h"
+#include "common/atomic.h"
+#include "common/clock.h"
+#include "common/error.h"
+#include "common/futex.h"
+#include "common/proc.h"
+#include "driver/driver.h"
+#include "shm/layout.h"
+#include "remote/remote.h"
+#include "remote/ucx.h"
+#include "wire/remote.h"
+#include "wire/wire.h"
+
+/* Connections waiting for their HELLO at once; more are refused at once. */
+#define SERVER_MAX_PENDING 64
+/* How long a connection has to send its whole HELLO. */
+#define SERVER_HELLO_NS 1000000000ull
+/* How often a rank whose next lease is not ready yet (a GPU stream still copying) is looked
+ * at again. */
+#define SERVER_READY_POLL_NS 50000ull
+
+const char *const ferry__remote_refused_names[FERRY_REMOTE_REFUSED_REASONS] = {
+    "malformed", "secret", "rank", "silent", "flood", "error",
+};
+
+enum conn_state { CONN_HELLO, CONN_ADMITTED };
+
+typedef struct conn {
+    struct conn *next;
+    int fd;
+    enum conn_state state;
+    uint64_t deadline; /* CONN_HELLO */
+    uint8_t *buf;      /* CONN_HELLO: the HELLO so far */
+    size_t have;
+    /* CONN_ADMITTED */
+    uint32_t id;
+    uint64_t token;
+    uint32_t rank;
+    int notify_fd; /* the rank's notify eventfd (the pool holds a duplicate) */
+    ucp_ep_h ep;
+    uint32_t sent;  /* descriptors sent since admission */
+    uint32_t taken; /* descriptors the consumer took, as it last said */
+    int not_ready;  /* the ring's next lease is not ready: look again soon */
+    int failed;     /* UCX reported the endpoint failed, or the peer broke the protocol */
+    pid_t pid;
+    char host[FERRY_REMOTE_HOST_SIZE];
+} conn;
+
+struct ferry__remote_server {
+    ferry__remote_config cfg;
+    char label[64];
+    pid_t owner;
+    ferry__ucx_node node;
+    ucp_mem_h memh[2];
+    void *rkey[2];
+    size_t rkey_len[2];
+    uint8_t secret[16];
+    char address[FERRY_REMOTE_ADDRESS_SIZE];
+    int listen_fd, epoll_fd, wake_fd;
+    pthread_t thread;
+    int running;
+    int stop;    /* atomic */
+    conn *conns; /* the thread's */
+    unsigned pending;
+    uint32_t next_id;
+    conn **by_rank;       /* admitted connections by rank (thread) */
+    pthread_mutex_t lock; /* guards counts */
+    ferry__remote_counts counts;
+    int warned_emulated;
+    int inflight; /* atomic: sends UCX has not completed yet */
+};
+
+/* epoll tags besides connection pointers (which are never this small). */
+enum { TAG_LISTEN = 1, TAG_WAKE = 2, TAG_UCX = 3, TAG_NOTIFY_BIT = 1 };
+
+/* ---- small helpers -------------------------------------------------------------------------- */
+
+static void count_refused(ferry__remote_server *s, int reason)
+{
+    pthread_mutex_lock(&s->lock);
+    s->counts.refused++;
+    s->counts.refused_by[reason]++;
+    pthread_mutex_unlock(&s->lock);
+}
+
+static void count_add(ferry__remote_server *s, uint64_t *field, int64_t delta)
+{
+    pthread_mutex_lock(&s->lock);
+    *field += (uint64_t)delta;
+    pthread_mutex_unlock(&s->lock);
+}
+
+static int epoll_add(int epfd, int fd, uint64_t tag, uint32_t events)
+{
+    struct epoll_event ev = {.events = events, .data.u64 = tag};
+    return epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev);
+}
+
+/* Keepalive on a connection: a peer that falls silent (host down, link cut) is declared gone
+ * within about timeout_ns, also while nothing is being sent. */
+static void set_keepalive(int fd, uint64_t timeout_ns)
+{
+    int one = 1;
+    unsigned ms = (unsigned)(timeout_ns / 1000000ull);
+    int idle = ms >= 5000 ? (int)(ms / 5000) : 1;
+    int count = (int)((ms / 1000 > (unsigned)idle ? ms / 1000 - (unsigned)idle : 1));
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &one, sizeof(one));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
+    setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof(ms));
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+/* Writes all of buf to a non-blocking socket before deadline; 0 on success. */
+static int write_all(int fd, const uint8_t *buf, size_t n, uint64_t deadline)
+{
+    while (n) {
+        ssize_t w = send(fd, buf, n, MSG_NOSIGNAL);
+        if (w > 0) {
+            buf += w;
+            n -= (size_t)w;
+            continue;
+        }
+        if (w < 0 && errno != EAGAIN && errno != EINTR)
+            return -1;
+        uint64_t now = ferry__now_ns();
+        if (now >= deadline)
+            return -1;
+        struct pollfd p = {.fd = fd, .events = POLLOUT};
+        poll(&p, 1, (int)((deadline - now) / 1000000ull) + 1);
+    }
+    return 0;
+}
+
+/* ---- the listener and the address ------------------------------------------------------------ */
+
+/* Splits "HOST:PORT" / "[HOST]:PORT" (port may be 0). */
+static ferry_status split_listen(const char *listen, char *host, size_t host_size, char *port,
+                                 size_t port_size)
+{
+    const char *colon = strrchr(listen, ':');
+    const char *h = listen;
+    size_t hn;
+    if (listen[0] == '[') {
+        const char *close = strchr(listen, ']');
+        if (!close || close[1] != ':')
+            colon = NULL;
+        h = listen + 1;
+        hn = close ? (size_t)(close - h) : 0;
+    } else {
+        hn = colon ? (size_t)(colon - listen) : 0;
+    }
+    if (!colon || hn == 0 || hn >= host_size || !colon[1] || strlen(colon + 1) >= port_size ||
+        strspn(colon + 1, "0123456789") != strlen(colon + 1))
+        return ferry__fail(FERRY_INVALID_ARGUMENT,
+                           "listen address '%.100s' is not HOST:PORT (port 0: any free port)",
+                           listen);
+    memcpy(host, h, hn);
+    host[hn] = '\0';
+    snprintf(port, port_size, "%s", colon + 1);
+    return FERRY_OK;
+}
+
+static ferry_status bind_listener(const char *host, const char *port, int *out)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV},
+                    *res = NULL;
+    int rc = getaddrinfo(host, port, &hints, &res);
+    if (rc != 0)
+        return ferry__fail(FERRY_INVALID_ARGUMENT, "listen address %s:%s: %s", host, port,
+                           gai_strerror(rc));
+    int fd = -1, err = 0;
+    for (struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next) {
+        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        int one = 1;
+        if (fd >= 0 && (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
+                        bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, 128) != 0)) {
+            err = errno;
+            close(fd);
+            fd = -1;
+        } else if (fd < 0) {
+            err = errno;
+        }
+    }
+    freeaddrinfo(res);
+    if (fd < 0)
+        return ferry__fail_errno(FERRY_SYSTEM, err, "listening on %s:%s failed", host, port);
+    *out = fd;
+    return FERRY_OK;
+}
+
+static int wildcard(const char *host)
+{
+    return strcmp(host, "0.0.0.0") == 0 || strcmp(host, "::") == 0 || strcmp(host, "*") == 0;
+}
+
+/* A host name consumers can reach a wildcard listener at: the first address of an interface
+ * that is up and not loopback (IPv4 first), else loopback. */
+static void reachable_host(int family, char *buf, size_t size)
+{
+    struct ifaddrs *ifs = NULL, *pick = NULL;
+    snprintf(buf, size, family == AF_INET6 ? "::1" : "127.0.0.1");
+    if (getifaddrs(&ifs) != 0)
+        return;
+    for (int pass = 0; pass < 2 && !pick; pass++) {
+        int want = pass == 0 ? AF_INET : AF_INET6;
+        if (family == AF_INET && want == AF_INET6)
+            break;
+        for (struct ifaddrs *i = ifs; i && !pick; i = i->ifa_next)
+            if (i->ifa_addr && i->ifa_addr->sa_family == want && !(i->ifa_flags & 0x8 /*LOOPBACK*/))
+                pick = i;
+    }
+    if (pick) {
+        void *a = pick->ifa_addr->sa_family == AF_INET
+                      ? (void *)&((struct sockaddr_in *)pick->ifa_addr)->sin_addr
+                      : (void *)&((struct sockaddr_in6 *)pick->ifa_addr)->sin6_addr;
+        inet_ntop(pick->ifa_addr->sa_family, a, buf, (socklen_t)size);
+    }
+    freeifaddrs(ifs);
+}
+
+static void make_address(ferry__remote_server *s, const char *host)
+{
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof(ss);
+    ferry__remote_address a;
+    memset(&a, 0, sizeof(a));
+    getsockname(s->listen_fd, (struct sockaddr *)&ss, &len);
+    a.port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                            : ((struct sockaddr_in *)&ss)->sin_port);
+    if (wildcard(host))
+        reachable_host(ss.ss_family, a.host, sizeof(a.host));
+    else
+        snprintf(a.host, sizeof(a.host), "%s", host);
+    memcpy(a.pool_id, s->cfg.pool_id, 16);
+    memcpy(a.secret, s->secret, 16);
+    ferry__remote_format(&a, s->address, sizeof(s->address));
+}
+
+/* ---- UCX: memory, endpoints, active messages --------------------------------------------------
+ */
+
+static ferry_status map_region(ferry__remote_server *s, int i)
+{
+    const ferry__ucx *u = s->node.ucx;
+    const ferry__remote_region *r = &s->cfg.region[i];
+    ucp_mem_map_params_t mp = {
+        .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                      UCP_MEM_MAP_PARAM_FIELD_PROT | UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE,
+        .address = r->base,
+        .length = r->size,
+        .prot = UCP_MEM_MAP_PROT_LOCAL_READ | UCP_MEM_MAP_PROT_LOCAL_WRITE |
+                UCP_MEM_MAP_PROT_REMOTE_READ,
+        .memory_type = r->gpu ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST,
+    };
+    ucs_status_t rc = u->ucp_mem_map(s->node.context, &mp, &s->memh[i]);
+    if (rc != UCS_OK) {
+        s->memh[i] = NULL;
+        ferry__ucx_fail(u, "ucp_mem_map", rc);
+        return ferry__fail_wrap(FERRY_SYSTEM,
+                                "%s: registering its %s memory (%llu bytes) with "
+                                "UCX failed",
+                                s->label, r->gpu ? "GPU" : "host", (unsigned long long)r->size);
+    }
+    rc = u->ucp_rkey_pack(s->node.context, s->memh[i], &s->rkey[i], &s->rkey_len[i]);
+    if (rc != UCS_OK) {
+        s->rkey[i] = NULL;
+        return ferry__ucx_fail(u, "ucp_rkey_pack", rc);
+    }
+    if (s->rkey_len[i] == 0 || s->rkey_len[i] > FERRY_REMOTE_MAX_BLOB)
+        return ferry__fail(FERRY_SYSTEM, "%s: UCX packed a remote key of %zu bytes", s->label,
+                           s->rkey_len[i]);
+    return FERRY_OK;
+}
+
+static void unmap_regions(ferry__remote_server *s)
+{
+    const ferry__ucx *u = s->node.ucx;
+    for (int i = 0; i < 2; i++) {
+        if (s->rkey[i])
+            u->ucp_rkey_buffer_release(s->rkey[i]);
+        if (s->memh[i])
+            u->ucp_mem_unmap(s->node.context, s->memh[i]);
+        s->rkey[i] = NULL;
+        s->memh[i] = NULL;
+    }
+}
+
+/* Waits for a UCX request the thread made (progressing the worker). */
+static ucs_status_t wait_request(ferry__remote_server *s, void *req)
+{
+    const ferry__ucx *u = s->node.ucx;
+    if (req == NULL)
+        return UCS_OK;
+    if (FERRY_UCS_PTR_IS_ERR(req))
+        return FERRY_UCS_PTR_STATUS(req);
+    ucs_status_t st;
+    while ((st = u->ucp_request_check_status(req)) == UCS_INPROGRESS)
+        u->ucp_worker_progress(s->node.worker);
+    u->ucp_request_free(req);
+    return st;
+}
+
+static void close_ep(ferry__remote_server *s, ucp_ep_h ep)
+{
+    if (!ep)
+        return;
+    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                             .flags = UCP_EP_CLOSE_FLAG_FORCE};
+    wait_request(s, s->node.ucx->ucp_ep_close_nbx(ep, &p));
+}
+
+static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    (void)ep;
+    (void)status;
+    conn *c = arg;
+    c->failed = 1; /* the thread detaches it after this round of progress */
+}
+
+/* A send's buffer: freed with the request when UCX completes it (or at once when the send
+ * completed in the call). */
+typedef struct am_buf {
+    ferry__remote_server *server;
+    uint8_t bytes[];
+} am_buf;
+
+static void on_sent(void *request, ucs_status_t status, void *user_data)
+{
+    (void)status; /* a failed send fails its endpoint too: the error callback tells */
+    am_buf *b = user_data;
+    __atomic_fetch_sub(&b->server->inflight, 1, __ATOMIC_RELAXED);
+    b->server->node.ucx->ucp_request_free(request);
+    free(b);
+}
+
+/* Sends one active message (header and payload copied: the caller's buffers may go). */
+static int send_am(ferry__remote_server *s, conn *c, const ferry__am *m, const void *payload,
+                   size_t n)
+{
+    const ferry__ucx *u = s->node.ucx;
+    am_buf *b = malloc(sizeof(*b) + FERRY_AM_HEADER + n);
+    if (!b)
+        return -1;
+    b->server = s;
+    ferry__am_encode(m, b->bytes);
+    if (n)
+        memcpy(b->bytes + FERRY_AM_HEADER, payload, n);
+    ucp_request_param_t p = {
+        .op_attr_mask =
+            UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
+        .flags = UCP_AM_SEND_FLAG_EAGER,
+        .cb.send = on_sent,
+        .user_data = b,
+    };
+    void *req = u->ucp_am_send_nbx(c->ep, FERRY_AM_ID, b->bytes, FERRY_AM_HEADER,
+                                   b->bytes + FERRY_AM_HEADER, n, &p);
+    if (req == NULL || FERRY_UCS_PTR_IS_ERR(req)) {
+        free(b);
+        return req == NULL ? 0 : -1;
+    }
+    __atomic_fetch_add(&s->inflight, 1, __ATOMIC_RELAXED); /* on_sent frees it */
+    return 0;
+}
+
+static conn *admitted(ferry__remote_server *s, uint32_t id, uint64_t token)
+{
+    uint32_t rank = id & 0xffffu;
+    if (rank >= s->cfg.consumers)
+        return NULL;
+    conn *c = s->by_rank[rank];
+    if (!c || c->id != id ||
+        ferry__secret_differs((const uint8_t *)&c->token, (const uint8_t *)&token, sizeof(token)))
+        return NULL;
+    return c;
+}
+
+static void forward(ferry__remote_server *s, conn *c);
+
+static void on_info(ferry__remote_server *s, conn *c, const ferry__am *m, const char *text,
+                    size_t n)
+{
+    char path[FERRY_AM_MAX_INFO + 1];
+    size_t k = 0;
+    for (size_t i = 0; i < n && k < FERRY_AM_MAX_INFO; i++)
+        path[k++] = text[i] >= 0x20 && text[i] < 0x7f ? text[i] : '?';
+    path[k] = '\0';
+    if (!m->flags)
+        return;
+    count_add(s, &s->counts.emulated, 1);
+    if (!__atomic_exchange_n(&s->warned_emulated, 1, __ATOMIC_RELAXED))
+        ferry__log(FERRY_LOG_WARN,
+                   "%s: remote rank %u (host %s, pid %d) reads the pool %s: every get is served "
+                   "by the producer's thread (counted in remote_emulated; warned once)",
+                   s->label, c->rank, c->host, (int)c->pid, path);
+}
+
+static ucs_status_t on_am(void *arg, const void *header, size_t header_len, void *data, size_t len,
+                          const ucp_am_recv_param_t *param)
+{
+    ferry__remote_server *s = arg;
+    ferry__am m;
+    conn *c = NULL;
+    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ||
+        ferry__am_decode(header, header_len, len, &m) != FERRY_OK || m.type == FERRY_AM_DESC ||
+        !(c = admitted(s, m.conn_id, m.token))) {
+        count_add(s, &s->counts.bad_messages, 1);
+        return UCS_OK;
+    }
+    switch (m.type) {
+    case FERRY_AM_ACK:
+        if (m.u.ack.slot < s->cfg.max_inflight && m.u.ack.count &&
+            m.u.ack.first < s->cfg.consumers && m.u.ack.count <= s->cfg.consumers - m.u.ack.first)
+            s->cfg.hooks.ack(s->cfg.hooks.user, m.u.ack.slot, m.u.ack.generation, m.u.ack.first,
+                             m.u.ack.count);
+        else
+            count_add(s, &s->counts.bad_messages, 1);
+        break;
+    case FERRY_AM_TAKEN:
+        /* The consumer can only have taken what was sent: a count beyond that is a lie. */
+        if (m.u.taken.taken - c->taken <= c->sent - c->taken)
+            c->taken = m.u.taken.taken;
+        else
+            count_add(s, &s->counts.bad_messages, 1);
+        break;
+    case FERRY_AM_INFO:
+        on_info(s, c, &m, data, len);
+        break;
+    default:
+        break;
+    }
+    return UCS_OK;
+}
+
+/* ---- forwarding a rank's ring -----------------------------------------------------------------
+ */
+
+static ferry__ring *ring_of(ferry__remote_server *s, uint32_t rank)
+{
+    return (ferry__ring *)(s->cfg.rings + (uint64_t)rank * s->cfg.ring_stride);
+}
+
+static void entry_copy(ferry__ring *ring, uint32_t depth, uint32_t i, uint8_t *out)
+{
+    const uint8_t *e = ferry__ring_entry(ring, depth, i);
+    for (size_t w = 0; w < FERRY_DESCRIPTOR_SIZE; w += 8) {
+        uint64_t v = ferry__load_relaxed64((const uint64_t *)(e + w));
+        memcpy(out + w, &v, 8);
+    }
+}
+
+/* Checks the lease at ring position head: *k its entries (copied into out), *ready whether
+ * it may be forwarded now; -1 if the entries are not a current lease of this pool (the
+ * caller drops *k of them: one if they are not even well formed). */
+static int look_at(ferry__remote_server *s, conn *c, ferry__ring *ring, uint32_t head,
+                   uint32_t queued, uint8_t *out, uint32_t *k, int *ready, uint64_t *offset,
+                   uint64_t *length)
+{
+    uint32_t depth = s->cfg.ring_depth;
+    ferry_descriptor d0, d;
+    *k = 1;
+    entry_copy(ring, depth, head, out);
+    if (ferry_descriptor_decode(out, FERRY_DESCRIPTOR_SIZE, &d0) != FERRY_OK ||
+        memcmp(d0.pool_id, s->cfg.pool_id, 16) != 0 || d0.slot >= s->cfg.max_inflight ||
+        (d0.flags & FERRY_DESC_FLAG_POOL_ONLY))
+        return -1;
+    uint32_t parts = d0.part_count ? d0.part_count : 1;
+    if (parts > queued || parts > depth || (d0.part_count && d0.part_index != 0))
+        return -1;
+    for (uint32_t i = 1; i < parts; i++) {
+        uint8_t *e = out + (size_t)i * FERRY_DESCRIPTOR_SIZE;
+        entry_copy(ring, depth, head + i, e);
+        if (ferry_descriptor_decode(e, FERRY_DESCRIPTOR_SIZE, &d) != FERRY_OK ||
+            memcmp(d.pool_id, d0.pool_id, 16) != 0 || d.slot != d0.slot ||
+            d.generation != d0.generation || d.part_count != d0.part_count || d.part_index != i)
+            return -1;
+    }
+    *k = parts;
+    return s->cfg.hooks.lease(s->cfg.hooks.user, d0.slot, d0.generation, c->rank, ready, offset,
+                              length) == FERRY_OK
+               ? 0
+               : -1;
+}
+
+/* Moves head from h to h + k (only this thread moves a remote rank's head; a stray write by
+ * another process makes the exchange fail, and the caller looks again). */
+static int advance(ferry__ring *ring, uint32_t h, uint32_t k)
+{
+    if (!ferry__cas_seqcst32(&ring->head, &h, h + k))
+        return 0;
+    if (ferry__load_seqcst32(&ring->senders))
+        ferry__futex_wake_all(&ring->head);
+    return 1;
+}
+
+/* Sends what the rank's ring holds, as far as the consumer's window and readiness allow. */
+static void forward(ferry__remote_server *s, conn *c)
+{
+    ferry__ring *ring = ring_of(s, c->rank);
+    uint32_t depth = s->cfg.ring_depth;
+    uint8_t *entries = malloc((size_t)depth * FERRY_DESCRIPTOR_SIZE);
+    c->not_ready = 0;
+    while (entries && !c->failed) {
+        uint32_t head = ferry__load_acquire32(&ring->head);
+        uint32_t tail = ferry__load_acquire32(&ring->tail);
+        if (head == tail) {
+            /* Ask senders to signal the notify fd, then look once more (Dekker with the
+             * sender's tail store and its exchange of armed). */
+            ferry__store_seqcst32(&ring->armed, 1);
+            if (ferry__load_seqcst32(&ring->tail) == head)
+                break;
+            continue;
+        }
+        if (tail - head > depth) { /* a stray write: what is queued is unknowable */
+            count_add(s, &s->counts.bad_messages, 1);
+            advance(ring, head, tail - head);
+            continue;
+        }
+        uint32_t k;
+        int ready = 0;
+        uint64_t off = 0, len = 0;
+        if (look_at(s, c, ring, head, tail - head, entries, &k, &ready, &off, &len) != 0) {
+            advance(ring, head, k); /* not a current lease of this pool: dropped */
+            continue;
+        }
+        if (!ready) {
+            c->not_ready = 1;
+            break;
+        }
+        if (depth - (c->sent - c->taken) < k)
+            break; /* the consumer's window is full: its TAKEN opens it again */
+        if (!advance(ring, head, k))
+            continue;
+        ferry__am m = {
+            .type = FERRY_AM_DESC, .conn_id = c->id, .token = c->token, .u.desc = {off, len}};
+        if (send_am(s, c, &m, entries, (size_t)k * FERRY_DESCRIPTOR_SIZE) != 0) {
+            c->failed = 1;
+            break;
+        }
+        c->sent += k;
+        count_add(s, &s->counts.forwarded, k);
+    }
+    free(entries);
+}
+
+/* ---- connections ------------------------------------------------------------------------------
+ */
+
+static void conn_free(conn *c)
+{
+    if (c->fd >= 0)
+        close(c->fd);
+    if (c->notify_fd >= 0)
+        close(c->notify_fd);
+    free(c->buf);
+    free(c);
+}
+
+static void unlink_conn(ferry__remote_server *s, conn *c)
+{
+    for (conn **pp = &s->conns; *pp; pp = &(*pp)->next)
+        if (*pp == c) {
+            *pp = c->next;
+            return;
+        }
+}
+
+/* A connection that is done: closed, its endpoint closed, its rank (if it held one) handed
+ * back to the pool as dead. tell_pool is 0 when the whole server stops. */
+static void drop_conn(ferry__remote_server *s, conn *c, int tell_pool)
+{
+    unlink_conn(s, c);
+    if (c->state == CONN_HELLO) {
+        s->pending--;
+    } else {
+        s->by_rank[c->rank] = NULL;
+        if (tell_pool) {
+            s->cfg.hooks.notify(s->cfg.hooks.user, c->rank, -1);
+            s->cfg.hooks.detach(s->cfg.hooks.user, c->rank, c->id);
+        }
+        close_ep(s, c->ep);
+        count_add(s, &s->counts.connected, -1);
+    }
+    conn_free(c);
+}
+
+static void refuse(ferry__remote_server *s, conn *c, int reason, ferry_status status, uint32_t rank,
+                   pid_t holder)
+{
+    uint8_t msg[FERRY_REFUSE_SIZE];
+    ferry__refuse r = {.status = (uint32_t)status, .rank = rank, .holder_pid = (uint32_t)holder};
+    if (ferry__refuse_encode(&r, msg, sizeof(msg)) == FERRY_OK)
+        write_all(c->fd, msg, sizeof(msg), ferry__now_ns() + 100000000ull);
+    count_refused(s, reason);
+}
+
+static ferry_status make_ep(ferry__remote_server *s, conn *c, const ferry__hello *h)
+{
+    ucp_ep_params_t ep = {
+        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER,
+        .address = (const ucp_address_t *)h->worker,
+        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+        .err_handler = {on_ep_error, c},
+    };
+    ucs_status_t rc = s->node.ucx->ucp_ep_create(s->node.worker, &ep, &c->ep);
+    if (rc != UCS_OK) {
+        c->ep = NULL;
+        return ferry__ucx_fail(s->node.ucx, "ucp_ep_create", rc);
+    }
+    return FERRY_OK;
+}
+
+static ferry_status send_welcome(ferry__remote_server *s, conn *c)
+{
+    const ferry__remote_config *cfg = &s->cfg;
+    ferry__welcome w = {
+        .conn_id = c->id,
+        .producer_pid = (uint32_t)getpid(),
+        .token = c->token,
+        .timeout_ms = (uint32_t)(cfg->timeout_ns / 1000000ull),
+        .ring_depth = cfg->ring_depth,
+        .flags = cfg->welcome_flags,
+        .gen_offset = cfg->gen_offset,
+        .extent_offset = cfg->extent_offset,
+        .control_offset = cfg->control_offset,
+        .data_offset = cfg->data_offset,
+        .worker_len = (uint32_t)s->node.address_len,
+        .worker = (const uint8_t *)s->node.address,
+    };
+    for (int i = 0; i < 2; i++) {
+        w.region_addr[i] = (uint64_t)(uintptr_t)cfg->region[i].base;
+        w.region_size[i] = cfg->region[i].size;
+        w.rkey_len[i] = (uint32_t)s->rkey_len[i];
+        w.rkey[i] = s->rkey[i];
+    }
+    memcpy(w.pool, cfg->pool_desc, FERRY_DESCRIPTOR_SIZE);
+    size_t n = ferry__welcome_size(&w);
+    uint8_t *msg = n ? malloc(n) : NULL;
+    ferry_status st = msg ? ferry__welcome_encode(&w, msg, n)
+                          : ferry__fail(FERRY_NO_MEMORY, "%s: no memory for a welcome", s->label);
+    if (st == FERRY_OK && write_all(c->fd, msg, n, ferry__now_ns() + SERVER_HELLO_NS) != 0)
+        st = ferry__fail_errno(FERRY_SYSTEM, errno, "%s: sending the welcome failed", s->label);
+    free(msg);
+    return st;
+}
+
+/* Gives the admitted rank a notify eventfd: the pool signals it when the ring gets entries. */
+static ferry_status make_notify(ferry__remote_server *s, conn *c)
+{
+    int fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    int dup = fd < 0 ? -1 : fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (dup < 0 ||
+        epoll_add(s->epoll_fd, fd, ((uint64_t)c->rank << 1) | TAG_NOTIFY_BIT, EPOLLIN) != 0) {
+        int err = errno;
+        if (fd >= 0)
+            close(fd);
+        if (dup >= 0)
+            close(dup);
+        return ferry__fail_errno(FERRY_SYSTEM, err, "%s: a notify fd for rank %u", s->label,
+                                 c->rank);
+    }
+    c->notify_fd = fd;
+    s->cfg.hooks.notify(s->cfg.hooks.user, c->rank, dup); /* the pool owns dup from here */
+    return FERRY_OK;
+}
+
+/* A whole HELLO arrived: admit or refuse. 0 if the connection stays (admitted). */
+static int on_hello(ferry__remote_server *s, conn *c)
+{
+    ferry__hello h;
+    pid_t holder = 0;
+    if (ferry__hello_decode(c->buf, c->have, &h) != FERRY_OK) {
+        count_refused(s, FERRY_REMOTE_REFUSED_MALFORMED);
+        return -1;
+    }
+    int foreign = ferry__secret_differs(h.pool_id, s->cfg.pool_id, 16);
+    if (ferry__secret_differs(h.secret, s->secret, 16) | foreign) {
+        refuse(s, c, FERRY_REMOTE_REFUSED_SECRET, FERRY_PERMISSION, 0, 0);
+        return -1;
+    }
+    if (h.rank >= s->cfg.consumers || s->by_rank[h.rank]) {
+        refuse(s, c, FERRY_REMOTE_REFUSED_RANK,
+               h.rank >= s->cfg.consumers ? FERRY_INVALID_ARGUMENT : FERRY_RANK_IN_USE, h.rank, 0);
+        return -1;
+    }
+    c->id = h.rank | (++s->next_id << 16);
+    c->rank = h.rank;
+    c->pid = (pid_t)h.pid;
+    memcpy(c->host, h.host, sizeof(c->host));
+    ferry_status st = ferry__random_bytes(&c->token, sizeof(c->token)) == 0
+                          ? make_ep(s, c, &h)
+                          : ferry__fail_errno(FERRY_SYSTEM, errno, "getrandom failed");
+    if (st != FERRY_OK) {
+        refuse(s, c, FERRY_REMOTE_REFUSED_ERROR, st, h.rank, 0);
+        return -1;
+    }
+    st = s->cfg.hooks.attach(s->cfg.hooks.user, h.rank, c->id, c->pid, c->host, &holder);
+    if (st != FERRY_OK) {
+        refuse(s, c,
+               st == FERRY_RANK_IN_USE ? FERRY_REMOTE_REFUSED_RANK : FERRY_REMOTE_REFUSED_ERROR, st,
+               h.rank, holder);
+        close_ep(s, c->ep);
+        c->ep = NULL;
+        return -1;
+    }
+    /* From here the rank is the connection's: a failure hands it back as dead. */
+    s->pending--;
+    c->state = CONN_ADMITTED;
+    s->by_rank[c->rank] = c;
+    free(c->buf);
+    c->buf = NULL;
+    count_add(s, &s->counts.admitted, 1);
+    count_add(s, &s->counts.connected, 1);
+    if (make_notify(s, c) != FERRY_OK || send_welcome(s, c) != FERRY_OK) {
+        ferry__log(FERRY_LOG_WARN, "%s; rank %u is released", ferry_last_error(), c->rank);
+        return 1;
+    }
+    set_keepalive(c->fd, s->cfg.timeout_ns);
+    forward(s, c);
+    return 0;
+}
+
+/* Bytes arrived on a connection waiting for its HELLO (or on an admitted one: EOF, an error,
+ * or a byte it should not have sent). */
+static void on_readable(ferry__remote_server *s, conn *c)
+{
+    if (c->state == CONN_ADMITTED) {
+        uint8_t b;
+        ssize_t n = recv(c->fd, &b, 1, MSG_DONTWAIT);
+        if (n < 0 && (errno == EAGAIN || errno == EINTR))
+            return;
+        if (n > 0)
+            count_add(s, &s->counts.bad_messages, 1);
+        drop_conn(s, c, 1); /* gone (EOF, reset, keepalive timeout) or talking out of turn */
+        return;
+    }
+    size_t want = c->have < FERRY_REMOTE_HEADER ? FERRY_REMOTE_HEADER : 0;
+    if (!want) {
+        uint32_t type, size;
+        if (ferry__remote_peek(c->buf, c->have, &type, &size) != FERRY_OK ||
+            type != FERRY_REMOTE_HELLO) {
+            count_refused(s, FERRY_REMOTE_REFUSED_MALFORMED);
+            drop_conn(s, c, 0);
+            return;
+        }
+        want = size;
+    }
+    ssize_t n = recv(c->fd, c->buf + c->have, want - c->have, MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR))
+        return;
+    if (n <= 0) {
+        count_refused(s, FERRY_REMOTE_REFUSED_MALFORMED); /* closed before a whole HELLO */
+        drop_conn(s, c, 0);
+        return;
+    }
+    c->have += (size_t)n;
+    if (c->have == FERRY_REMOTE_HEADER || c->have < want)
+        return;
+    int rc = on_hello(s, c);
+    if (rc != 0)
+        drop_conn(s, c, rc > 0);
+}
+
+static void on_accept(ferry__remote_server *s)
+{
+    for (;;) {
+        int fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0)
+            return; /* EAGAIN, or EMFILE: the connection waits in the backlog */
+        conn *c = s->pending < SERVER_MAX_PENDING ? calloc(1, sizeof(*c)) : NULL;
+        uint8_t *buf = c ? malloc(FERRY_REMOTE_MAX_MESSAGE) : NULL;
+        if (!buf || epoll_add(s->epoll_fd, fd, (uint64_t)(uintptr_t)c, EPOLLIN | EPOLLRDHUP)) {
+            count_refused(s, c ? FERRY_REMOTE_REFUSED_ERROR : FERRY_REMOTE_REFUSED_FLOOD);
+            close(fd);
+            free(buf);
+            free(c);
+            continue;
+        }
+        c->fd = fd;
+        c->notify_fd = -1;
+        c->buf = buf;
+        c->state = CONN_HELLO;
+        c->deadline = ferry__now_ns() + SERVER_HELLO_NS;
+        c->next = s->conns;
+        s->conns = c;
+        s->pending++;
+    }
+}
+
+/* ---- the thread ---------------------------------------------------------------------------------
+ */
+
+/* Drops silent and failed connections; returns how long the loop may sleep (ms, -1: until an
+ * event). */
+static int sweep(ferry__remote_server *s)
+{
+    uint64_t now = ferry__now_ns(), next = UINT64_MAX;
+    conn *c = s->conns;
+    while (c) {
+        conn *n = c->next;
+        if (c->state == CONN_HELLO && now >= c->deadline) {
+            count_refused(s, FERRY_REMOTE_REFUSED_SILENT);
+            drop_conn(s, c, 0);
+        } else if (c->state == CONN_ADMITTED && c->failed) {
+            drop_conn(s, c, 1);
+        } else {
+            if (c->state == CONN_HELLO && c->deadline < next)
+                next = c->deadline;
+            if (c->state == CONN_ADMITTED && c->not_ready)
+                forward(s, c);
+            if (c->state == CONN_ADMITTED && c->not_ready && now + SERVER_READY_POLL_NS < next)
+                next = now + SERVER_READY_POLL_NS;
+        }
+        c = n;
+    }
+    /* Sends in flight may need the worker to push them out (a full socket). */
+    if (__atomic_load_n(&s->inflight, __ATOMIC_RELAXED) && now + 1000000ull < next)
+        next = now + 1000000ull;
+    if (next == UINT64_MAX)
+        return -1;
+    return next <= now ? 0 : (int)((next - now + 999999ull) / 1000000ull);
+}
+
+static void on_event(ferry__remote_server *s, uint64_t tag)
+{
+    if (tag == TAG_LISTEN) {
+        on_accept(s);
+    } else if (tag == TAG_WAKE) {
+        uint64_t v;
+        while (read(s->wake_fd, &v, sizeof(v)) > 0) {
+        }
+    } else if (tag == TAG_UCX) {
+        /* drained below, every round */
+    } else if (tag & TAG_NOTIFY_BIT) {
+        conn *c = s->by_rank[tag >> 1];
+        uint64_t v;
+        if (c) {
+            while (read(c->notify_fd, &v, sizeof(v)) > 0) {
+            }
+            forward(s, c);
+        }
+    } else {
+        on_readable(s, (conn *)(uintptr_t)tag);
+    }
+}
+
+static void *server_main(void *arg)
+{
+    ferry__remote_server *s = arg;
+    const ferry__cuda *cuda;
+    /* Emulated gets of GPU memory are served here: the pool's device context is current. */
+    if (s->cfg.device >= 0 && ferry__cuda_get(&cuda) == FERRY_OK)
+        ferry__cuda_use_device(cuda, s->cfg.device);
+    struct epoll_event ev[32];
+    while (!__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE)) {
+        /* Active messages (acknowledgements, TAKEN opening windows) and endpoint failures
+         * first, then what they made possible; the worker is armed last, so that anything
+         * arriving after this round wakes the epoll. */
+        while (s->node.ucx->ucp_worker_progress(s->node.worker)) {
+        }
+        for (uint32_t r = 0; r < s->cfg.consumers; r++)
+            if (s->by_rank[r] && !s->by_rank[r]->failed)
+                forward(s, s->by_rank[r]);
+        int timeout = sweep(s);
+        if (s->node.ucx->ucp_worker_arm(s->node.worker) == UCS_ERR_BUSY)
+            continue;
+        int n = epoll_wait(s->epoll_fd, ev, 32, timeout);
+        for (int i = 0; i < n; i++)
+            on_event(s, ev[i].data.u64);
+    }
+    while (s->conns)
+        drop_conn(s, s->conns, 0);
+    return NULL;
+}
+
+/* ---- start and stop
+ * ------------------------------------------------------------------------------ */
+
+static ferry_status open_fds(ferry__remote_server *s, const char *host, const char *port)
+{
+    ferry_status st = bind_listener(host, port, &s->listen_fd);
+    if (st != FERRY_OK)
+        return st;
+    s->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+    s->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (s->epoll_fd < 0 || s->wake_fd < 0 ||
+        epoll_add(s->epoll_fd, s->listen_fd, TAG_LISTEN, EPOLLIN) != 0 ||
+        epoll_add(s->epoll_fd, s->wake_fd, TAG_WAKE, EPOLLIN) != 0 ||
+        epoll_add(s->epoll_fd, s->node.efd, TAG_UCX, EPOLLIN) != 0)
+        return ferry__fail_errno(FERRY_SYSTEM, errno, "%s: the remote server's event loop",
+                                 s->label);
+    return FERRY_OK;
+}
+
+static ferry_status set_am_handler(ferry__remote_server *s)
+{
+    ucp_am_handler_param_t hp = {
+        .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                      UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG,
+        .id = FERRY_AM_ID,
+        .flags = UCP_AM_FLAG_WHOLE_MSG,
+        .cb = on_am,
+        .arg = s,
+    };
+    ucs_status_t rc = s->node.ucx->ucp_worker_set_am_recv_handler(s->node.worker, &hp);
+    return rc == UCS_OK ? FERRY_OK
+                        : ferry__ucx_fail(s->node.ucx, "ucp_worker_set_am_recv_handler", rc);
+}
+
+static void release(ferry__remote_server *s)
+{
+    if (s->node.ucx)
+        unmap_regions(s);
+    ferry__ucx_node_close(&s->node);
+    if (s->listen_fd >= 0)
+        close(s->listen_fd);
+    if (s->epoll_fd >= 0)
+        close(s->epoll_fd);
+    if (s->wake_fd >= 0)
+        close(s->wake_fd);
+    pthread_mutex_destroy(&s->lock);
+    free(s->by_rank);
+    free(s);
+}
+
+static ferry_status start_steps(ferry__remote_server *s)
+{
+    char host[256], port[16];
+    ferry_status st = split_listen(s->cfg.listen, host, sizeof(host), port, sizeof(port));
+    if (st == FERRY_OK && ferry__random_bytes(s->secret, sizeof(s->secret)) != 0)
+        st = ferry__fail_errno(FERRY_SYSTEM, errno, "getrandom failed");
+    if (st == FERRY_OK)
+        st = ferry__ucx_node_open(&s->node, "ferry-producer");
+    if (st == FERRY_OK && s->cfg.device >= 0) {
+        const ferry__cuda *cuda;
+        st = ferry__cuda_get(&cuda);
+        if (st == FERRY_OK)
+            st = ferry__cuda_use_device(cuda, s->cfg.device);
+    }
+    for (int i = 0; i < 2 && st == FERRY_OK; i++)
+        if (s->cfg.region[i].size)
+            st = map_region(s, i);
+    if (st == FERRY_OK)
+        st = set_am_handler(s);
+    if (st == FERRY_OK)
+        st = open_fds(s, host, port);
+    if (st == FERRY_OK)
+        make_address(s, host);
+    return st;
+}
+
+ferry_status ferry__remote_start(const ferry__remote_config *config, ferry__remote_server **out)
+{
+    ferry__remote_server *s = calloc(1, sizeof(*s));
+    if (!s)
+        return ferry__fail(FERRY_NO_MEMORY, "out of memory for the remote server");
+    s->cfg = *config;
+    s->cfg.listen = NULL;
+    s->listen_fd = s->epoll_fd = s->wake_fd = -1;
+    s->owner = ferry__proc_self();
+    snprintf(s->label, sizeof(s->label), "%s", config->label);
+    pthread_mutex_init(&s->lock, NULL);
+    s->cfg.listen = config->listen;
+    s->by_rank = calloc(config->consumers, sizeof(*s->by_rank));
+    ferry_status st = s->by_rank
+                          ? start_steps(s)
+                          : ferry__fail(FERRY_NO_MEMORY, "out of memory for the remote server");
+    s->cfg.listen = NULL; /* the caller's string is not kept */
+    if (st == FERRY_OK) {
+        int err = pthread_create(&s->thread, NULL, server_main, s);
+        if (err)
+            st = ferry__fail_errno(FERRY_SYSTEM, err, "%s: starting the remote server failed",
+                                   s->label);
+    }
+    if (st != FERRY_OK) {
+        release(s);
+        return st;
+    }
+    s->running = 1;
+    *out = s;
+    return FERRY_OK;
+}
+
+void ferry__remote_stop(ferry__remote_server *s)
+{
+    if (!s)
+        return;
+    if (s->owner != ferry__proc_self()) {
+        ferry__remote_forget(s);
+        return;
+    }
+    __atomic_store_n(&s->stop, 1, __ATOMIC_RELEASE);
+    uint64_t one = 1;
+    if (write(s->wake_fd, &one, sizeof(one)) < 0) {
+        /* the eventfd cannot be full: the thread reads it every round */
+    }
+    if (s->running)
+        pthread_join(s->thread, NULL);
+    release(s);
+}
+
+void ferry__remote_forget(ferry__remote_server *s)
+{
+    if (!s)
+        return;
+    for (conn *c = s->conns; c;) {
+        conn *n = c->next;
+        conn_free(c);
+        c = n;
+    }
+    if (s->listen_fd >= 0)
+        close(s->listen_fd);
+    if (s->epoll_fd >= 0)
+        close(s->epoll_fd);
+    if (s->wake_fd >= 0)
+        close(s->wake_fd);
+    free(s->by_rank);
+    free(s);
+}
+
+const char *ferry__remote_server_address(const ferry__remote_server *s)
+{
+    return s->address;
+}
+
+void ferry__remote_server_counts(ferry__remote_server *s, ferry__remote_counts *counts)
+{
+    pthread_mutex_lock(&s->lock);
+    *counts = s->counts;
+    pthread_mutex_unlock(&s->lock);
+}
