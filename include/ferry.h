@@ -452,7 +452,7 @@ FERRY_API ferry_status ferry_pool_send(ferry_pool *pool, const ferry_tensor *ten
                                        const ferry_ranks *ranks, void *stream, uint64_t timeout_ns,
                                        ferry_descriptor *descs);
 
-#define FERRY_POOL_STATS_VERSION 3
+#define FERRY_POOL_STATS_VERSION 4
 
 typedef struct ferry_pool_stats {
     uint32_t struct_size;        /* set by the caller: sizeof(ferry_pool_stats) */
@@ -476,6 +476,15 @@ typedef struct ferry_pool_stats {
     /* version 3 */
     uint64_t pool_full_waits;    /* publishes that found the pool full and waited (timeout > 0) */
     uint64_t pool_full_timeouts; /* publishes that waited for space and gave up with POOL_FULL */
+    /* version 4: consumers on other hosts (cfg.listen) */
+    uint64_t remote_connected;    /* ranks held by remote consumers now */
+    uint64_t remote_admitted;     /* remote consumers admitted so far */
+    uint64_t remote_refused;      /* remote connections refused: junk, wrong secret, rank in
+                                   * use, silent, too many at once (metrics give the reasons) */
+    uint64_t remote_emulated;     /* remote consumers admitted whose reads are emulated over
+                                   * active messages (tcp; logged once per pool) */
+    uint64_t remote_forwarded;    /* descriptors sent to remote consumers */
+    uint64_t remote_bad_messages; /* active messages dropped as malformed, forged or stale */
 } ferry_pool_stats;
 
 /* Fills *stats (whose struct_size and version the caller sets). */

@@ -10,6 +10,7 @@
 #include "common/error.h"
 #include "driver/driver.h"
 #include "pool/pool.h"
+#include "remote/remote.h"
 
 /* Text written into the caller's buffer as far as it goes, and counted in full. */
 typedef struct text {
@@ -75,6 +76,14 @@ static const pool_metric pool_metrics[] = {
     GAUGE_("high_water_leases", high_water_leases, "Most leases in flight at once so far."),
     GAUGE_("consumers_attached", consumers_attached, "Ranks that attached at least once."),
     GAUGE_("consumers_alive", consumers_alive, "Attached ranks whose process is alive."),
+    GAUGE_("remote_connected", remote_connected, "Ranks held by consumers on other hosts now."),
+    COUNTER_("remote_admitted_total", remote_admitted, "Remote consumers admitted so far."),
+    GAUGE_("remote_emulated", remote_emulated,
+           "Remote consumers admitted whose reads are emulated over active messages (tcp)."),
+    COUNTER_("remote_forwarded_total", remote_forwarded,
+             "Descriptors sent to consumers on other hosts."),
+    COUNTER_("remote_bad_messages_total", remote_bad_messages,
+             "Active messages from remote consumers dropped as malformed, forged or stale."),
 };
 #undef COUNTER_
 #undef GAUGE_
@@ -182,6 +191,12 @@ static void render(text *t, const ferry__pool_snapshot *snap, const char *labels
         text_add(t, "ferry_%s{%s%s%s} %llu\n", m->name, base, sep, labels,
                  (unsigned long long)value);
     }
+    family_head(t, "remote_refused_total", "counter",
+                "Remote connections refused, by reason (malformed, secret, rank, silent, flood, "
+                "error).");
+    for (int r = 0; r < FERRY_REMOTE_REFUSED_REASONS; r++)
+        text_add(t, "ferry_remote_refused_total{%s%s%s,reason=\"%s\"} %llu\n", base, sep, labels,
+                 ferry__remote_refused_names[r], (unsigned long long)snap->refused_by[r]);
     for (size_t i = 0; i < sizeof(rank_metrics) / sizeof(rank_metrics[0]); i++) {
         const rank_metric *m = &rank_metrics[i];
         family_head(t, m->name, "gauge", m->help);

@@ -261,7 +261,7 @@ void ferry_pool_close(ferry_pool *pool)
     /* every consumer that might sleep on a ready word sees it */
     ferry__shm_ready_wake_all(&pool->mem.shm, pool->mem.control, pool->max_inflight,
                               pool->row_words);
-    ferry__channel_wake(pool); /* receivers, and their poll fds, see it */
+    ferry__channel_wake(pool);        /* receivers, and their poll fds, see it */
     ferry__remote_stop(pool->remote); /* remote consumers see their connections end */
     pool->remote = NULL;
     ferry__reclaimer_stop(pool);
@@ -1016,6 +1016,8 @@ static size_t stats_size(uint32_t version)
         return offsetof(ferry_pool_stats, too_large);
     case 2:
         return offsetof(ferry_pool_stats, pool_full_waits);
+    case 3:
+        return offsetof(ferry_pool_stats, remote_connected);
     case FERRY_POOL_STATS_VERSION:
         return sizeof(ferry_pool_stats);
     default:
@@ -1034,6 +1036,16 @@ static void stats_fill_locked(ferry_pool *pool, ferry_pool_stats *s)
     s->leases_in_flight = pool->inflight_count;
     s->broker_refused = ferry__broker_refused(pool->broker);
     ferry__ranks_count_locked(pool, &s->consumers_attached, &s->consumers_alive);
+    if (pool->remote) {
+        ferry__remote_counts rc;
+        ferry__remote_server_counts(pool->remote, &rc);
+        s->remote_connected = rc.connected;
+        s->remote_admitted = rc.admitted;
+        s->remote_refused = rc.refused;
+        s->remote_emulated = rc.emulated;
+        s->remote_forwarded = rc.forwarded;
+        s->remote_bad_messages = rc.bad_messages;
+    }
 }
 
 ferry_status ferry_pool_stats_get(ferry_pool *pool, ferry_pool_stats *stats)
@@ -1131,6 +1143,13 @@ ferry_status ferry__pool_snapshot_take(ferry_pool *pool, ferry__pool_snapshot *s
         return closing_error(pool);
     }
     stats_fill_locked(pool, &snap->stats);
+    memset(snap->refused_by, 0, sizeof(snap->refused_by));
+    snap->remote = pool->remote != NULL;
+    if (pool->remote) {
+        ferry__remote_counts rc;
+        ferry__remote_server_counts(pool->remote, &rc);
+        memcpy(snap->refused_by, rc.refused_by, sizeof(snap->refused_by));
+    }
     snap->stats.struct_size = sizeof(snap->stats);
     snap->stats.version = FERRY_POOL_STATS_VERSION;
     for (uint32_t r = 0; r < pool->consumers; r++)

@@ -23,6 +23,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "broker/broker.h"
@@ -222,6 +223,11 @@ static ferry_status refused(ferry__remote_client *cl, const ferry__refuse *r)
     case FERRY_INVALID_ARGUMENT:
         return ferry__fail(FERRY_INVALID_ARGUMENT, "rank %u is not a rank of the remote pool %.80s",
                            r->rank, cl->address);
+    case FERRY_TIMEOUT:
+        return ferry__fail(FERRY_TIMEOUT,
+                           "remote pool %.80s refused the connection: too many connections are "
+                           "waiting to be admitted",
+                           cl->address);
     default:
         return ferry__fail((ferry_status)r->status, "remote pool %.80s refused rank %u: %s",
                            cl->address, r->rank, ferry_status_str((ferry_status)r->status));
@@ -592,6 +598,27 @@ void ferry__remote_forget_client(ferry__remote_client *cl)
     client_free(cl); /* the child's copies of the fds and the heap; UCX is the parent's */
 }
 
+/* Dials, says hello and hears the answer; a producer too busy to listen (TIMEOUT: too many
+ * connections waiting for their hello) is asked again until the deadline. */
+static ferry_status bootstrap(ferry__remote_client *cl, const ferry__remote_address *a,
+                              uint64_t deadline, uint8_t *buf, ferry__welcome *w)
+{
+    for (;;) {
+        ferry_status st = dial(a, deadline, &cl->sock);
+        if (st == FERRY_OK)
+            st = say_hello(cl, a, deadline);
+        if (st == FERRY_OK)
+            st = hear_answer(cl, buf, deadline, w);
+        if (st != FERRY_TIMEOUT || left_of(deadline) < 20000000ull ||
+            !strstr(ferry_last_error(), "refused"))
+            return st;
+        close(cl->sock);
+        cl->sock = -1;
+        struct timespec ts = {0, 10000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
 static ferry_status connect_steps(ferry__remote_client *cl, const ferry__remote_address *a,
                                   uint64_t deadline)
 {
@@ -602,11 +629,7 @@ static ferry_status connect_steps(ferry__remote_client *cl, const ferry__remote_
     if (st == FERRY_OK)
         st = set_handler(cl);
     if (st == FERRY_OK)
-        st = dial(a, deadline, &cl->sock);
-    if (st == FERRY_OK)
-        st = say_hello(cl, a, deadline);
-    if (st == FERRY_OK)
-        st = hear_answer(cl, buf, deadline, &w);
+        st = bootstrap(cl, a, deadline, buf, &w);
     if (st == FERRY_OK)
         st = take_layout(cl, a, &w);
     if (st == FERRY_OK)

@@ -772,18 +772,10 @@ static void on_readable(ferry__remote_server *s, conn *c)
         drop_conn(s, c, 1); /* gone (EOF, reset, keepalive timeout) or talking out of turn */
         return;
     }
-    size_t want = c->have < FERRY_REMOTE_HEADER ? FERRY_REMOTE_HEADER : 0;
-    if (!want) {
-        uint32_t type, size;
-        if (ferry__remote_peek(c->buf, c->have, &type, &size) != FERRY_OK ||
-            type != FERRY_REMOTE_HELLO) {
-            count_refused(s, FERRY_REMOTE_REFUSED_MALFORMED);
-            drop_conn(s, c, 0);
-            return;
-        }
-        want = size;
-    }
-    ssize_t n = recv(c->fd, c->buf + c->have, want - c->have, MSG_DONTWAIT);
+    uint32_t type = 0, size = FERRY_REMOTE_HEADER;
+    if (c->have >= FERRY_REMOTE_HEADER)
+        ferry__remote_peek(c->buf, c->have, &type, &size); /* checked when the header came */
+    ssize_t n = recv(c->fd, c->buf + c->have, size - c->have, MSG_DONTWAIT);
     if (n < 0 && (errno == EAGAIN || errno == EINTR))
         return;
     if (n <= 0) {
@@ -792,11 +784,34 @@ static void on_readable(ferry__remote_server *s, conn *c)
         return;
     }
     c->have += (size_t)n;
-    if (c->have == FERRY_REMOTE_HEADER || c->have < want)
+    if (c->have < FERRY_REMOTE_HEADER)
+        return;
+    /* The header is judged the moment it is whole: a bad one is not waited on. */
+    if (ferry__remote_peek(c->buf, c->have, &type, &size) != FERRY_OK ||
+        type != FERRY_REMOTE_HELLO) {
+        count_refused(s, FERRY_REMOTE_REFUSED_MALFORMED);
+        drop_conn(s, c, 0);
+        return;
+    }
+    if (c->have < size)
         return;
     int rc = on_hello(s, c);
     if (rc != 0)
         drop_conn(s, c, rc > 0);
+}
+
+/* Too many connections are waiting for their HELLO: this one is told to come back (a real
+ * consumer asks again until its deadline; the silent ones make room at theirs). */
+static void refuse_busy(ferry__remote_server *s, int fd)
+{
+    uint8_t msg[FERRY_REFUSE_SIZE];
+    ferry__refuse r = {.status = FERRY_TIMEOUT, .rank = 0, .holder_pid = 0};
+    if (ferry__refuse_encode(&r, msg, sizeof(msg)) == FERRY_OK &&
+        send(fd, msg, sizeof(msg), MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
+        /* a peer that cannot take 32 bytes now does not get them */
+    }
+    close(fd);
+    count_refused(s, FERRY_REMOTE_REFUSED_FLOOD);
 }
 
 static void on_accept(ferry__remote_server *s)
@@ -805,10 +820,14 @@ static void on_accept(ferry__remote_server *s)
         int fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0)
             return; /* EAGAIN, or EMFILE: the connection waits in the backlog */
-        conn *c = s->pending < SERVER_MAX_PENDING ? calloc(1, sizeof(*c)) : NULL;
+        if (s->pending >= SERVER_MAX_PENDING) {
+            refuse_busy(s, fd);
+            continue;
+        }
+        conn *c = calloc(1, sizeof(*c));
         uint8_t *buf = c ? malloc(FERRY_REMOTE_MAX_MESSAGE) : NULL;
         if (!buf || epoll_add(s->epoll_fd, fd, (uint64_t)(uintptr_t)c, EPOLLIN | EPOLLRDHUP)) {
-            count_refused(s, c ? FERRY_REMOTE_REFUSED_ERROR : FERRY_REMOTE_REFUSED_FLOOD);
+            count_refused(s, FERRY_REMOTE_REFUSED_ERROR);
             close(fd);
             free(buf);
             free(c);

@@ -1,0 +1,877 @@
+/* Remote consumers over UCX, with real processes in real network namespaces: the producer
+ * (this process) in one, consumers in another, joined by a veth pair that the test makes and
+ * removes (as root; on loopback where namespaces cannot be made). UCX over tcp, as CI has it.
+ * Skips (77) where UCX cannot be loaded. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ferry.h"
+#include "helpers.h"
+#include "procs.h"
+#include "remote/remote.h"
+#include "remote/ucx.h"
+#include "wire/remote.h"
+
+#define MS       1000000ull
+#define END_SEED 0xe11du
+
+/* ---- the network: two namespaces and a veth pair, or loopback ------------------------- */
+
+static struct {
+    int netns;       /* 1: namespaces made; 0: loopback */
+    char ns[2][32];  /* producer's, consumers' */
+    char dev[2][16]; /* their veth ends */
+    char ip[2][32];  /* their addresses */
+} net;
+
+static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+static int sh(const char *fmt, ...)
+{
+    char cmd[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof(cmd), fmt, ap);
+    va_end(ap);
+    int rc = system(cmd);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+/* Moves this process (single-threaded yet) into a namespace as `ip netns exec` does: its
+ * network, and a mount namespace of its own where /sys shows that network's devices (UCX
+ * lists them there). */
+static int join_netns(const char *name)
+{
+    char path[128];
+    snprintf(path, sizeof(path), "/var/run/netns/%s", name);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    int rc = setns(fd, CLONE_NEWNET);
+    close(fd);
+    if (rc == 0)
+        rc = unshare(CLONE_NEWNS);
+    if (rc == 0)
+        rc = mount(NULL, "/", NULL, MS_SLAVE | MS_REC, NULL);
+    if (rc == 0)
+        rc = umount2("/sys", MNT_DETACH);
+    if (rc == 0)
+        rc = mount(name, "/sys", "sysfs", 0, NULL);
+    return rc;
+}
+
+/* UCX's tcp transport over the test's own interface only (a namespace's loopback would look
+ * reachable from the other namespace, which shares the host's identity). */
+static void use_device(int side)
+{
+    setenv("UCX_TLS", "tcp", 0);
+    setenv("UCX_NET_DEVICES", net.netns ? net.dev[side] : "lo", 1);
+}
+
+static void net_down(void)
+{
+    if (!net.netns)
+        return;
+    sh("ip netns del %s 2>/dev/null", net.ns[0]);
+    sh("ip netns del %s 2>/dev/null", net.ns[1]);
+}
+
+/* Namespaces of test runs whose process is gone (a crashed run's). */
+static void remove_stale_namespaces(void)
+{
+    DIR *d = opendir("/var/run/netns");
+    for (struct dirent *e; d && (e = readdir(d));) {
+        int pid = 0;
+        if (sscanf(e->d_name, "fyrt-%d-", &pid) == 1 && kill(pid, 0) != 0 && errno == ESRCH)
+            sh("ip netns del %s 2>/dev/null", e->d_name);
+    }
+    if (d)
+        closedir(d);
+}
+
+static void net_up(void)
+{
+    int pid = (int)getpid(), x = pid % 250 + 1;
+    snprintf(net.ns[0], sizeof(net.ns[0]), "fyrt-%d-a", pid);
+    snprintf(net.ns[1], sizeof(net.ns[1]), "fyrt-%d-b", pid);
+    snprintf(net.dev[0], sizeof(net.dev[0]), "fya%d", pid);
+    snprintf(net.dev[1], sizeof(net.dev[1]), "fyb%d", pid);
+    snprintf(net.ip[0], sizeof(net.ip[0]), "10.231.%d.1", x);
+    snprintf(net.ip[1], sizeof(net.ip[1]), "10.231.%d.2", x);
+    if (getuid() != 0 || sh("command -v ip >/dev/null 2>&1") != 0) {
+        strcpy(net.ip[0], "127.0.0.1");
+        return;
+    }
+    remove_stale_namespaces();
+    net.netns = 1;
+    if (sh("ip netns add %s && ip netns add %s && ip link add %s type veth peer name %s && "
+           "ip link set %s netns %s && ip link set %s netns %s && "
+           "ip -n %s addr add %s/30 dev %s && ip -n %s addr add %s/30 dev %s && "
+           "ip -n %s link set %s up && ip -n %s link set %s up && "
+           "ip -n %s link set lo up && ip -n %s link set lo up",
+           net.ns[0], net.ns[1], net.dev[0], net.dev[1], net.dev[0], net.ns[0], net.dev[1],
+           net.ns[1], net.ns[0], net.ip[0], net.dev[0], net.ns[1], net.ip[1], net.dev[1], net.ns[0],
+           net.dev[0], net.ns[1], net.dev[1], net.ns[0], net.ns[1]) != 0 ||
+        join_netns(net.ns[0]) != 0) {
+        fprintf(stderr, "test_remote: no network namespaces here; on loopback\n");
+        net_down();
+        net.netns = 0;
+        strcpy(net.ip[0], "127.0.0.1");
+    }
+}
+
+/* Cuts or mends the link on one side. */
+static void link_set(int side, int up)
+{
+    assert_int_equal(sh("ip -n %s link set %s %s", net.ns[side], net.dev[side], up ? "up" : "down"),
+                     0);
+}
+
+/* Spawns a helper in the consumers' namespace (side 1) or the producer's (side 0). */
+static th_helper spawn_in(int side, const char *role, const char *a, const char *b)
+{
+    if (net.netns)
+        setenv("FERRY_TEST_NETNS", net.ns[side], 1);
+    setenv("FERRY_TEST_DEV", net.netns ? net.dev[side] : "lo", 1);
+    th_helper h = th_spawn_helper(role, a, b);
+    unsetenv("FERRY_TEST_NETNS");
+    unsetenv("FERRY_TEST_DEV");
+    return h;
+}
+
+/* ---- pools and items ------------------------------------------------------------------- */
+
+static ferry_pool *make_pool(uint32_t consumers, int64_t memory, int64_t timeout_us)
+{
+    char listen[64];
+    snprintf(listen, sizeof(listen), "%s:0", net.ip[0]);
+    ferry_pool_config c = FERRY_POOL_CONFIG_INIT;
+    c.backend = FERRY_BACKEND_HOST;
+    c.memory_size = memory;
+    c.consumer_count = consumers;
+    c.max_inflight_slices = 256;
+    c.channel_depth = 16;
+    c.listen = listen;
+    c.remote_timeout_us = timeout_us;
+    ferry_pool *pool = NULL;
+    if (ferry_pool_create(&c, &pool) != FERRY_OK)
+        fail_msg("pool: %s", ferry_last_error());
+    return pool;
+}
+
+static void remote_address_of(ferry_pool *pool, char *addr)
+{
+    assert_int_equal(ferry_pool_remote_address(pool, addr, FERRY_REMOTE_ADDRESS_SIZE), FERRY_OK);
+}
+
+static ferry_status send_stamped(ferry_pool *pool, size_t n, uint64_t seed,
+                                 const ferry_ranks *ranks, uint64_t timeout_ns)
+{
+    uint8_t *buf = malloc(n ? n : 1);
+    th_stamp(buf, n, seed);
+    ferry_tensor t = ferry_tensor_bytes(n);
+    const void *src = buf;
+    ferry_status st = ferry_pool_send(pool, &t, &src, 1, ranks, NULL, timeout_ns, NULL);
+    free(buf);
+    return st;
+}
+
+static void send_end(ferry_pool *pool, const ferry_ranks *ranks)
+{
+    if (send_stamped(pool, 64, END_SEED, ranks, 10000 * MS) != FERRY_OK)
+        fail_msg("send END: %s", ferry_last_error());
+}
+
+/* Spawns a consumer helper and waits until it has connected (or failed to). */
+static th_helper spawn_consumer(int side, const char *role, const char *addr, uint32_t rank,
+                                ferry_status want)
+{
+    char r[16];
+    snprintf(r, sizeof(r), "%u", rank);
+    th_helper h = spawn_in(side, role, addr, r);
+    th_msg m;
+    assert_int_equal(th_recv_msg(h.fd, &m, 10000), 0);
+    if (m.status != (uint32_t)want)
+        fail_msg("%s helper connected with %s, expected %s: %s", role,
+                 ferry_status_name((ferry_status)m.status), ferry_status_name(want), m.text);
+    return h;
+}
+
+static uint64_t ms_since(uint64_t t0)
+{
+    return (ferry_now_ns() - t0) / MS;
+}
+
+/* Waits up to ms for the pool to have no lease in flight; the time it took, or fails. */
+static uint64_t wait_settled(ferry_pool *pool, uint64_t ms)
+{
+    uint64_t t0 = ferry_now_ns();
+    for (;;) {
+        uint64_t reclaimed;
+        assert_int_equal(ferry_pool_reclaim(pool, &reclaimed), FERRY_OK);
+        if (th_stats(pool).leases_in_flight == 0)
+            return ms_since(t0);
+        if (ms_since(t0) > ms)
+            fail_msg("%llu leases still in flight after %llu ms",
+                     (unsigned long long)th_stats(pool).leases_in_flight, (unsigned long long)ms);
+        struct timespec ts = {0, 5 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* ---- helper processes ------------------------------------------------------------------ */
+
+/* "receiver ADDR RANK": connects, reports, then receives, reads (checking the stamp of every
+ * byte) and acknowledges every lease until END or the producer is gone; reports how many it
+ * verified. "hold ADDR RANK": receives (without acknowledging) until killed. "gone ADDR RANK":
+ * waits in recv and reports the status it ends with and how long it took after the RESULT
+ * request (an ITEM message from the test marks the start). */
+static int receiver_main(const char *role, const char *addr, uint32_t rank)
+{
+    ferry_consumer *c = NULL;
+    ferry_status st = ferry_consumer_connect(addr, rank, -1, &c);
+    th_report(st, 0);
+    if (st != FERRY_OK)
+        return 1;
+    uint64_t verified = 0;
+    size_t cap = 17u << 20;
+    uint8_t *buf = malloc(cap);
+    int hold = strcmp(role, "hold") == 0;
+    for (;;) {
+        ferry_descriptor d;
+        size_t k = 0;
+        st = ferry_consumer_recv(c, 30000 * MS, &d, 1, &k);
+        if (st == FERRY_PRODUCER_GONE && !hold)
+            break;
+        if (st != FERRY_OK)
+            break;
+        st = ferry_consumer_read(c, &d, buf, cap, 5000 * MS);
+        if (st != FERRY_OK)
+            break;
+        uint64_t seed = 0;
+        th_check_stamp(buf, d.length, 0, &seed);
+        if (!th_check_stamp(buf, d.length, seed, NULL)) {
+            th_report(FERRY_MISMATCH, verified);
+            return 1;
+        }
+        if (hold) {
+            verified++;
+            th_report(FERRY_OK, verified); /* one more held */
+            continue;
+        }
+        st = ferry_consumer_ack(c, &d);
+        if (st != FERRY_OK || seed == END_SEED)
+            break;
+        verified++;
+    }
+    th_report(st == FERRY_PRODUCER_GONE ? FERRY_OK : st, verified);
+    ferry_consumer_destroy(c);
+    free(buf);
+    return 0;
+}
+
+/* "gone ADDR RANK": connects, reports, then sits in recv; reports the status recv ended with
+ * and, in count, the milliseconds from the test's ITEM (sent when it killed or cut something)
+ * to that end. */
+static int gone_main(const char *addr, uint32_t rank)
+{
+    ferry_consumer *c = NULL;
+    ferry_status st = ferry_consumer_connect(addr, rank, -1, &c);
+    th_report(st, 0);
+    if (st != FERRY_OK)
+        return 1;
+    static uint8_t buf[1 << 16];
+    uint64_t start = 0;
+    for (;;) {
+        ferry_descriptor d;
+        size_t k;
+        th_msg go;
+        st = ferry_consumer_recv(c, 50 * MS, &d, 1, &k);
+        if (st == FERRY_OK) { /* what came before the cut or the kill is read and acknowledged */
+            st = ferry_consumer_read(c, &d, buf, sizeof(buf), 5000 * MS);
+            if (st == FERRY_OK)
+                st = ferry_consumer_ack(c, &d);
+        }
+        if (st != FERRY_OK && st != FERRY_TIMEOUT)
+            break;
+        if (!start && th_recv_msg(TH_CHANNEL_FD, &go, 0) == 0)
+            start = ferry_now_ns();
+    }
+    th_report(st, start ? ms_since(start) : 0);
+    ferry_consumer_destroy(c);
+    return 0;
+}
+
+/* "cycles ADDR N": connects and closes N times as rank 0; reports OK only if this process's
+ * fds, threads and memory after the cycles are what they were after the first ten. */
+static int count_fds(void)
+{
+    int n = 0;
+    DIR *d = opendir("/proc/self/fd");
+    for (struct dirent *e; d && (e = readdir(d));)
+        n += e->d_name[0] != '.';
+    if (d)
+        closedir(d);
+    return n;
+}
+
+static long status_field(const char *name)
+{
+    char line[256];
+    long v = -1;
+    FILE *f = fopen("/proc/self/status", "r");
+    while (f && fgets(line, sizeof(line), f))
+        if (strncmp(line, name, strlen(name)) == 0)
+            v = strtol(line + strlen(name), NULL, 10);
+    if (f)
+        fclose(f);
+    return v;
+}
+
+static int cycles_main(const char *addr, uint64_t n)
+{
+    int fds0 = 0;
+    long threads0 = 0, rss0 = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        ferry_consumer *c = NULL;
+        ferry_status st = ferry_consumer_connect(addr, 0, -1, &c);
+        if (st != FERRY_OK) {
+            th_report(st, i);
+            return 1;
+        }
+        ferry_consumer_destroy(c);
+        if (i == 9) { /* settled in: both sides count from here */
+            fds0 = count_fds();
+            threads0 = status_field("Threads:");
+            rss0 = status_field("VmRSS:");
+            th_msg m = {.type = TH_MSG_ITEM};
+            th_send_msg(TH_CHANNEL_FD, &m);
+            th_recv_msg(TH_CHANNEL_FD, &m, -1); /* the producer counted its own */
+        }
+    }
+    int fds = count_fds();
+    long threads = status_field("Threads:"), rss = status_field("VmRSS:");
+    char text[256];
+    snprintf(text, sizeof(text), "fds %d -> %d, threads %ld -> %ld, rss %ld -> %ld kB", fds0, fds,
+             threads0, threads, rss0, rss);
+    th_msg m = {.type = TH_MSG_RESULT, .seed = n};
+    m.status = fds == fds0 && threads == threads0 && rss - rss0 < 8192 ? FERRY_OK : FERRY_SYSTEM;
+    snprintf(m.text, sizeof(m.text), "%s", text);
+    th_send_msg(TH_CHANNEL_FD, &m);
+    return 0;
+}
+
+/* "producer LISTEN -": a pool of 2 ranks listening there; reports its remote address (in the
+ * text), sends one item to rank 1 whenever the test sends an ITEM, closes the pool when the
+ * test sends DONE (then reports again), and is otherwise killed. */
+static int producer_main(const char *ip)
+{
+    snprintf(net.ip[0], sizeof(net.ip[0]), "%s", ip);
+    ferry_pool *pool = make_pool(2, 16 << 20, 2000000);
+    th_msg m = {.type = TH_MSG_RESULT, .status = FERRY_OK};
+    remote_address_of(pool, m.text);
+    th_send_msg(TH_CHANNEL_FD, &m);
+    for (;;) {
+        th_msg in;
+        if (th_recv_msg(TH_CHANNEL_FD, &in, -1) != 0)
+            break;
+        if (in.type == TH_MSG_DONE) {
+            ferry_pool_destroy(pool);
+            th_report(FERRY_OK, 0);
+            pause();
+        }
+        ferry_ranks one = {NULL, 1, 1};
+        send_stamped(pool, 4096, in.seed, &one, 1000 * MS);
+    }
+    return 0;
+}
+
+static int helper_main(int argc, char **argv)
+{
+    const char *ns = getenv("FERRY_TEST_NETNS"), *dev = getenv("FERRY_TEST_DEV");
+    if (ns && join_netns(ns) != 0) {
+        th_report(FERRY_SYSTEM, 0);
+        return 3;
+    }
+    setenv("UCX_TLS", "tcp", 0);
+    if (dev)
+        setenv("UCX_NET_DEVICES", dev, 1);
+    if (argc < 5)
+        return 2;
+    if (strcmp(argv[2], "producer") == 0)
+        return producer_main(argv[3]);
+    if (strcmp(argv[2], "gone") == 0)
+        return gone_main(argv[3], (uint32_t)strtoul(argv[4], NULL, 10));
+    if (strcmp(argv[2], "cycles") == 0)
+        return cycles_main(argv[3], strtoull(argv[4], NULL, 10));
+    return receiver_main(argv[2], argv[3], (uint32_t)strtoul(argv[4], NULL, 10));
+}
+
+/* ---- tests ------------------------------------------------------------------------------- */
+
+/* Connect before and after the first send; a pool with a local and a remote rank: sends to a
+ * list, a range and every rank reach both, byte for byte, and every lease is recycled. */
+static void test_local_and_remote_ranks(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(3, 16 << 20, 5000000);
+    char raddr[FERRY_REMOTE_ADDRESS_SIZE], laddr[FERRY_ADDRESS_SIZE];
+    remote_address_of(pool, raddr);
+    assert_int_equal(ferry_pool_address(pool, laddr, sizeof(laddr)), FERRY_OK);
+    assert_int_equal(strncmp(raddr, "ferry+ucx://", 12), 0);
+    th_helper early = spawn_consumer(1, "receiver", raddr, 1, FERRY_OK);
+    th_helper local = spawn_consumer(0, "receiver", laddr, 0, FERRY_OK);
+    for (uint64_t i = 0; i < 3; i++) /* rank 2 is not connected yet: queued for it */
+        assert_int_equal(send_stamped(pool, 4096 + i, 100 + i, NULL, 5000 * MS), FERRY_OK);
+    th_helper late = spawn_consumer(1, "receiver", raddr, 2, FERRY_OK);
+    uint32_t list[] = {0, 2};
+    ferry_ranks to_list = {list, 0, 2}, to_range = {NULL, 1, 2};
+    assert_int_equal(send_stamped(pool, 5000, 200, &to_list, 5000 * MS), FERRY_OK);
+    assert_int_equal(send_stamped(pool, 6000, 201, &to_range, 5000 * MS), FERRY_OK);
+    assert_int_equal(th_stats(pool).remote_connected, 2);
+    send_end(pool, NULL);
+    th_assert_result(th_finish_helper(&local, 10000), 4);
+    th_assert_result(th_finish_helper(&early, 10000), 4);
+    th_assert_result(th_finish_helper(&late, 10000), 5);
+    wait_settled(pool, 5000);
+    ferry_pool_stats s = th_stats(pool);
+    assert_int_equal(s.remote_admitted, 2);
+    assert_true(s.remote_forwarded >= 9);
+    assert_int_equal(s.remote_refused, 0);
+    ferry_pool_destroy(pool);
+}
+
+/* Many hand-overs of 4 KiB to 16 MiB to a remote rank, every byte checked there. */
+static void test_many_hand_overs(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(1, 96 << 20, 5000000);
+    char addr[FERRY_REMOTE_ADDRESS_SIZE];
+    remote_address_of(pool, addr);
+    th_helper h = spawn_consumer(1, "receiver", addr, 0, FERRY_OK);
+    uint64_t n = th_scaled(10000, 300), big = 0;
+    uint64_t t0 = ferry_now_ns();
+    for (uint64_t i = 0; i < n; i++) {
+        /* Mostly small items, every 100th one of 1 to 16 MiB. */
+        size_t size = i % 100 == 99 ? (1u << 20) << (i / 100 % 5) : 4096u << (i % 5);
+        big += size >= (1u << 20);
+        if (send_stamped(pool, size, 1000 + i, NULL, 20000 * MS) != FERRY_OK)
+            fail_msg("send %llu: %s", (unsigned long long)i, ferry_last_error());
+    }
+    send_end(pool, NULL);
+    th_assert_result(th_finish_helper(&h, 60000), n);
+    fprintf(stderr, "test_remote: %llu hand-overs (%llu of 1-16 MiB) in %llu ms\n",
+            (unsigned long long)n, (unsigned long long)big, (unsigned long long)ms_since(t0));
+    wait_settled(pool, 5000);
+    ferry_pool_destroy(pool);
+}
+
+/* A remote rank killed with leases in flight: acknowledged for within 1 s, and its rank can be
+ * taken again by a new consumer, which gets what is sent from then on. */
+static void test_consumer_killed(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(1, 16 << 20, 5000000);
+    char addr[FERRY_REMOTE_ADDRESS_SIZE];
+    remote_address_of(pool, addr);
+    th_helper h = spawn_consumer(1, "hold", addr, 0, FERRY_OK);
+    for (uint64_t i = 0; i < 4; i++)
+        assert_int_equal(send_stamped(pool, 8192, 300 + i, NULL, 5000 * MS), FERRY_OK);
+    th_msg m;
+    for (int i = 0; i < 4; i++) /* it holds all four, read and not acknowledged */
+        assert_int_equal(th_recv_msg(h.fd, &m, 10000), 0);
+    assert_int_equal(th_stats(pool).leases_in_flight, 4);
+    kill(h.pid, SIGKILL);
+    uint64_t t0 = ferry_now_ns();
+    th_reap_helper(&h);
+    uint64_t took = wait_settled(pool, 1000);
+    fprintf(stderr, "test_remote: a killed remote consumer's leases settled in %llu ms\n",
+            (unsigned long long)(ms_since(t0)));
+    (void)took;
+    assert_true(th_stats(pool).acked_for_dead >= 4);
+    assert_int_equal(th_stats(pool).remote_connected, 0);
+    th_helper again = spawn_consumer(1, "receiver", addr, 0, FERRY_OK);
+    assert_int_equal(send_stamped(pool, 4096, 400, NULL, 5000 * MS), FERRY_OK);
+    send_end(pool, NULL);
+    th_assert_result(th_finish_helper(&again, 10000), 1);
+    wait_settled(pool, 5000);
+    ferry_pool_destroy(pool);
+}
+
+/* A rank held by a live remote consumer is refused to a second one, local or remote. */
+static void test_rank_in_use(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(1, 16 << 20, 5000000);
+    char raddr[FERRY_REMOTE_ADDRESS_SIZE], laddr[FERRY_ADDRESS_SIZE];
+    remote_address_of(pool, raddr);
+    assert_int_equal(ferry_pool_address(pool, laddr, sizeof(laddr)), FERRY_OK);
+    th_helper h = spawn_consumer(1, "hold", raddr, 0, FERRY_OK);
+    th_helper second = spawn_consumer(1, "hold", raddr, 0, FERRY_RANK_IN_USE);
+    th_reap_helper(&second);
+    ferry_consumer *c = NULL;
+    assert_int_equal(ferry_consumer_connect(laddr, 0, -1, &c), FERRY_RANK_IN_USE);
+    assert_non_null(strstr(ferry_last_error(), "is held by live process"));
+    kill(h.pid, SIGKILL);
+    th_reap_helper(&h);
+    assert_true(th_stats(pool).remote_refused >= 1);
+    ferry_pool_destroy(pool);
+}
+
+/* The producer killed, or closing the pool: a remote receiver gets PRODUCER_GONE within 1 s. */
+static void test_producer_gone(void **state)
+{
+    (void)state;
+    for (int closed = 0; closed < 2; closed++) {
+        th_helper prod = spawn_in(0, "producer", net.ip[0], "-");
+        th_msg m;
+        assert_int_equal(th_recv_msg(prod.fd, &m, 10000), 0);
+        assert_int_equal(m.status, FERRY_OK);
+        char addr[FERRY_REMOTE_ADDRESS_SIZE];
+        snprintf(addr, sizeof(addr), "%s", m.text);
+        th_helper cons = spawn_consumer(1, "gone", addr, 1, FERRY_OK);
+        th_send_type(cons.fd, TH_MSG_ITEM); /* the clock starts */
+        if (closed) {
+            th_send_type(prod.fd, TH_MSG_DONE);
+            assert_int_equal(th_recv_msg(prod.fd, &m, 10000), 0);
+        } else {
+            kill(prod.pid, SIGKILL);
+        }
+        th_msg r = th_finish_helper(&cons, 10000);
+        assert_int_equal(r.status, FERRY_PRODUCER_GONE);
+        fprintf(stderr, "test_remote: producer %s: PRODUCER_GONE after %llu ms\n",
+                closed ? "closed" : "killed", (unsigned long long)r.seed);
+        assert_true(r.seed < 1000);
+        kill(prod.pid, SIGKILL);
+        th_reap_helper(&prod);
+    }
+}
+
+/* The link cut on the consumers' side, then on the producer's: the producer releases the
+ * silent rank, and the consumer gets PRODUCER_GONE, within the keepalive bound (2 s here). */
+static void test_link_cut(void **state)
+{
+    (void)state;
+    if (!net.netns)
+        skip(); /* loopback cannot be cut */
+    for (int side = 1; side >= 0; side--) {
+        ferry_pool *pool = make_pool(1, 16 << 20, 2000000);
+        char addr[FERRY_REMOTE_ADDRESS_SIZE];
+        remote_address_of(pool, addr);
+        th_helper cons = spawn_consumer(1, "gone", addr, 0, FERRY_OK);
+        link_set(side, 0);
+        th_send_type(cons.fd, TH_MSG_ITEM);
+        uint64_t t0 = ferry_now_ns();
+        /* sent into the cut: never acknowledged, released with the silent rank */
+        assert_int_equal(send_stamped(pool, 4096, 500, NULL, 5000 * MS), FERRY_OK);
+        wait_settled(pool, 6000);
+        uint64_t producer_ms = ms_since(t0);
+        ferry_consumer_info info = FERRY_CONSUMER_INFO_INIT;
+        assert_int_equal(ferry_pool_consumer_info(pool, 0, &info), FERRY_OK);
+        assert_int_equal(info.alive, 0);
+        assert_int_equal(th_stats(pool).remote_connected, 0);
+        th_msg r = th_finish_helper(&cons, 10000);
+        link_set(side, 1);
+        fprintf(stderr,
+                "test_remote: link cut on the %s side: the producer released the rank after "
+                "%llu ms, the consumer got %s after %llu ms\n",
+                side ? "consumer's" : "producer's", (unsigned long long)producer_ms,
+                ferry_status_name((ferry_status)r.status), (unsigned long long)r.seed);
+        assert_int_equal(r.status, FERRY_PRODUCER_GONE);
+        assert_true(r.seed < 6000);
+        ferry_pool_destroy(pool);
+    }
+}
+
+/* Bad peers: junk, a wrong version, an oversized header, a wrong secret, a rank out of range,
+ * a slow loris and a flood of silent connections. Each is refused and counted, nothing of the
+ * pool changes, and a real consumer connects meanwhile. */
+static int dial(const char *ip, uint16_t port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+    inet_pton(AF_INET, ip, &sa.sin_addr);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    return fd;
+}
+
+/* 1 if the producer closed the connection (after any answer it sent) within ms. */
+static int closed_by_peer(int fd, int ms)
+{
+    uint8_t buf[256];
+    uint64_t t0 = ferry_now_ns();
+    while (ms_since(t0) < (uint64_t)ms) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 50) == 1) {
+            ssize_t n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+            if (n == 0 || (n < 0 && errno != EAGAIN))
+                return 1;
+        }
+    }
+    return 0;
+}
+
+static void test_bad_peers(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(2, 16 << 20, 5000000);
+    char addr[FERRY_REMOTE_ADDRESS_SIZE];
+    remote_address_of(pool, addr);
+    ferry__remote_address a;
+    assert_int_equal(ferry__remote_parse(addr, &a), FERRY_OK);
+    const char *ip = net.ip[0];
+    /* junk, a wrong version, a header announcing too much */
+    uint8_t junk[64];
+    th_fill(junk, sizeof(junk), 7);
+    ferry__hello h = {.rank = 0, .pid = 1, .worker_len = 8, .worker = junk};
+    memcpy(h.secret, a.secret, 16);
+    memcpy(h.pool_id, a.pool_id, 16);
+    strcpy(h.host, "mallory");
+    uint8_t hello[FERRY_REMOTE_MAX_MESSAGE];
+    assert_int_equal(ferry__hello_encode(&h, hello, sizeof(hello)), FERRY_OK);
+    size_t n = ferry__hello_size(&h);
+    uint8_t versioned[256], oversized[16];
+    memcpy(versioned, hello, n);
+    versioned[4] = 9;
+    memcpy(oversized, hello, 16);
+    oversized[10] = 0x7f; /* size 8 MiB and more */
+    struct {
+        const uint8_t *bytes;
+        size_t n;
+    } bad[] = {{junk, sizeof(junk)}, {versioned, n}, {oversized, sizeof(oversized)}};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        int fd = dial(ip, a.port);
+        assert_int_equal(send(fd, bad[i].bytes, bad[i].n, MSG_NOSIGNAL), (ssize_t)bad[i].n);
+        assert_true(closed_by_peer(fd, 3000));
+        close(fd);
+    }
+    /* a wrong secret: the refusal tells nothing but PERMISSION */
+    char wrong[FERRY_REMOTE_ADDRESS_SIZE];
+    a.secret[0] ^= 1;
+    ferry__remote_format(&a, wrong, sizeof(wrong));
+    a.secret[0] ^= 1;
+    th_helper w = spawn_consumer(1, "receiver", wrong, 0, FERRY_PERMISSION);
+    th_reap_helper(&w);
+    /* a rank out of range */
+    th_helper oor = spawn_consumer(1, "receiver", addr, 7, FERRY_INVALID_ARGUMENT);
+    th_reap_helper(&oor);
+    /* a slow loris (half a hello) and a flood of silent connections: each refused at its own
+     * deadline or at once, while a real consumer is admitted meanwhile */
+    int loris = dial(ip, a.port);
+    assert_int_equal(send(loris, hello, n / 2, MSG_NOSIGNAL), (ssize_t)(n / 2));
+    int flood[80];
+    for (int i = 0; i < 80; i++)
+        flood[i] = dial(ip, a.port);
+    uint64_t t0 = ferry_now_ns();
+    th_helper good = spawn_consumer(1, "receiver", addr, 1, FERRY_OK);
+    fprintf(stderr, "test_remote: admitted during a flood after %llu ms\n",
+            (unsigned long long)ms_since(t0));
+    assert_true(closed_by_peer(loris, 3000));
+    for (int i = 0; i < 80; i++) {
+        assert_true(closed_by_peer(flood[i], 3000));
+        close(flood[i]);
+    }
+    close(loris);
+    ferry_ranks one = {NULL, 1, 1};
+    send_end(pool, &one);
+    th_assert_result(th_finish_helper(&good, 10000), 0);
+    ferry_pool_stats s = th_stats(pool);
+    /* 3 malformed + secret + rank + loris + 80 flood (silent or refused at once) */
+    assert_true(s.remote_refused >= 86);
+    assert_int_equal(s.remote_admitted, 1);
+    char metrics[1 << 16];
+    assert_int_equal(ferry_pool_metrics(pool, NULL, metrics, sizeof(metrics), NULL), FERRY_OK);
+    assert_non_null(strstr(metrics, "reason=\"secret\"} 1"));
+    assert_non_null(strstr(metrics, "reason=\"malformed\"} 3"));
+    assert_non_null(strstr(metrics, "reason=\"rank\"} 1"));
+    wait_settled(pool, 5000);
+    ferry_pool_destroy(pool);
+}
+
+/* A read that the lease's recycling overtook ends STALE, never with another lease's bytes:
+ * the producer acknowledges a remote rank's lease on its behalf and leases the slice again
+ * while the rank reads it. */
+static void test_stale_under_read(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(2, 4 << 20, 5000000);
+    char addr[FERRY_REMOTE_ADDRESS_SIZE];
+    remote_address_of(pool, addr);
+    /* The test itself is the remote consumer of rank 1 (in the producer's namespace: the
+     * network path is the same), so that it can race its own reads. */
+    use_device(0);
+    ferry_consumer *c = NULL;
+    assert_int_equal(ferry_consumer_connect(addr, 1, -1, &c), FERRY_OK);
+    ferry_consumer *leader = NULL; /* acknowledges on rank 1's behalf */
+    assert_int_equal(ferry_consumer_create(0, &leader), FERRY_OK);
+    size_t size = 2u << 20;
+    uint8_t *buf = malloc(size);
+    uint64_t stale = 0, good = 0;
+    ferry_ranks one = {NULL, 1, 1};
+    for (uint64_t i = 0; i < th_scaled(40, 10); i++) {
+        assert_int_equal(send_stamped(pool, size, 600 + i, &one, 5000 * MS), FERRY_OK);
+        ferry_descriptor d;
+        size_t k;
+        assert_int_equal(ferry_consumer_recv(c, 5000 * MS, &d, 1, &k), FERRY_OK);
+        if (i % 2) { /* overtaken before the read: on its behalf, reclaimed, leased again */
+            assert_int_equal(ferry_consumer_ack_range(leader, &d, 1, 1), FERRY_OK);
+            wait_settled(pool, 2000);
+            ferry_descriptor other;
+            uint8_t *junk = malloc(size);
+            th_stamp(junk, size, 999);
+            ferry_tensor t = ferry_tensor_bytes(size);
+            const void *src = junk;
+            assert_int_equal(ferry_pool_publish(pool, &t, src, 1000 * MS, &other), FERRY_OK);
+            free(junk);
+            ferry_status st = ferry_consumer_read(c, &d, buf, size, 1000 * MS);
+            assert_int_equal(st, FERRY_STALE);
+            ferry_pool_cancel(pool, &other);
+            stale++;
+        } else {
+            assert_int_equal(ferry_consumer_read(c, &d, buf, size, 1000 * MS), FERRY_OK);
+            assert_true(th_check_stamp(buf, size, 600 + i, NULL));
+            assert_int_equal(ferry_consumer_ack(c, &d), FERRY_OK);
+            assert_int_equal(ferry_consumer_ack(c, &d), FERRY_STALE); /* twice: stale */
+            good++;
+        }
+    }
+    assert_true(stale > 0 && good > 0);
+    free(buf);
+    ferry_consumer_destroy(leader);
+    ferry_consumer_destroy(c);
+    wait_settled(pool, 5000);
+    ferry_pool_destroy(pool);
+}
+
+/* 1000 connect/close cycles: the consumer's fds, threads and memory stay flat, and so do the
+ * producer's fds and threads. */
+static void test_connect_close_cycles(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(1, 16 << 20, 5000000);
+    char addr[FERRY_REMOTE_ADDRESS_SIZE], n[32];
+    remote_address_of(pool, addr);
+    uint64_t cycles = th_scaled(1000, 50);
+    snprintf(n, sizeof(n), "%llu", (unsigned long long)cycles);
+    th_helper h = spawn_in(1, "cycles", addr, n);
+    th_msg m;
+    assert_int_equal(th_recv_msg(h.fd, &m, 60000), 0); /* ten cycles done */
+    assert_int_equal(m.type, TH_MSG_ITEM);
+    uint64_t t0 = ferry_now_ns();
+    while (th_stats(pool).remote_connected && ms_since(t0) < 5000)
+        usleep(10000);
+    int fds0 = count_fds();
+    long threads0 = status_field("Threads:");
+    th_send_type(h.fd, TH_MSG_ITEM);
+    m = th_finish_helper(&h, 600000);
+    fprintf(stderr, "test_remote: %s\n", m.text);
+    if (m.status != FERRY_OK)
+        fail_msg("%llu cycles: %s: %s", (unsigned long long)m.seed,
+                 ferry_status_name((ferry_status)m.status), m.text);
+    /* the producer let every connection go */
+    t0 = ferry_now_ns();
+    while (th_stats(pool).remote_connected && ms_since(t0) < 5000)
+        usleep(10000);
+    assert_int_equal(th_stats(pool).remote_connected, 0);
+    assert_int_equal(th_stats(pool).remote_admitted, cycles);
+    /* UCX closes a departed peer's transport socket when it next progresses: one or two may
+     * come and go; a leak would grow with the cycles. */
+    int fds = count_fds();
+    fprintf(stderr, "test_remote: the producer's fds %d -> %d over %llu cycles\n", fds0, fds,
+            (unsigned long long)cycles);
+    assert_true(fds <= fds0 + 2);
+    assert_int_equal(status_field("Threads:"), threads0);
+    ferry_pool_destroy(pool);
+}
+
+/* The remote address and its API: a pool without cfg.listen has none; bad listen addresses
+ * and keepalive bounds are refused; an address that is not exactly the printed form is. */
+static void test_addresses_and_config(void **state)
+{
+    (void)state;
+    ferry_pool_config c = FERRY_POOL_CONFIG_INIT;
+    c.backend = FERRY_BACKEND_HOST;
+    c.memory_size = 1 << 20;
+    ferry_pool *pool = NULL;
+    assert_int_equal(ferry_pool_create(&c, &pool), FERRY_OK);
+    char addr[FERRY_REMOTE_ADDRESS_SIZE];
+    assert_int_equal(ferry_pool_remote_address(pool, addr, sizeof(addr)), FERRY_INVALID_ARGUMENT);
+    ferry_pool_destroy(pool);
+    c.listen = "nonsense";
+    assert_int_equal(ferry_pool_create(&c, &pool), FERRY_INVALID_ARGUMENT);
+    c.listen = "127.0.0.1:0";
+    c.remote_timeout_us = 100000;
+    assert_int_equal(ferry_pool_create(&c, &pool), FERRY_INVALID_ARGUMENT);
+    assert_non_null(strstr(ferry_last_error(), "remote_timeout_us"));
+    pool = make_pool(1, 1 << 20, 5000000);
+    remote_address_of(pool, addr);
+    char small[16];
+    assert_int_equal(ferry_pool_remote_address(pool, small, sizeof(small)), FERRY_INVALID_ARGUMENT);
+    ferry_consumer *cons = NULL;
+    char longer[FERRY_REMOTE_ADDRESS_SIZE + 8];
+    snprintf(longer, sizeof(longer), "%sx", addr);
+    assert_int_equal(ferry_consumer_connect(longer, 0, -1, &cons), FERRY_INVALID_ARGUMENT);
+    ferry_pool_destroy(pool);
+}
+
+static int group_setup(void **state)
+{
+    (void)state;
+    net_up();
+    use_device(0);
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    net_down();
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc >= 3 && strcmp(argv[1], "--helper") == 0)
+        return helper_main(argc, argv);
+    signal(SIGPIPE, SIG_IGN);
+    const ferry__ucx *ucx;
+    if (ferry__ucx_get(&ucx) != FERRY_OK) {
+        fprintf(stderr, "test_remote: skipped: %s\n", ferry_last_error());
+        return 77;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_addresses_and_config),
+        cmocka_unit_test(test_local_and_remote_ranks),
+        cmocka_unit_test(test_rank_in_use),
+        cmocka_unit_test(test_consumer_killed),
+        cmocka_unit_test(test_producer_gone),
+        cmocka_unit_test(test_link_cut),
+        cmocka_unit_test(test_bad_peers),
+        cmocka_unit_test(test_stale_under_read),
+        cmocka_unit_test(test_many_hand_overs),
+        cmocka_unit_test(test_connect_close_cycles),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
