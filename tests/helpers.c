@@ -85,6 +85,11 @@ double th_stress_scale(void)
     return s > 0 ? s : TH_SANITIZER_SCALE;
 }
 
+int th_sanitized(void)
+{
+    return TH_SANITIZER_SCALE < 1.0;
+}
+
 uint64_t th_scaled(uint64_t n, uint64_t min)
 {
     double v = (double)n * th_stress_scale();

@@ -24,6 +24,10 @@ int th_check_stamp(const void *buf, size_t n, uint64_t seed, uint64_t *found);
  * positive number), else 1, or less under a sanitizer (TSan 0.1, ASan 0.25). */
 double th_stress_scale(void);
 
+/* 1 in a sanitizer build (whose allocator keeps freed memory in quarantine, so that resident
+ * memory says nothing of leaks: LeakSanitizer does). */
+int th_sanitized(void);
+
 /* n scaled by th_stress_scale(), at least min. */
 uint64_t th_scaled(uint64_t n, uint64_t min);
 

@@ -79,7 +79,8 @@ static void put_header(uint8_t *out, uint32_t type, size_t size)
 /* Copies a blob of n bytes at *at and zeroes its padding; *at moves past both. */
 static void put_blob(uint8_t *out, size_t *at, const uint8_t *blob, size_t n)
 {
-    memcpy(out + *at, blob, n);
+    if (n)
+        memcpy(out + *at, blob, n);
     memset(out + *at + n, 0, pad8(n) - n);
     *at += pad8(n);
 }
