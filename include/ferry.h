@@ -554,7 +554,15 @@ FERRY_API void ferry_consumer_destroy(ferry_consumer *consumer);
  * live process per rank: RANK_IN_USE otherwise), before the first tensor is sent. The
  * consumer keeps the pool mapped until it is destroyed. PRODUCER_GONE if nobody serves the
  * address, INVALID_ARGUMENT for a malformed address or rank, TIMEOUT after 5 s. The consumer
- * works with every call above; ferry_consumer_recv and ferry_consumer_fd need it. */
+ * works with every call above; ferry_consumer_recv and ferry_consumer_fd need it.
+ *
+ * address may also be a pool's remote address (ferry_pool_remote_address,
+ * "ferry+ucx://..."), from any host: the consumer is admitted over TCP (PERMISSION for a
+ * wrong secret) and reads the pool over UCX (docs/design.md, "Remote consumers"). recv,
+ * read, wait, ack (by rank, range or all), fd and the stream-ordered read (done before it
+ * returns) work as for a local pool; views need the pool mapped in this process and answer
+ * NOT_SUPPORTED. NOT_SUPPORTED also without UCX, FORKED in a child forked by a process that
+ * used UCX (start such processes with spawn or exec). */
 FERRY_API ferry_status ferry_consumer_connect(const char *address, uint32_t rank, int32_t device,
                                               ferry_consumer **consumer);
 
@@ -638,7 +646,9 @@ FERRY_API ferry_status ferry_consumer_ack_all(ferry_consumer *consumer,
  * is made. What is not: ferry cannot stop another process from acknowledging this rank on
  * its behalf before the stream has run (the slice may then be reused under the stream's
  * copy); acknowledge a stream-reading rank on its behalf only after its stream has run. The
- * parts of a packed lease read stream-ordered must be acknowledged on one stream. */
+ * parts of a packed lease read stream-ordered must be acknowledged on one stream. On a pool of
+ * another host (a remote address) the read is a get that completes before the call returns,
+ * then the acknowledgement: work enqueued afterwards sees the bytes. */
 FERRY_API ferry_status ferry_consumer_read_async(ferry_consumer *consumer,
                                                  const ferry_descriptor *desc, void *dst,
                                                  size_t dst_size, void *stream);

@@ -188,6 +188,15 @@ static ferry_status remote_unmapped(const char *what)
                        what);
 }
 
+/* A stream-ordered read of a remote pool: the get lands before the call returns (so work
+ * the caller enqueues afterwards sees the bytes), then the acknowledgement. */
+static ferry_status remote_read_now(ferry_consumer *c, const ferry_descriptor *d, void *dst,
+                                    size_t dst_size)
+{
+    ferry_status st = ferry__remote_read(c->remote, d, dst, dst_size, FERRY_OPEN_TIMEOUT_NS);
+    return st == FERRY_OK ? ferry__remote_ack(c->remote, d, c->rank, 1, 1, 0) : st;
+}
+
 ferry_status ferry_consumer_open(ferry_consumer *c, const ferry_descriptor *d)
 {
     FERRY_CUDA_BOUNDARY;
@@ -763,8 +772,8 @@ ferry_status ferry_consumer_read_async(ferry_consumer *c, const ferry_descriptor
 {
     FERRY_CUDA_BOUNDARY;
     ferry__mapped_pool *p;
-    if (remote_of(c, d))
-        return remote_unmapped("a stream-ordered read");
+    if (remote_of(c, d)) /* gets are not stream-ordered: done before the call returns */
+        return remote_read_now(c, d, dst, dst_size);
     ferry_status st = gpu_pool_for(c, d, c ? c->rank : 0, &p);
     if (st != FERRY_OK)
         return st;
@@ -801,8 +810,8 @@ ferry_status ferry_consumer_ack_async(ferry_consumer *c, const ferry_descriptor 
 {
     FERRY_CUDA_BOUNDARY;
     ferry__mapped_pool *p;
-    if (remote_of(c, d))
-        return remote_unmapped("a stream-ordered acknowledgement");
+    if (remote_of(c, d)) /* its reads completed in their calls: nothing to order behind */
+        return ferry__remote_ack(c->remote, d, c->rank, 1, 1, 0);
     ferry_status st = gpu_pool_for(c, d, FERRY__RANK_NONE, &p);
     if (st != FERRY_OK)
         return st;
