@@ -766,6 +766,60 @@ static void test_stale_under_read(void **state)
     ferry_pool_destroy(pool);
 }
 
+/* The consumer calls on a remote pool: the poll fd wakes for a lease, a view is refused with
+ * the reason, a stream-ordered read completes in its call and acknowledges, wait and
+ * ack_range/ack_all work; a packed lease's parts arrive together. */
+static void test_remote_calls(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(2, 16 << 20, 5000000);
+    char addr[FERRY_REMOTE_ADDRESS_SIZE];
+    remote_address_of(pool, addr);
+    ferry_consumer *c = NULL;
+    assert_int_equal(ferry_consumer_connect(addr, 1, -1, &c), FERRY_OK);
+    int fd = -1;
+    assert_int_equal(ferry_consumer_fd(c, &fd), FERRY_OK);
+    ferry_descriptor d[4];
+    size_t k = 0;
+    assert_int_equal(ferry_consumer_recv(c, 0, d, 4, &k), FERRY_TIMEOUT);
+    ferry_ranks one = {NULL, 1, 1};
+    assert_int_equal(send_stamped(pool, 4096, 700, &one, 5000 * MS), FERRY_OK);
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    assert_int_equal(poll(&p, 1, 5000), 1); /* the poll fd woke for it */
+    assert_int_equal(ferry_consumer_recv(c, 1000 * MS, d, 4, &k), FERRY_OK);
+    assert_int_equal(k, 1);
+    const void *view = NULL;
+    assert_int_equal(ferry_consumer_view(c, &d[0], &view, 0), FERRY_NOT_SUPPORTED);
+    assert_non_null(strstr(ferry_last_error(), "another host"));
+    assert_int_equal(ferry_consumer_wait(c, &d[0], 1000 * MS), FERRY_OK);
+    uint8_t buf[4096];
+    assert_int_equal(ferry_consumer_read_async(c, &d[0], buf, sizeof(buf), NULL), FERRY_OK);
+    assert_true(th_check_stamp(buf, sizeof(buf), 700, NULL));
+    assert_int_equal(ferry_consumer_ack(c, &d[0]), FERRY_STALE); /* read_async acknowledged */
+    /* a packed lease: its parts together; acknowledged for ranks 0 and 1 by ack_all */
+    uint8_t a[1000], b[3000];
+    th_stamp(a, sizeof(a), 701);
+    th_stamp(b, sizeof(b), 702);
+    ferry_tensor t[2] = {ferry_tensor_bytes(sizeof(a)), ferry_tensor_bytes(sizeof(b))};
+    const void *srcs[2] = {a, b};
+    assert_int_equal(ferry_pool_send(pool, t, srcs, 2, NULL, NULL, 5000 * MS, NULL), FERRY_OK);
+    assert_int_equal(ferry_consumer_recv(c, 0, d, 1, &k), FERRY_TIMEOUT); /* not yet here */
+    assert_int_equal(ferry_consumer_recv(c, 2000 * MS, d, 1, &k), FERRY_INVALID_ARGUMENT);
+    assert_int_equal(k, 2); /* too many parts for one: it stays queued */
+    assert_int_equal(ferry_consumer_recv(c, 0, d, 4, &k), FERRY_OK);
+    assert_int_equal(k, 2);
+    uint8_t out[3000];
+    assert_int_equal(ferry_consumer_read(c, &d[1], out, sizeof(out), 0), FERRY_OK);
+    assert_true(th_check_stamp(out, sizeof(b), 702, NULL));
+    assert_int_equal(ferry_consumer_ack_all(c, &d[1]), FERRY_OK);
+    assert_int_equal(ferry_consumer_ack_all(c, &d[1]), FERRY_STALE); /* that part: done */
+    assert_int_equal(th_stats(pool).leases_in_flight, 1); /* part 0 is still out */
+    assert_int_equal(ferry_consumer_ack_all(c, &d[0]), FERRY_OK);
+    wait_settled(pool, 5000); /* the last part released the lease for both ranks */
+    ferry_consumer_destroy(c);
+    ferry_pool_destroy(pool);
+}
+
 /* 1000 connect/close cycles: the consumer's fds, threads and memory stay flat, and so do the
  * producer's fds and threads. */
 static void test_connect_close_cycles(void **state)
@@ -884,6 +938,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_link_cut),
         cmocka_unit_test(test_bad_peers),
         cmocka_unit_test(test_stale_under_read),
+        cmocka_unit_test(test_remote_calls),
         cmocka_unit_test(test_many_hand_overs),
         cmocka_unit_test(test_connect_close_cycles),
     };

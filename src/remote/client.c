@@ -1011,6 +1011,37 @@ static ferry_status acked_stale(ferry__remote_client *cl, const ferry_descriptor
     return stale(d, d->generation, cl->rank);
 }
 
+/* The acknowledgement of ranks [first, first + count) to the producer, recorded for this
+ * rank. */
+static ferry_status send_ack(ferry__remote_client *cl, const ferry_descriptor *d, uint32_t first,
+                             uint32_t count)
+{
+    ferry__am m = {.type = FERRY_AM_ACK, .u.ack = {d->slot, d->generation, first, count}};
+    ferry_status st = send_am(cl, &m, NULL, 0);
+    if (st == FERRY_OK && cl->rank >= first && cl->rank - first < count)
+        cl->my_acks[d->slot] = d->generation;
+    return st;
+}
+
+/* One part of a packed lease for each rank of the range, as a local consumer counts them: a
+ * rank's acknowledgement goes out with its last part. STALE (strict) if this process had
+ * acknowledged that part for every rank of the range already. */
+static ferry_status ack_parts(ferry__remote_client *cl, const ferry_descriptor *d, uint32_t first,
+                              uint32_t count, int strict)
+{
+    ferry_status st = FERRY_OK;
+    uint32_t taken = 0;
+    for (uint32_t r = first; r < first + count && st == FERRY_OK; r++) {
+        int done_parts = part_done(cl, d, r);
+        taken += done_parts >= 0;
+        if (done_parts == 1)
+            st = send_ack(cl, d, r, 1);
+    }
+    if (st == FERRY_OK && (!taken || (strict && taken < count)))
+        st = acked_stale(cl, d);
+    return st;
+}
+
 ferry_status ferry__remote_ack(ferry__remote_client *cl, const ferry_descriptor *d, uint32_t first,
                                uint32_t count, int strict, int whole)
 {
@@ -1037,17 +1068,11 @@ ferry_status ferry__remote_ack(ferry__remote_client *cl, const ferry_descriptor 
         st = acked_stale(cl, d);
         goto done;
     }
-    if (d->part_count && !whole && count == 1) {
-        int done_parts = part_done(cl, d, first);
-        if (done_parts <= 0) {
-            st = done_parts < 0 && strict ? acked_stale(cl, d) : FERRY_OK;
-            goto done;
-        }
+    if (d->part_count && !whole) {
+        st = ack_parts(cl, d, first, count, strict);
+        goto done;
     }
-    ferry__am m = {.type = FERRY_AM_ACK, .u.ack = {d->slot, d->generation, first, count}};
-    st = send_am(cl, &m, NULL, 0);
-    if (st == FERRY_OK && mine)
-        cl->my_acks[d->slot] = d->generation;
+    st = send_ack(cl, d, first, count);
 done:
     pthread_mutex_unlock(&cl->lock);
     if (st == FERRY_OK)
