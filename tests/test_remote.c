@@ -324,6 +324,55 @@ static int gone_main(const char *addr, uint32_t rank)
     return 0;
 }
 
+/* "gpu-receiver ADDR RANK": as "receiver", made for GPU 0: even items are read into GPU memory
+ * (and copied back to be checked), odd ones into host memory. */
+static int gpu_receiver_main(const char *addr, uint32_t rank)
+{
+    ferry_consumer *c = NULL;
+    ferry_status st = ferry_consumer_connect(addr, rank, 0, &c);
+    th_report(st, 0);
+    if (st != FERRY_OK)
+        return 1;
+    size_t cap = 65u << 20;
+    uint8_t *host = malloc(cap);
+    void *dev = NULL;
+    st = ferry_gpu_alloc(0, cap, &dev);
+    uint64_t verified = 0;
+    for (uint64_t i = 0; st == FERRY_OK; i++) {
+        ferry_descriptor d;
+        size_t k = 0;
+        st = ferry_consumer_recv(c, 30000 * MS, &d, 1, &k);
+        if (st != FERRY_OK)
+            break;
+        if (i % 2 == 0) {
+            st = ferry_consumer_read(c, &d, dev, cap, 5000 * MS);
+            if (st == FERRY_OK)
+                st = ferry_gpu_copy_async(0, host, dev, d.length, NULL);
+            if (st == FERRY_OK)
+                st = ferry_gpu_stream_synchronize(0, NULL);
+        } else {
+            st = ferry_consumer_read(c, &d, host, cap, 5000 * MS);
+        }
+        uint64_t seed = 0;
+        if (st == FERRY_OK) {
+            th_check_stamp(host, d.length, 0, &seed);
+            if (!th_check_stamp(host, d.length, seed, NULL)) {
+                th_report(FERRY_MISMATCH, verified);
+                return 1;
+            }
+            st = ferry_consumer_ack(c, &d);
+        }
+        if (st != FERRY_OK || seed == END_SEED)
+            break;
+        verified++;
+    }
+    th_report(st, verified);
+    ferry_gpu_free(0, dev);
+    free(host);
+    ferry_consumer_destroy(c);
+    return 0;
+}
+
 /* "cycles ADDR N": connects and closes N times as rank 0; reports OK only if this process's
  * fds, threads and memory after the cycles are what they were after the first ten. */
 static int count_fds(void)
@@ -425,6 +474,8 @@ static int helper_main(int argc, char **argv)
         return producer_main(argv[3]);
     if (strcmp(argv[2], "gone") == 0)
         return gone_main(argv[3], (uint32_t)strtoul(argv[4], NULL, 10));
+    if (strcmp(argv[2], "gpu-receiver") == 0)
+        return gpu_receiver_main(argv[3], (uint32_t)strtoul(argv[4], NULL, 10));
     if (strcmp(argv[2], "cycles") == 0)
         return cycles_main(argv[3], strtoull(argv[4], NULL, 10));
     return receiver_main(argv[2], argv[3], (uint32_t)strtoul(argv[4], NULL, 10));
@@ -861,6 +912,63 @@ static void test_connect_close_cycles(void **state)
     ferry_pool_destroy(pool);
 }
 
+/* A GPU pool read by a consumer process into GPU memory and into host memory, through UCX's
+ * CUDA-aware transports, every byte checked (the GPU machine: scripts/gpu-check carries pip's
+ * libucx-cu13; skipped without a GPU or without a UCX that reaches CUDA memory). */
+static void test_gpu_pool(void **state)
+{
+    (void)state;
+    void *src = NULL;
+    ferry__ucx_report r;
+    if (ferry_gpu_alloc(0, 64u << 20, &src) != FERRY_OK) {
+        fprintf(stderr, "test_remote: no GPU: %s\n", ferry_last_error());
+        skip();
+    }
+    ferry__ucx_report_get(&r);
+    if (!r.cuda) {
+        fprintf(stderr, "test_remote: this UCX (%s) has no CUDA support\n", r.path);
+        ferry_gpu_free(0, src);
+        skip();
+    }
+    setenv("UCX_TLS", "tcp,cuda_copy", 1); /* as pip's libucx-cu13 has them */
+    char listen[64];
+    snprintf(listen, sizeof(listen), "%s:0", net.ip[0]);
+    ferry_pool_config cfg = FERRY_POOL_CONFIG_INIT;
+    cfg.backend = FERRY_BACKEND_CUDA_IPC;
+    cfg.device = 0;
+    cfg.memory_size = 256 << 20;
+    cfg.consumer_count = 1;
+    cfg.listen = listen;
+    ferry_pool *pool = NULL;
+    if (ferry_pool_create(&cfg, &pool) != FERRY_OK)
+        fail_msg("GPU pool: %s", ferry_last_error());
+    char addr[FERRY_REMOTE_ADDRESS_SIZE];
+    remote_address_of(pool, addr);
+    th_helper h = spawn_consumer(1, "gpu-receiver", addr, 0, FERRY_OK);
+    uint8_t *host = malloc(64u << 20);
+    uint64_t n = 24;
+    for (uint64_t i = 0; i <= n; i++) {
+        size_t size = i == n ? 64 : (4096u << (i % 15)); /* 4 KiB to 64 MiB, then END */
+        uint64_t seed = i == n ? END_SEED : 800 + i;
+        th_stamp(host, size, seed);
+        assert_int_equal(ferry_gpu_copy_async(0, src, host, size, NULL), FERRY_OK);
+        assert_int_equal(ferry_gpu_stream_synchronize(0, NULL), FERRY_OK);
+        ferry_tensor t = ferry_tensor_bytes(size);
+        const void *s0 = src;
+        if (ferry_pool_send(pool, &t, &s0, 1, NULL, NULL, 20000 * MS, NULL) != FERRY_OK)
+            fail_msg("send: %s", ferry_last_error());
+        assert_int_equal(ferry_pool_drain(pool, 20000 * MS), FERRY_OK); /* src is reused */
+    }
+    th_assert_result(th_finish_helper(&h, 60000), n);
+    fprintf(stderr, "test_remote: GPU pool read remotely, %llu items of 4 KiB-64 MiB into GPU "
+                    "and host memory, every byte checked (%s)\n",
+            (unsigned long long)n, r.gpu_read);
+    free(host);
+    ferry_gpu_free(0, src);
+    ferry_pool_destroy(pool);
+    setenv("UCX_TLS", "tcp", 1);
+}
+
 /* The remote address and its API: a pool without cfg.listen has none; bad listen addresses
  * and keepalive bounds are refused; an address that is not exactly the printed form is. */
 static void test_addresses_and_config(void **state)
@@ -941,6 +1049,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_remote_calls),
         cmocka_unit_test(test_many_hand_overs),
         cmocka_unit_test(test_connect_close_cycles),
+        cmocka_unit_test(test_gpu_pool),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
