@@ -100,6 +100,7 @@ struct ferry__remote_server {
     conn **by_rank;       /* admitted connections by rank (thread) */
     pthread_mutex_t lock; /* guards counts */
     ferry__remote_counts counts;
+    uint8_t *entries; /* the thread's copy of the entries it forwards (ring_depth of them) */
     int warned_emulated;
     int inflight; /* atomic: sends UCX has not completed yet */
 };
@@ -535,9 +536,9 @@ static void forward(ferry__remote_server *s, conn *c)
 {
     ferry__ring *ring = ring_of(s, c->rank);
     uint32_t depth = s->cfg.ring_depth;
-    uint8_t *entries = malloc((size_t)depth * FERRY_DESCRIPTOR_SIZE);
+    uint8_t *entries = s->entries;
     c->not_ready = 0;
-    while (entries && !c->failed) {
+    while (!c->failed) {
         uint32_t head = ferry__load_acquire32(&ring->head);
         uint32_t tail = ferry__load_acquire32(&ring->tail);
         if (head == tail) {
@@ -577,7 +578,6 @@ static void forward(ferry__remote_server *s, conn *c)
         c->sent += k;
         count_add(s, &s->counts.forwarded, k);
     }
-    free(entries);
 }
 
 /* ---- connections ------------------------------------------------------------------------------
@@ -976,6 +976,7 @@ static void release(ferry__remote_server *s)
     if (s->wake_fd >= 0)
         close(s->wake_fd);
     pthread_mutex_destroy(&s->lock);
+    free(s->entries);
     free(s->by_rank);
     free(s);
 }
@@ -1071,6 +1072,7 @@ void ferry__remote_forget(ferry__remote_server *s)
         close(s->epoll_fd);
     if (s->wake_fd >= 0)
         close(s->wake_fd);
+    free(s->entries);
     free(s->by_rank);
     free(s);
 }
