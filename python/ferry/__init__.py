@@ -186,7 +186,8 @@ def _ml_dtypes_array(x):
 class Pool(_ferry.Pool):
     """Pool(size, consumers, *, backend="auto", device=None, max_inflight=4096,
     reclaim_interval_us=1000, control="host", on_full="raise", timeout=None,
-    vmm_handle="auto", channel_depth=64, drain_timeout=None)
+    vmm_handle="auto", channel_depth=64, drain_timeout=None, listen=None,
+    remote_timeout=None)
 
     A producer's pool: ``size`` bytes (control table and data; an int or a string such as
     ``"256MiB"``, ``"1GiB"``, ``"1.5GB"``) read by ``consumers`` ranks.
@@ -212,6 +213,12 @@ class Pool(_ferry.Pool):
       lease to be acknowledged (None: no wait, but 10 s at the end of a ``with`` block;
       0: never, not at the end of a ``with`` block either); see :meth:`drain`.
     - ``address``: the string consumers pass to :func:`connect` (valid after close too).
+    - ``listen``: ``"HOST:PORT"`` (port 0: any free one) to serve consumers on other hosts
+      too, over UCX (the site's, or pip's ``libucx-cu13``/``libucx-cu12``: ``pip install
+      'ferry-tensors[ucx]'``); they connect to :attr:`remote_address`, which carries the
+      pool's secret. ``remote_timeout``: seconds after which a silent remote consumer (its
+      host or link gone) is released, and its receivers hear :class:`ProducerGone` when the
+      producer falls silent (None: 5; at least 2).
 
     Closing: ``close(drain=None)`` drains first up to ``drain_timeout`` when one was given
     (``drain=True``: up to ``drain_timeout`` if one was given, else 10 s; ``drain=False``: not at all; or a
@@ -234,6 +241,8 @@ class Pool(_ferry.Pool):
 
     def __init__(self, size: "int | str", consumers: int, **options: _Any) -> None:
         size = parse_size(size)
+        if options.get("listen") is not None:
+            _load_ucx()
         if options.get("device", 0) is None:
             del options["device"]  # where the backend puts a pool that names no device
         super().__init__(size, consumers, **options)
@@ -419,6 +428,21 @@ class Receiver(_ferry.Receiver):
                 f"device={self.device}, closed={self.closed})")
 
 
+def _load_ucx() -> None:
+    """Loads pip's UCX (the ``libucx`` package of ``libucx-cu13``/``libucx-cu12``) when it is
+    installed and FERRY_UCX_LIBRARY names none, so that the library finds it by its name;
+    otherwise the library loads the system's ``libucp.so.0`` itself."""
+    import os
+
+    if os.environ.get("FERRY_UCX_LIBRARY"):
+        return
+    try:
+        import libucx  # type: ignore[import-not-found]
+    except ImportError:
+        return
+    libucx.load_library()
+
+
 def connect(address: str, rank: int, device: "int | None" = None, *,
             torch: bool = False) -> Receiver:
     """connect(address, rank, device=None, *, torch=False) -> Receiver
@@ -430,5 +454,14 @@ def connect(address: str, rank: int, device: "int | None" = None, *,
     ``device``: the GPU the receiver's copies of a GPU pool's tensors go to (None: host
     pools only). ``torch=True``: ``recv`` returns torch tensors. Raises ``ValueError`` for a
     malformed address or a rank the pool does not have, :class:`ProducerGone` when nobody
-    serves the address, :class:`Timeout` after 5 s."""
+    serves the address, :class:`Timeout` after 5 s.
+
+    ``address`` may be a pool's :attr:`Pool.remote_address` (``"ferry+ucx://..."``), from
+    any host: the receiver is admitted over TCP (:class:`Error` with status
+    ``"PERMISSION"`` for a wrong secret) and reads over UCX; ``recv`` (copies, ``out=``), iteration, ``arecv`` and
+    ``fileno`` work as for a local pool, zero-copy views (``copy=False``) do not (the pool
+    is not mapped here). Start such receivers with the ``spawn`` start method: UCX does not
+    survive ``fork``."""
+    if isinstance(address, str) and address.startswith("ferry+ucx://"):
+        _load_ucx()
     return Receiver(address, rank, device, torch=torch)

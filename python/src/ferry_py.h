@@ -348,6 +348,7 @@ typedef struct {
     int drain_set;       /* drain_timeout was given (0 included: never drain, not at exit) */
     int64_t channel_depth;
     char address[FERRY_ADDRESS_SIZE];
+    char remote_address[FERRY_REMOTE_ADDRESS_SIZE]; /* "" without listen= */
 } fy_pool;
 
 extern PyTypeObject fy_PoolType;

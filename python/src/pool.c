@@ -100,8 +100,8 @@ static int parse_choice(const char *what, const char *value, const char *const *
 
 typedef struct pool_args {
     ferry_pool_config config;
-    const char *backend, *control, *on_full, *vmm_handle;
-    PyObject *timeout, *drain_timeout;
+    const char *backend, *control, *on_full, *vmm_handle, *listen;
+    PyObject *timeout, *drain_timeout, *remote_timeout;
 } pool_args;
 
 static int parse_pool_args(PyObject *args, PyObject *kwargs, pool_args *a)
@@ -109,7 +109,7 @@ static int parse_pool_args(PyObject *args, PyObject *kwargs, pool_args *a)
     static char *keywords[] = {"size",         "consumers",           "backend", "device",
                                "max_inflight", "reclaim_interval_us", "control", "on_full",
                                "timeout",      "vmm_handle",          "channel_depth",
-                               "drain_timeout", NULL};
+                               "drain_timeout", "listen",             "remote_timeout", NULL};
     static const char *const controls[] = {"host", "device", NULL};
     static const char *const handles[] = {"auto", "fabric", "posix_fd", NULL};
     ferry_pool_config init = FERRY_POOL_CONFIG_INIT;
@@ -120,12 +120,16 @@ static int parse_pool_args(PyObject *args, PyObject *kwargs, pool_args *a)
     a->vmm_handle = "auto";
     a->timeout = Py_None;
     a->drain_timeout = Py_None;
+    a->listen = NULL;
+    a->remote_timeout = Py_None;
     long long size, consumers, inflight = 4096, interval = 1000, depth = init.channel_depth;
     int device = init.device, control = 0, handle = 0; /* no device named: where AUTO says */
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LL|$siLLssOsLO:Pool", keywords, &size,
+    uint64_t remote_ns = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "LL|$siLLssOsLOzO:Pool", keywords, &size,
                                      &consumers, &a->backend, &device, &inflight, &interval,
                                      &a->control, &a->on_full, &a->timeout, &a->vmm_handle, &depth,
-                                     &a->drain_timeout))
+                                     &a->drain_timeout, &a->listen, &a->remote_timeout) ||
+        fy_timeout_arg(a->remote_timeout, init.remote_timeout_us * 1000ull, &remote_ns) < 0)
         return -1;
     ferry_backend backend;
     ferry_status st = ferry_backend_parse(a->backend, &backend);
@@ -150,6 +154,8 @@ static int parse_pool_args(PyObject *args, PyObject *kwargs, pool_args *a)
     a->config.version = FERRY_POOL_CONFIG_VERSION;
     a->config.channel_depth = depth;
     a->config.drain_timeout_us = 0;
+    a->config.listen = a->listen; /* the argument's string: create does not keep it */
+    a->config.remote_timeout_us = (int64_t)(remote_ns / 1000ull);
     return 0;
 }
 
@@ -178,6 +184,9 @@ static int resolve(fy_pool *self, ferry_pool *pool)
     self->host_control = !(d.flags & FERRY_DESC_FLAG_DEVICE_CONTROL);
     self->usable = s.usable_bytes;
     st = ferry_pool_address(pool, self->address, sizeof(self->address));
+    if (st == FERRY_OK && ferry_pool_remote_address(pool, self->remote_address,
+                                                    sizeof(self->remote_address)) != FERRY_OK)
+        self->remote_address[0] = '\0'; /* a pool without listen= has none */
     if (st != FERRY_OK) {
         fy_raise(st);
         return -1;
@@ -492,6 +501,8 @@ static const struct stat_field {
     FY_STAT_(reclaimed),         FY_STAT_(cancelled),          FY_STAT_(acked_for_dead),
     FY_STAT_(broker_refused),    FY_STAT_(consumers_attached), FY_STAT_(consumers_alive),
     FY_STAT_(too_large),         FY_STAT_(pool_full_waits),    FY_STAT_(pool_full_timeouts),
+    FY_STAT_(remote_connected),  FY_STAT_(remote_admitted),    FY_STAT_(remote_refused),
+    FY_STAT_(remote_emulated),   FY_STAT_(remote_forwarded),   FY_STAT_(remote_bad_messages),
 };
 #undef FY_STAT_
 
@@ -638,6 +649,17 @@ static PyObject *get_address(PyObject *obj, void *closure)
     return PyUnicode_FromString(self->address);
 }
 
+static PyObject *get_remote_address(PyObject *obj, void *closure)
+{
+    (void)closure;
+    fy_pool *self = (fy_pool *)obj;
+    if (!self->pool)
+        return PyErr_Format(PyExc_RuntimeError, "the Pool was not initialised");
+    if (!self->remote_address[0])
+        Py_RETURN_NONE;
+    return PyUnicode_FromString(self->remote_address);
+}
+
 static PyObject *get_channel_depth(PyObject *obj, void *closure)
 {
     (void)closure;
@@ -657,6 +679,11 @@ static PyGetSetDef pool_getset[] = {
     {"address", get_address, NULL,
      "The pool's address ('ferry:' and 32 hex digits): consumers on this machine connect to "
      "it (ferry.connect). Valid after close() too (nobody serves it then).",
+     NULL},
+    {"remote_address", get_remote_address, NULL,
+     "The pool's remote address ('ferry+ucx://HOST:PORT/<pool id>/<secret>') for consumers on "
+     "other hosts (ferry.connect), or None for a pool made without listen=. It carries the "
+     "pool's secret: whoever has it can read every lease.",
      NULL},
     {"channel_depth", get_channel_depth, NULL, "Descriptors each rank's ring holds (send).",
      NULL},
@@ -699,8 +726,10 @@ static PyMethodDef pool_methods[] = {
      "largest_free, leases_in_flight, high_water_bytes, high_water_leases, publishes, "
      "pool_full_events, reclaimed, cancelled, acked_for_dead, broker_refused, "
      "consumers_attached, consumers_alive, too_large (publishes and reserves refused because "
-     "they can never fit), pool_full_waits (publishes that waited for space) and "
-     "pool_full_timeouts (that waited and gave up)."},
+     "they can never fit), pool_full_waits (publishes that waited for space), "
+     "pool_full_timeouts (that waited and gave up), and for consumers on other hosts "
+     "remote_connected, remote_admitted, remote_refused, remote_emulated (reading over "
+     "emulated RMA), remote_forwarded (descriptors sent) and remote_bad_messages."},
     {"metrics", METH_KW(fy_pool_metrics),
      "metrics(labels=None) -> str\n\nThe pool's statistics and ranks in the Prometheus text "
      "format; labels (a dict) are added to every sample (ferry.prometheus has a collector)."},
