@@ -394,12 +394,13 @@ FERRY_API ferry_status ferry_pool_drain(ferry_pool *pool, uint64_t timeout_ns);
 /* ------------------------------------------------------------------------------------
  * Channels: connect by address, send and receive without a channel of your own
  *
- * Every pool has an address, a short printable string ("ferry:" and 32 hex digits, the name
- * of its broker on this machine) that a server passes in a flag, an environment variable or
- * its config. Consumers connect to it (ferry_consumer_connect) and receive what the producer
- * sends (ferry_pool_send) from their rank's descriptor ring, which lives in the pool's shared
- * host segment (channel_depth entries per rank): no socket on the way. The descriptor API
- * above stays as it is; the two mix freely.
+ * Every pool has an address, a short printable string ("ferry:" and 32 lowercase hex digits,
+ * the name of its broker on this machine) that a server passes in a flag, an environment
+ * variable or its config; only that exact form is accepted. Consumers connect to it
+ * (ferry_consumer_connect) and receive what the producer sends (ferry_pool_send) from their
+ * rank's descriptor ring, which lives in the pool's shared host segment (channel_depth
+ * entries per rank): no socket on the way. The descriptor API above stays as it is; the two
+ * mix freely.
  * ---------------------------------------------------------------------------------- */
 
 /* Bytes an address needs, NUL included. */
@@ -525,8 +526,9 @@ FERRY_API void ferry_consumer_destroy(ferry_consumer *consumer);
  * consumer of host pools only): opens the pool and claims the rank for this process (one
  * live process per rank: RANK_IN_USE otherwise), before the first tensor is sent. The
  * consumer keeps the pool mapped until it is destroyed. PRODUCER_GONE if nobody serves the
- * address, INVALID_ARGUMENT for a malformed address or rank, TIMEOUT after 5 s. The consumer
- * works with every call above; ferry_consumer_recv and ferry_consumer_fd need it. */
+ * address, INVALID_ARGUMENT for a malformed address (anything but the form
+ * ferry_pool_address prints) or rank, TIMEOUT after 5 s. The consumer works with every call
+ * above; ferry_consumer_recv and ferry_consumer_fd need it. */
 FERRY_API ferry_status ferry_consumer_connect(const char *address, uint32_t rank, int32_t device,
                                               ferry_consumer **consumer);
 

@@ -2,6 +2,7 @@
  * drain. Real processes where processes are in the story (the test binary re-runs itself as
  * helpers): receivers that connect before and after the first send, slow and dead receivers,
  * a producer killed while receivers wait, a restarted rank. */
+#include <ctype.h>
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
@@ -628,6 +629,19 @@ static void test_bad_input(void **state)
     char small[8];
     assert_int_equal(ferry_pool_address(pool, small, sizeof(small)), FERRY_INVALID_ARGUMENT);
     address_of(pool, addr);
+    /* only the printed form: not with its hex digits in upper case, nor its prefix */
+    char other[FERRY_ADDRESS_SIZE];
+    memcpy(other, addr, sizeof(other));
+    for (char *p = other + 6; *p; p++)
+        *p = (char)toupper((unsigned char)*p);
+    if (strcmp(other, addr) != 0) { /* a letter among the digits: all but 1 in 3 million */
+        assert_int_equal(ferry_consumer_connect(other, 0, -1, &c), FERRY_INVALID_ARGUMENT);
+        assert_non_null(strstr(ferry_last_error(), "is not a ferry address"));
+    }
+    memcpy(other, addr, sizeof(other));
+    memcpy(other, "FERRY", 5);
+    assert_int_equal(ferry_consumer_connect(other, 0, -1, &c), FERRY_INVALID_ARGUMENT);
+    assert_null(c);
     assert_int_equal(ferry_consumer_connect(addr, 2, -1, &c), FERRY_INVALID_ARGUMENT);
     assert_non_null(strstr(ferry_last_error(), "ranks 0 to 1"));
     assert_null(c);

@@ -50,6 +50,22 @@ static fy_consumer *open_consumer(fy_receiver *self)
     return self->consumer;
 }
 
+/* The library reads an address up to its first NUL: one with a NUL inside is refused here,
+ * as the library refuses anything but the printed form. */
+static int address_whole(PyObject *address, const char *text, Py_ssize_t size)
+{
+    if (strlen(text) == (size_t)size)
+        return 0;
+    PyObject *message = PyUnicode_FromFormat("%R is not a ferry address (ferry: and 32 hex "
+                                             "digits, as Pool.address gives): it holds a NUL",
+                                             address);
+    const char *utf8 = message ? PyUnicode_AsUTF8(message) : NULL;
+    if (utf8)
+        fy_raise_as(NULL, FERRY_INVALID_ARGUMENT, utf8);
+    Py_XDECREF(message);
+    return -1;
+}
+
 static int receiver_init(PyObject *obj, PyObject *args, PyObject *kwargs)
 {
     static char *keywords[] = {"address", "rank", "device", NULL};
@@ -65,8 +81,9 @@ static int receiver_init(PyObject *obj, PyObject *args, PyObject *kwargs)
                                      &device_obj) ||
         fy_rank_arg(rank_obj, &rank) < 0 || fy_device_arg(device_obj, -1, &device) < 0)
         return -1;
-    const char *text = PyUnicode_AsUTF8(address);
-    if (!text)
+    Py_ssize_t size = 0;
+    const char *text = PyUnicode_AsUTF8AndSize(address, &size);
+    if (!text || address_whole(address, text, size) < 0)
         return -1;
     ferry_consumer *handle = NULL;
     ferry_status st;

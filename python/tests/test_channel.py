@@ -356,6 +356,23 @@ def test_consumer_killed_then_restarted_on_its_rank(children):
         pool.drain(5)
 
 
+def test_only_the_printed_address(children):
+    """An address is refused unless it is exactly what Pool.address prints: junk after a NUL
+    (which the library would never see) or hex digits in upper case, and the rank stays free."""
+    with ferry.Pool("1MiB", 1) as pool:
+        upper = "ferry:" + pool.address[6:].upper()
+        for bad in (pool.address + "\x00junk", pool.address + "\x00", upper):
+            if bad == pool.address:
+                continue  # no letter among the digits (1 in 3 million)
+            with pytest.raises(ValueError, match="is not a ferry address") as info:
+                ferry.connect(bad, 0)
+            assert info.value.status == "INVALID_ARGUMENT"
+        other = children("recv_n", pool.address, 0, 1)  # rank 0 was not claimed here
+        other.ready()
+        pool.send(item(5))
+        assert other.result() == [plain(item(5))]
+
+
 def test_bad_input():
     with pytest.raises(ValueError, match="'nope' is not a ferry address") as info:
         ferry.connect("nope", 0)
