@@ -183,25 +183,32 @@ static int raw_connect(const uint8_t name[16])
     return s;
 }
 
-static void raw_send(int s, const void *buf, size_t len, int fd_to_pass)
+/* Sends len bytes with nfds descriptors (at most 4) in one SCM_RIGHTS message. */
+static void raw_send_fds(int s, const void *buf, size_t len, const int *fds, size_t nfds)
 {
     union {
         struct cmsghdr align;
-        char buf[CMSG_SPACE(sizeof(int))];
+        char buf[CMSG_SPACE(sizeof(int) * 4)];
     } control;
     struct iovec iov = {(void *)buf, len};
     struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
-    if (fd_to_pass >= 0) {
+    assert_true(nfds <= 4);
+    if (nfds > 0) {
         memset(&control, 0, sizeof(control));
         msg.msg_control = control.buf;
-        msg.msg_controllen = sizeof(control.buf);
+        msg.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
         struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
         c->cmsg_level = SOL_SOCKET;
         c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(c), &fd_to_pass, sizeof(int));
+        c->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
+        memcpy(CMSG_DATA(c), fds, sizeof(int) * nfds);
     }
     assert_int_equal(sendmsg(s, &msg, MSG_NOSIGNAL), (ssize_t)len);
+}
+
+static void raw_send(int s, const void *buf, size_t len, int fd_to_pass)
+{
+    raw_send_fds(s, buf, len, &fd_to_pass, fd_to_pass >= 0);
 }
 
 /* Waits up to wait_ms for the broker's reply on s; returns its length (-1: none came) and
@@ -240,18 +247,19 @@ static ssize_t raw_receive(int s, uint8_t *buf, size_t size, int wait_ms, int *f
     return n;
 }
 
-/* Sends len bytes (plus fd_to_pass when >= 0) over a fresh raw connection and returns the
+/* Sends len bytes (plus nfds descriptors) over a fresh raw connection and returns the
  * status of the broker's reply, checking that the reply is well formed and carries no fd
  * unless it is OK (whose fd is closed). */
-static int raw_exchange(const uint8_t name[16], const void *buf, size_t len, int fd_to_pass)
+static int raw_exchange_fds(const uint8_t name[16], const void *buf, size_t len, const int *fds,
+                            size_t nfds_sent)
 {
     uint8_t reply[64];
     int fd, nfds;
     int s = raw_connect(name);
-    raw_send(s, buf, len, fd_to_pass);
+    raw_send_fds(s, buf, len, fds, nfds_sent);
     ssize_t n = raw_receive(s, reply, sizeof(reply), 5000, &fd, &nfds);
     close(s);
-    assert_int_equal(n, REPLY_SIZE);
+    assert_true(n == REPLY_SIZE || n == REPLY_SIZE + 256); /* a DESCRIBE granted: + 256 */
     assert_memory_equal(reply, "FRYR", 4);
     assert_int_equal(reply[4] | (reply[5] << 8), 2);
     int status = reply[6] | (reply[7] << 8);
@@ -259,6 +267,11 @@ static int raw_exchange(const uint8_t name[16], const void *buf, size_t len, int
     if (fd >= 0)
         close(fd);
     return status;
+}
+
+static int raw_exchange(const uint8_t name[16], const void *buf, size_t len, int fd_to_pass)
+{
+    return raw_exchange_fds(name, buf, len, &fd_to_pass, fd_to_pass >= 0);
 }
 
 static int count_fds(void)
@@ -511,6 +524,20 @@ static void test_malformed_requests(void **state)
     assert_int_equal(ferry__broker_refused(f->broker), ++refused);
     assert_int_equal(raw_exchange(f->name, good, 0, pipe_fds[1]), FERRY_INVALID_ARGUMENT);
     assert_int_equal(ferry__broker_refused(f->broker), ++refused);
+    /* Nor with two: OPEN and DESCRIBE carry none, NOTIFY exactly one. */
+    assert_int_equal(raw_exchange_fds(f->name, good, REQUEST_SIZE, pipe_fds, 2),
+                     FERRY_INVALID_ARGUMENT);
+    assert_int_equal(ferry__broker_refused(f->broker), ++refused);
+    uint8_t describe[REQUEST_SIZE];
+    make_request(describe, (const uint8_t[16]){0}, UINT32_MAX);
+    describe[6] = 2; /* type DESCRIBE */
+    for (size_t n = 1; n <= 2; n++) {
+        assert_int_equal(raw_exchange_fds(f->name, describe, REQUEST_SIZE, pipe_fds, n),
+                         FERRY_INVALID_ARGUMENT);
+        assert_int_equal(ferry__broker_refused(f->broker), ++refused);
+    }
+    assert_int_equal(raw_exchange(f->name, describe, REQUEST_SIZE, -1), FERRY_NOT_SUPPORTED);
+    assert_int_equal(ferry__broker_refused(f->broker), ++refused); /* no describer here */
     close(pipe_fds[0]);
     close(pipe_fds[1]);
 

@@ -423,8 +423,9 @@ static ferry_status check_request(const ferry__broker *b, const uint8_t *buf, br
 }
 
 /* Reads and validates the one request of a connection. A message of any other length, or
- * carrying control data (its descriptors are closed), is invalid; a NOTIFY must carry
- * exactly one descriptor, which lands in *fd (the caller's from then on). */
+ * carrying other control data, is invalid; a NOTIFY must carry exactly one descriptor, which
+ * lands in *fd (the caller's from then on), and the other types none (whatever came is
+ * closed). */
 static ferry_status read_request(const ferry__broker *b, int conn, broker_request *req, int *fd)
 {
     uint8_t buf[BROKER_REQUEST_SIZE + 1]; /* one more byte to see a longer message */
@@ -440,7 +441,7 @@ static ferry_status read_request(const ferry__broker *b, int conn, broker_reques
     ferry_status status = FERRY_INVALID_ARGUMENT;
     if (!other && !(msg.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) && n == BROKER_REQUEST_SIZE)
         status = check_request(b, buf, req);
-    if (status == FERRY_OK && (req->type == BROKER_TYPE_NOTIFY) != (nfds == 1))
+    if (status == FERRY_OK && nfds != (req->type == BROKER_TYPE_NOTIFY ? 1u : 0u))
         status = FERRY_INVALID_ARGUMENT;
     if (status == FERRY_OK && nfds == 1) {
         *fd = fds[0];
