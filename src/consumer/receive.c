@@ -103,9 +103,11 @@ ferry_status ferry_consumer_connect(const char *address, uint32_t rank, int32_t 
     if (st == FERRY_OK)
         st = ferry_consumer_create_on(rank, device, &c);
     if (st == FERRY_OK)
-        st = ferry__cache_acquire(&d, rank, device, deadline, 0, &p);
+        st = ferry__cache_acquire(&d, FERRY__RANK_NONE, device, deadline, 0, &p);
     if (st == FERRY_OK)
         st = p->ops->view_map(p, device, deadline);
+    if (st == FERRY_OK) /* last: a connect that fails holds no rank */
+        st = ferry__cache_claim(p, rank, deadline);
     if (st != FERRY_OK) {
         if (p)
             ferry__cache_release(p);

@@ -138,8 +138,7 @@ static ferry_status import_vmm(ferry__mapped_pool *p, uint64_t deadline,
     uint64_t size;
     pid_t pid;
     uint64_t now = ferry__now_ns();
-    ferry_status st = ferry__broker_request(p->handle, p->pool_id, FERRY__RANK_NONE,
-                                            "CUDA VMM POSIX FD broker",
+    ferry_status st = ferry__broker_request(p->handle, p->pool_id, "CUDA VMM POSIX FD broker",
                                             deadline > now ? deadline - now : 0, &fd, &size, &pid);
     if (st != FERRY_OK)
         return st;
