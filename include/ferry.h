@@ -561,10 +561,11 @@ FERRY_API ferry_status ferry_consumer_fd(ferry_consumer *consumer, int *fd);
 FERRY_API ferry_status ferry_consumer_open(ferry_consumer *consumer, const ferry_descriptor *desc);
 
 /* Waits up to timeout_ns for the lease to be ready. STALE if this rank already acknowledged
- * it or its slot was reused or cancelled; MISMATCH if the descriptor's range is not inside
- * its lease (a forged or corrupted descriptor); PRODUCER_GONE if the producer died or closed
- * the pool; RANK_IN_USE as for ferry_consumer_open; TIMEOUT otherwise. The timeout bounds the
- * whole call, the first opening of the pool included (which gets at least 100 ms). */
+ * it (for a part of a packed lease: that part, from this process) or its slot was reused or
+ * cancelled; MISMATCH if the descriptor's range is not inside its lease (a forged or
+ * corrupted descriptor); PRODUCER_GONE if the producer died or closed the pool; RANK_IN_USE
+ * as for ferry_consumer_open; TIMEOUT otherwise. The timeout bounds the whole call, the first
+ * opening of the pool included (which gets at least 100 ms). */
 FERRY_API ferry_status ferry_consumer_wait(ferry_consumer *consumer, const ferry_descriptor *desc,
                                            uint64_t timeout_ns);
 

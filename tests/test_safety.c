@@ -511,6 +511,11 @@ static void test_packed_parts_one_by_one(void **state)
         assert_true(th_check_stamp(buf, w.length, (uint64_t)i + 1, NULL));
         assert_int_equal(ferry_consumer_ack(c, &w), FERRY_OK);
         assert_int_equal(ferry_consumer_ack(c, &w), FERRY_STALE); /* that part, twice */
+        /* and read again while the lease is current for the rank: STALE too, as a lease */
+        assert_int_equal(ferry_consumer_read(c, &w, buf, sizeof(buf), 0), FERRY_STALE);
+        if (k < 2)
+            assert_non_null(strstr(ferry_last_error(), "part"));
+        assert_int_equal(ferry_consumer_wait(c, &w, 0), FERRY_STALE);
         assert_int_equal(ferry_pool_reclaim(pool, &n), FERRY_OK);
         assert_int_equal(th_stats(pool).leases_in_flight, k < 2 ? 1 : 0);
     }

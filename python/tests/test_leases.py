@@ -326,6 +326,23 @@ def test_parts_are_acknowledged_one_by_one(workers_pair):
         wait_until(lambda: in_flight(pool) == 0)
 
 
+def test_receive_of_an_acknowledged_part_is_stale(worker):
+    """A part this rank acknowledged is Stale to receive again, as a whole lease is, while
+    its other parts are still to be read (a consumer deduplicating by Stale reads it once)."""
+    with ferry.Pool(1 << 20, 1) as pool:
+        ds = pool.publish_many([np.arange(3), np.arange(4.0)])
+        assert worker.call("receive_parts", ds, 0, [0])[0].tolist() == [0, 1, 2]
+        with pytest.raises(ferry.Stale, match="part 0 of lease"):
+            worker.call("receive_parts", ds, 0, [0])
+        with pytest.raises(ferry.Stale):
+            worker.call("receive_parts", ds, 0, [0], copy=False)
+        with pytest.raises(ferry.Stale):
+            worker.call("ack", ds[0], rank=0)
+        assert pool.consumer_info(0)["outstanding"] == 1
+        assert worker.call("receive_parts", ds, 0, [1])[0].tolist() == [0.0, 1.0, 2.0, 3.0]
+        wait_until(lambda: in_flight(pool) == 0)
+
+
 def test_part_views_acknowledge_when_freed(worker):
     with ferry.Pool(1 << 20, 1) as pool:
         ds = pool.publish_many([np.arange(3), np.arange(5)])

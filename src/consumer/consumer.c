@@ -202,7 +202,9 @@ static ferry_status load_ack(ferry_consumer *c, ferry__mapped_pool *p, uint32_t 
     return p->place->load_ack(p, c->device, slot, rank, value);
 }
 
-static ferry_status stale(const ferry__mapped_pool *p, const ferry_descriptor *d, uint32_t rank)
+static int part_acked(ferry__mapped_pool *p, const ferry_descriptor *d, uint32_t rank);
+
+static ferry_status stale(ferry__mapped_pool *p, const ferry_descriptor *d, uint32_t rank)
 {
     uint32_t now = ferry__load_acquire32(&p->generations[d->slot]);
     if (now == (d->generation | FERRY_GEN_CANCELLED))
@@ -214,14 +216,19 @@ static ferry_status stale(const ferry__mapped_pool *p, const ferry_descriptor *d
         return ferry__fail(FERRY_STALE,
                            "stale descriptor: slot %u now holds generation %u, descriptor has %u",
                            d->slot, now, d->generation);
+    if (d->part_count && part_acked(p, d, rank))
+        return ferry__fail(FERRY_STALE,
+                           "stale descriptor: part %u of lease (slot=%u, generation=%u) was "
+                           "already acknowledged for rank %u by this process",
+                           d->part_index, d->slot, d->generation, rank);
     return ferry__fail(FERRY_STALE,
                        "stale descriptor: lease (slot=%u, generation=%u) was already "
                        "acknowledged for rank %u or cancelled",
                        d->slot, d->generation, rank);
 }
 
-/* *state: 1 ready, 0 not yet, -1 stale (slot reused, or already acknowledged for rank);
- * *seen (may be NULL) the ready word as read. */
+/* *state: 1 ready, 0 not yet, -1 stale (slot reused, or already acknowledged for rank: the
+ * lease, or this part of it by this process); *seen (may be NULL) the ready word as read. */
 static ferry_status lease_state(ferry_consumer *c, ferry__mapped_pool *p, const ferry_descriptor *d,
                                 int check_ready, int *state, uint32_t *seen)
 {
@@ -230,9 +237,11 @@ static ferry_status lease_state(ferry_consumer *c, ferry__mapped_pool *p, const 
     if (ferry__load_acquire32(&p->generations[d->slot]) != d->generation)
         return FERRY_OK;
     ferry_status st = load_ack(c, p, d->slot, c->rank, &ack);
-    if (st == FERRY_OK && ack != d->generation && check_ready)
+    int acked = st == FERRY_OK &&
+                (ack == d->generation || (d->part_count && part_acked(p, d, c->rank)));
+    if (st == FERRY_OK && !acked && check_ready)
         st = load_word(c, p, row_word(p, d->slot), &ready);
-    if (st == FERRY_OK && ack != d->generation)
+    if (st == FERRY_OK && !acked)
         *state = check_ready ? ready == d->generation : 1;
     if (seen)
         *seen = ready;
@@ -516,6 +525,18 @@ static ferry__part_set **find_parts_locked(ferry__mapped_pool *p, const ferry_de
         pp = &s->next;
     }
     return pp;
+}
+
+/* Whether this process acknowledged part d->part_index of d's lease for rank (a part index
+ * beyond the set's count was not: part_ack judges that descriptor). */
+static int part_acked(ferry__mapped_pool *p, const ferry_descriptor *d, uint32_t rank)
+{
+    pthread_mutex_lock(&p->parts_lock);
+    const ferry__part_set *s = *find_parts_locked(p, d, rank);
+    int acked = s && d->part_index < s->count &&
+                (s->bits[d->part_index / 64] >> (d->part_index % 64) & 1u);
+    pthread_mutex_unlock(&p->parts_lock);
+    return acked;
 }
 
 static ferry__part_set *new_parts(const ferry_descriptor *d, uint32_t rank)
