@@ -239,6 +239,17 @@ static uint64_t ready_wait(const fy_wait *w)
     return left > FY_DEFAULT_WAIT_NS ? left : FY_DEFAULT_WAIT_NS;
 }
 
+/* Every out= tensor against its part, before any part is read and acknowledged: a refusal
+ * leaves the whole lease to the next recv. */
+static int check_outs(fy_consumer *c, const ferry_descriptor *descs, size_t count,
+                      PyObject *stream, PyObject *outs)
+{
+    for (size_t i = 0; i < count; i++)
+        if (fy_receive_check_out(c, &descs[i], stream, PyTuple_GET_ITEM(outs, (Py_ssize_t)i)) < 0)
+            return -1;
+    return 0;
+}
+
 /* Reads the lease: one Received (or out) for a single tensor, a list for a packed lease (out:
  * a list or tuple with one tensor per part). NULL with the exception and *status as
  * fy_receive_leased says; *from gets the first part not read. */
@@ -269,7 +280,7 @@ static PyObject *read_lease(fy_consumer *c, const ferry_descriptor *descs, size_
     if ((size_t)PyTuple_GET_SIZE(outs) != count) {
         PyErr_Format(PyExc_ValueError, "the lease holds %zu tensors; out= has %zd", count,
                      PyTuple_GET_SIZE(outs));
-    } else {
+    } else if (check_outs(c, descs, count, stream, outs) == 0) {
         /* Part by part (the library acknowledges the lease once every part was). */
         size_t i;
         for (i = 0; i < count; i++) {

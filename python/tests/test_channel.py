@@ -127,6 +127,16 @@ def test_packed_recv_into_out_and_views():
         pool.send(parts)
         with pytest.raises(ValueError, match="out= takes a list of 2"):
             rx.recv(timeout=1, out=np.empty(4, np.int32))
+        # A wrong second tensor (size, dtype, read-only) is refused before the first part is
+        # read or acknowledged: the whole lease comes again.
+        first = np.full(4, -1, np.int32)
+        read_only = np.empty((2, 3), np.float32)
+        read_only.flags.writeable = False
+        for second in (np.empty(5, np.float32), np.empty(6, np.int32), read_only):
+            with pytest.raises((ValueError, TypeError, BufferError)):
+                rx.recv(timeout=1, out=[first, second])
+            assert first.tolist() == [-1] * 4  # nothing read into it
+            assert pool.consumer_info(0)["outstanding"] == 1
         outs = [np.empty(4, np.int32), np.empty((2, 3), np.float32)]
         got = rx.recv(timeout=1, out=outs)  # the refused lease came again
         assert got[0] is outs[0] and got[1] is outs[1]
