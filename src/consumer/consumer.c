@@ -594,6 +594,32 @@ static ferry_status check_range(const ferry__mapped_pool *p, uint32_t first, uin
     return FERRY_OK;
 }
 
+/* After a part's acknowledgement that left others to acknowledge: the rank's word says so
+ * (generation | FERRY_ACK_PARTIAL), for the producer's consumer_info and pool-full message.
+ * Only where the word can be compared and swapped from the value read (ack), so that the mark
+ * never replaces an acknowledgement written meanwhile; words on the device go without. */
+static ferry_status mark_partial(ferry_consumer *c, ferry__mapped_pool *p,
+                                 const ferry_descriptor *d, uint32_t rank, uint32_t ack)
+{
+    uint32_t mark = d->generation | FERRY_ACK_PARTIAL;
+    int replaced;
+    if (!p->place->replace_compares || ack == mark)
+        return FERRY_OK;
+    return p->place->replace(p, c->device, row_word(p, d->slot) + 1 + rank, &ack, mark, &replaced);
+}
+
+/* Writes the lease's generation into the rank's word if it still holds *seen (what the caller
+ * read), or this lease's partial mark, which another thread's part acknowledgement may have
+ * written since. */
+static ferry_status replace_ack(ferry_consumer *c, ferry__mapped_pool *p, uint64_t word,
+                                uint32_t *seen, uint32_t generation, int *replaced)
+{
+    ferry_status st = p->place->replace(p, c->device, word, seen, generation, replaced);
+    if (st == FERRY_OK && !*replaced && *seen == (generation | FERRY_ACK_PARTIAL))
+        st = p->place->replace(p, c->device, word, seen, generation, replaced);
+    return st;
+}
+
 /* One rank's acknowledgement, now or (stream != NULL or GPU) enqueued on stream: *wrote is
  * 1 if its word was written, 0 if only a part was recorded, -1 if it was acknowledged
  * already. */
@@ -610,6 +636,8 @@ static ferry_status ack_one(ferry_consumer *c, ferry__mapped_pool *p, const ferr
         return st;
     if (d->part_count)
         st = part_ack(p, d, rank, &complete);
+    if (st == FERRY_OK && complete == 0 && !enqueue)
+        st = mark_partial(c, p, d, rank, ack);
     if (st != FERRY_OK || complete <= 0) {
         *wrote = complete;
         return st;
@@ -619,7 +647,7 @@ static ferry_status ack_one(ferry_consumer *c, ferry__mapped_pool *p, const ferr
     /* From the value read: a writer paused since its generation check must not replace the
      * acknowledgement of a newer lease of the slot (whose row would never complete). */
     st = enqueue ? p->ops->view_enqueue_store(p, c->device, word, d->generation, stream)
-                 : p->place->replace(p, c->device, word, &ack, d->generation, &replaced);
+                 : replace_ack(c, p, word, &ack, d->generation, &replaced);
     if (st == FERRY_OK && !replaced)
         view_end(p, d->slot, rank, d->generation); /* acknowledged meanwhile, or moved on */
     if (st != FERRY_OK || !replaced)
@@ -707,6 +735,46 @@ ferry_status ferry_consumer_ack_all(ferry_consumer *c, const ferry_descriptor *d
     if (!d)
         return ferry__fail(FERRY_INVALID_ARGUMENT, "descriptor is NULL");
     return ack_call(c, d, 0, d->consumer_count, 0);
+}
+
+/* ---- whole leases through any part ------------------------------------------------------- */
+
+/* The lease a descriptor belongs to, whole: a packed lease's part stands for every part (its
+ * part fields are checked first, as any acknowledgement checks them). The rank's word takes
+ * the lease's generation at once, whatever parts this or another process acknowledged. */
+static ferry_status ack_lease_call(ferry_consumer *c, const ferry_descriptor *d, int rank_only,
+                                   uint32_t first, uint32_t count, int strict)
+{
+    if (!c || !d)
+        return ferry__fail(FERRY_INVALID_ARGUMENT, "consumer or descriptor is NULL");
+    if (d->part_count && d->part_index >= d->part_count)
+        return ferry__fail(FERRY_INVALID_ARGUMENT, "descriptor part %u of %u is out of range",
+                           d->part_index, d->part_count);
+    ferry_descriptor whole = *d;
+    whole.part_index = 0;
+    whole.part_count = 0;
+    if (rank_only)
+        first = c->rank;
+    return ack_call(c, &whole, first, count, strict);
+}
+
+ferry_status ferry_consumer_ack_lease(ferry_consumer *c, const ferry_descriptor *d)
+{
+    FERRY_CUDA_BOUNDARY;
+    return ack_lease_call(c, d, 1, 0, 1, 1);
+}
+
+ferry_status ferry_consumer_ack_lease_range(ferry_consumer *c, const ferry_descriptor *d,
+                                            uint32_t first, uint32_t count)
+{
+    FERRY_CUDA_BOUNDARY;
+    return ack_lease_call(c, d, 0, first, count, 0);
+}
+
+ferry_status ferry_consumer_ack_lease_all(ferry_consumer *c, const ferry_descriptor *d)
+{
+    FERRY_CUDA_BOUNDARY;
+    return ack_lease_call(c, d, 0, 0, d ? d->consumer_count : 0, 0);
 }
 
 /* ---- stream-ordered (GPU pools) -------------------------------------------------------- */

@@ -32,6 +32,12 @@
  * bit, so consumers tell a cancelled lease from a live one without reading control words
  * (which may live on the device). */
 #define FERRY_GEN_CANCELLED 0x80000000u
+/* An acknowledgement word holding generation | FERRY_ACK_PARTIAL: a consumer acknowledged some
+ * parts of that packed lease for the rank, not all (the producer names such leases in
+ * consumer_info and in the pool-full message). It never equals a generation, so to every
+ * reader that compares the word with one it is "not acknowledged"; written by compare-and-swap
+ * from the value read only, so it never replaces an acknowledgement. */
+#define FERRY_ACK_PARTIAL 0x80000000u
 
 typedef struct ferry__shm_header {
     uint32_t magic;

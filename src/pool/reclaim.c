@@ -186,20 +186,21 @@ ferry_status ferry__rank_attached(void *arg, uint32_t rank, pid_t pid, pid_t *ho
     return FERRY_OK;
 }
 
-/* The rank with the oldest published lease it has not acknowledged. */
-static int slowest_rank_locked(ferry_pool *pool, uint64_t *oldest, uint64_t *held)
+/* The rank with the oldest published lease it has not acknowledged: how many it holds, and
+ * how many of those are packed leases it acknowledged some parts of (FERRY_ACK_PARTIAL). */
+static int slowest_rank_locked(ferry_pool *pool, uint64_t *oldest, uint64_t *held, uint64_t *partly)
 {
     int worst = -1;
     pool->ops->sync_control(&pool->mem);
     for (uint32_t r = 0; r < pool->consumers; r++) {
-        uint64_t old = UINT64_MAX, count = 0;
+        uint64_t old = UINT64_MAX, count = 0, partial = 0;
         for (uint32_t i = 0; i < pool->inflight_count; i++) {
             uint32_t slot = pool->inflight[i];
             const uint32_t *row = ferry__row(pool->mem.control, pool->row_words, slot);
-            uint32_t gen = pool->slots[slot].generation;
-            if (ferry__load_acquire32(&row[0]) == gen &&
-                ferry__load_acquire32(&row[1 + r]) != gen) {
+            uint32_t gen = pool->slots[slot].generation, ack = ferry__load_acquire32(&row[1 + r]);
+            if (ferry__load_acquire32(&row[0]) == gen && ack != gen) {
                 count++;
+                partial += ack == (gen | FERRY_ACK_PARTIAL);
                 if (pool->slots[slot].leased_ns < old)
                     old = pool->slots[slot].leased_ns;
             }
@@ -208,6 +209,7 @@ static int slowest_rank_locked(ferry_pool *pool, uint64_t *oldest, uint64_t *hel
             worst = (int)r;
             *oldest = old;
             *held = count;
+            *partly = partial;
         }
     }
     return worst;
@@ -215,8 +217,8 @@ static int slowest_rank_locked(ferry_pool *pool, uint64_t *oldest, uint64_t *hel
 
 void ferry__describe_backlog_locked(ferry_pool *pool, char *buf, size_t size)
 {
-    uint64_t oldest = 0, held = 0;
-    int r = slowest_rank_locked(pool, &oldest, &held);
+    uint64_t oldest = 0, held = 0, partly = 0;
+    int r = slowest_rank_locked(pool, &oldest, &held, &partly);
     if (r < 0) {
         snprintf(buf, size, "no consumer holds a published lease");
         return;
@@ -225,8 +227,15 @@ void ferry__describe_backlog_locked(ferry_pool *pool, char *buf, size_t size)
     const char *state = !rk->pid                                    ? "not attached yet"
                         : ferry__proc_alive(rk->pid, rk->starttime) ? "alive"
                                                                     : "dead";
-    snprintf(buf, size, "slowest consumer: rank %d (pid %d, %s) holds %llu leases, oldest %.3f ms",
-             r, (int)rk->pid, state, (unsigned long long)held,
+    char parts[160] = "";
+    if (partly)
+        snprintf(parts, sizeof(parts),
+                 " (%llu partly acknowledged: packed leases with parts left, which "
+                 "ferry_consumer_ack_lease acknowledges whole)",
+                 (unsigned long long)partly);
+    snprintf(buf, size,
+             "slowest consumer: rank %d (pid %d, %s) holds %llu leases%s, oldest %.3f ms", r,
+             (int)rk->pid, state, (unsigned long long)held, parts,
              (double)(ferry__now_ns() - oldest) / 1e6);
 }
 

@@ -517,6 +517,7 @@ const ferry__placement ferry__device_placement = {
     .load = device_load,
     .load_ack = device_load_ack,
     .replace = device_replace,
+    .replace_compares = 0,
     .note_ack = device_note_ack,
     .seen = device_seen,
     .sleep = device_sleep,
