@@ -4,8 +4,8 @@ BUILD ?= build
 CMAKE ?= cmake
 BENCH_ARGS ?=
 
-.PHONY: all deps check check-fast check-asan check-tsan check-python check-build-types bench fuzz \
-  format clean
+.PHONY: all deps check check-fast check-asan check-tsan check-python check-build-types \
+  check-aarch64 bench fuzz format clean
 
 all: deps $(BUILD)/Makefile
 	$(CMAKE) --build $(BUILD) -j $(JOBS)
@@ -24,9 +24,9 @@ build-tsan/Makefile:
 	$(CMAKE) -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DFERRY_SANITIZE=thread
 
 # Every test: the C suite in the normal build and in the ASan+UBSan and TSan builds, every
-# build type with gcc and clang, then the Python package's tests (pip installs numpy, pytest
-# and scikit-build-core).
-check: check-fast check-asan check-tsan check-build-types check-python
+# build type with gcc and clang, the aarch64 cross build and its tests under qemu-user, then
+# the Python package's tests (pip installs numpy, pytest and scikit-build-core).
+check: check-fast check-asan check-tsan check-build-types check-aarch64 check-python
 
 check-python: all
 	python/run-tests
@@ -60,6 +60,12 @@ check-build-types: deps
 	  fi; \
 	done; done
 
+# aarch64 as a checked target (scripts/check-aarch64): a cross build with Debian's
+# gcc-aarch64-linux-gnu under -Werror, then the C tests under qemu-aarch64 where qemu-user is
+# installed (skipped with a message where it is not).
+check-aarch64: deps
+	JOBS=$(JOBS) scripts/check-aarch64
+
 # The main job: producer and consumers through ferry against the same-run floor, then the
 # allocator against a list scan.
 bench: all
@@ -82,4 +88,4 @@ format:
 	clang-format -i include/*.h src/*/*.[ch] tools/*/*.[ch] tests/*.[ch] bench/*.c examples/c/*.c
 
 clean:
-	rm -rf $(BUILD) build-asan build-tsan build-fuzz build-types python/build
+	rm -rf $(BUILD) build-asan build-tsan build-fuzz build-types build-aarch64 python/build

@@ -338,7 +338,10 @@ FERRY_API ferry_status ferry_pool_publish(ferry_pool *pool, const ferry_tensor *
 /* Publishes count tensors of one request into a single lease, each offset aligned to its
  * element size; descs[i] describes tensors[i] (part_index i of part_count count). All
  * descriptors share the lease: a rank may receive and acknowledge the parts one by one (in
- * one process), and the lease is acknowledged for that rank once all its parts are; the
+ * one process), and the lease is acknowledged for that rank once all its parts are; any
+ * process may acknowledge it whole through any part (ferry_consumer_ack_lease and its range
+ * and all forms). A lease a rank acknowledged some parts of, not all, is counted in
+ * ferry_pool_consumer_info's partly_acknowledged and named in POOL_FULL's message. The
  * producer cancels it through any part (cancelling another part afterwards is harmless). */
 FERRY_API ferry_status ferry_pool_publish_many(ferry_pool *pool, const ferry_tensor *tensors,
                                                const void *const *srcs, size_t count,
@@ -404,12 +407,13 @@ FERRY_API ferry_status ferry_pool_drain(ferry_pool *pool, uint64_t timeout_ns);
 /* ------------------------------------------------------------------------------------
  * Channels: connect by address, send and receive without a channel of your own
  *
- * Every pool has an address, a short printable string ("ferry:" and 32 hex digits, the name
- * of its broker on this machine) that a server passes in a flag, an environment variable or
- * its config. Consumers connect to it (ferry_consumer_connect) and receive what the producer
- * sends (ferry_pool_send) from their rank's descriptor ring, which lives in the pool's shared
- * host segment (channel_depth entries per rank): no socket on the way. The descriptor API
- * above stays as it is; the two mix freely.
+ * Every pool has an address, a short printable string ("ferry:" and 32 lowercase hex digits,
+ * the name of its broker on this machine) that a server passes in a flag, an environment
+ * variable or its config; only that exact form is accepted. Consumers connect to it
+ * (ferry_consumer_connect) and receive what the producer sends (ferry_pool_send) from their
+ * rank's descriptor ring, which lives in the pool's shared host segment (channel_depth
+ * entries per rank): no socket on the way. The descriptor API above stays as it is; the two
+ * mix freely.
  * ---------------------------------------------------------------------------------- */
 
 /* Bytes an address needs, NUL included. */
@@ -490,7 +494,7 @@ typedef struct ferry_pool_stats {
 /* Fills *stats (whose struct_size and version the caller sets). */
 FERRY_API ferry_status ferry_pool_stats_get(ferry_pool *pool, ferry_pool_stats *stats);
 
-#define FERRY_CONSUMER_INFO_VERSION 1
+#define FERRY_CONSUMER_INFO_VERSION 2
 
 typedef struct ferry_consumer_info {
     uint32_t struct_size;   /* set by the caller: sizeof(ferry_consumer_info) */
@@ -500,15 +504,22 @@ typedef struct ferry_consumer_info {
     int64_t pid;            /* its last process (producer's pid namespace), 0 if none */
     uint64_t outstanding;   /* published leases it has not acknowledged */
     uint64_t oldest_age_ns; /* age of its oldest unacknowledged lease, 0 if none */
+    /* version 2 */
+    uint64_t partly_acknowledged; /* of those, packed leases some of whose parts it
+                                   * acknowledged, not all (0 where the control words live
+                                   * on the device: they are not marked there) */
 } ferry_consumer_info;
 
 #define FERRY_CONSUMER_INFO_INIT                                                                   \
     {                                                                                              \
-        sizeof(ferry_consumer_info), FERRY_CONSUMER_INFO_VERSION, 0, 0, 0, 0, 0                    \
+        sizeof(ferry_consumer_info), FERRY_CONSUMER_INFO_VERSION, 0, 0, 0, 0, 0, 0                 \
     }
 
-/* Per-rank view of the pool: who is behind and whether its process is alive. The caller sets
- * info's struct_size and version (FERRY_CONSUMER_INFO_INIT). */
+/* Per-rank view of the pool: who is behind, whether its process is alive, and how many of
+ * its leases are packed leases it acknowledged only some parts of (a leader that released a
+ * packed request through one part's descriptor with ferry_consumer_ack_range instead of
+ * ferry_consumer_ack_lease_range leaves those). The caller sets info's struct_size and
+ * version (FERRY_CONSUMER_INFO_INIT; an older version gets the fields it has). */
 FERRY_API ferry_status ferry_pool_consumer_info(ferry_pool *pool, uint32_t rank,
                                                 ferry_consumer_info *info);
 
@@ -553,8 +564,9 @@ FERRY_API void ferry_consumer_destroy(ferry_consumer *consumer);
  * consumer of host pools only): opens the pool and claims the rank for this process (one
  * live process per rank: RANK_IN_USE otherwise), before the first tensor is sent. The
  * consumer keeps the pool mapped until it is destroyed. PRODUCER_GONE if nobody serves the
- * address, INVALID_ARGUMENT for a malformed address or rank, TIMEOUT after 5 s. The consumer
- * works with every call above; ferry_consumer_recv and ferry_consumer_fd need it.
+ * address, INVALID_ARGUMENT for a malformed address (anything but the form
+ * ferry_pool_address prints) or rank, TIMEOUT after 5 s. The consumer works with every call
+ * above; ferry_consumer_recv and ferry_consumer_fd need it.
  *
  * address may also be a pool's remote address (ferry_pool_remote_address,
  * "ferry+ucx://..."), from any host: the consumer is admitted over TCP (PERMISSION for a
@@ -595,10 +607,11 @@ FERRY_API ferry_status ferry_consumer_fd(ferry_consumer *consumer, int *fd);
 FERRY_API ferry_status ferry_consumer_open(ferry_consumer *consumer, const ferry_descriptor *desc);
 
 /* Waits up to timeout_ns for the lease to be ready. STALE if this rank already acknowledged
- * it or its slot was reused or cancelled; MISMATCH if the descriptor's range is not inside
- * its lease (a forged or corrupted descriptor); PRODUCER_GONE if the producer died or closed
- * the pool; RANK_IN_USE as for ferry_consumer_open; TIMEOUT otherwise. The timeout bounds the
- * whole call, the first opening of the pool included (which gets at least 100 ms). */
+ * it (for a part of a packed lease: that part, from this process) or its slot was reused or
+ * cancelled; MISMATCH if the descriptor's range is not inside its lease (a forged or
+ * corrupted descriptor); PRODUCER_GONE if the producer died or closed the pool; RANK_IN_USE
+ * as for ferry_consumer_open; TIMEOUT otherwise. The timeout bounds the whole call, the first
+ * opening of the pool included (which gets at least 100 ms). */
 FERRY_API ferry_status ferry_consumer_wait(ferry_consumer *consumer, const ferry_descriptor *desc,
                                            uint64_t timeout_ns);
 
@@ -618,9 +631,10 @@ FERRY_API ferry_status ferry_consumer_view(ferry_consumer *consumer, const ferry
                                            const void **data, uint64_t timeout_ns);
 
 /* Acknowledges the lease as this consumer's rank (also without reading it). For a part of a
- * packed lease, acknowledges that part (see ferry_pool_publish_many). STALE if it was
- * acknowledged already; PRODUCER_GONE if the producer is gone (the ack still ends this
- * process's view of the lease). Claims no rank. */
+ * packed lease, acknowledges that part (see ferry_pool_publish_many; the whole lease at
+ * once: ferry_consumer_ack_lease). STALE if it was acknowledged already; PRODUCER_GONE if
+ * the producer is gone (the ack still ends this process's view of the lease). Claims no
+ * rank. */
 FERRY_API ferry_status ferry_consumer_ack(ferry_consumer *consumer, const ferry_descriptor *desc);
 
 /* Acknowledges the lease for ranks [first, first + count) (an attention subgroup), on their
@@ -633,6 +647,30 @@ FERRY_API ferry_status ferry_consumer_ack_range(ferry_consumer *consumer,
 /* Acknowledges the lease for every rank (as ferry_consumer_ack_range). */
 FERRY_API ferry_status ferry_consumer_ack_all(ferry_consumer *consumer,
                                               const ferry_descriptor *desc);
+
+/* Whole-lease acknowledgements, through any one descriptor of a lease. For a part of a
+ * packed lease (ferry_pool_publish_many) they acknowledge the whole lease at once, every
+ * part, whichever parts this or another process acknowledged before (the acknowledgements
+ * above, through a part, acknowledge that part only, and the lease stays in flight until
+ * every part is): what a group leader needs to release an abandoned packed request (a cache
+ * hit, an aborted request) through the one descriptor it holds. For a lease of one tensor
+ * they are the calls above. Claim no rank; end the ranks' views and CPU reads of every part
+ * as the calls above end them for one.
+ *
+ * ferry_consumer_ack_lease: as this consumer's rank; STALE if the rank had acknowledged the
+ * lease already (or it was cancelled, or its slot reused). */
+FERRY_API ferry_status ferry_consumer_ack_lease(ferry_consumer *consumer,
+                                                const ferry_descriptor *desc);
+
+/* The whole lease for ranks [first, first + count); STALE only if every rank had
+ * acknowledged it already. */
+FERRY_API ferry_status ferry_consumer_ack_lease_range(ferry_consumer *consumer,
+                                                      const ferry_descriptor *desc, uint32_t first,
+                                                      uint32_t count);
+
+/* The whole lease for every rank (as ferry_consumer_ack_lease_range). */
+FERRY_API ferry_status ferry_consumer_ack_lease_all(ferry_consumer *consumer,
+                                                    const ferry_descriptor *desc);
 
 /* GPU pools, stream-ordered consume on the consumer's stream (a CUstream; NULL is the
  * legacy default stream): waits for the ready word (cuStreamWaitValue32), copies the tensor

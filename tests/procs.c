@@ -3,6 +3,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/wait.h>
@@ -37,9 +38,13 @@ th_helper th_spawn_helper(const char *role, const char *arg1, const char *arg2)
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_adddup2(&fa, sv[1], TH_CHANNEL_FD);
-    char *argv[] = {exe, "--helper", (char *)role, (char *)arg1, (char *)arg2, NULL};
+    /* Under a user-mode emulator (the aarch64 check runs the tests in qemu-user, which does
+     * not follow an exec of a foreign binary), the helper runs in the emulator too. */
+    char *emulator = getenv("FERRY_TEST_EMULATOR");
+    char *argv[] = {emulator, exe, "--helper", (char *)role, (char *)arg1, (char *)arg2, NULL};
+    char **args = emulator && *emulator ? argv : argv + 1;
     th_helper h = {.fd = sv[0]};
-    assert_int_equal(posix_spawn(&h.pid, exe, &fa, NULL, argv, environ), 0);
+    assert_int_equal(posix_spawnp(&h.pid, args[0], &fa, NULL, args, environ), 0);
     posix_spawn_file_actions_destroy(&fa);
     close(sv[1]);
     return h;

@@ -160,17 +160,25 @@ static uint64_t get64(const uint8_t *p)
     return v;
 }
 
-/* A valid OPEN request, written byte by byte as docs/wire-format.md describes it. */
+/* An OPEN request (valid with rank FERRY__RANK_NONE), written byte by byte as
+ * docs/wire-format.md describes it. */
 static void make_request(uint8_t out[REQUEST_SIZE], const uint8_t pool_id[16], uint32_t rank)
 {
     memcpy(out, "FRYB", 4);
-    out[4] = 2; /* version */
+    out[4] = 3; /* version */
     out[5] = 0;
     out[6] = 1; /* type OPEN */
     out[7] = 0;
     memcpy(out + 8, pool_id, 16);
     put32(out + 24, rank);
     put32(out + 28, 0);
+}
+
+/* A CLAIM request of rank. */
+static void make_claim(uint8_t out[REQUEST_SIZE], const uint8_t pool_id[16], uint32_t rank)
+{
+    make_request(out, pool_id, rank);
+    out[6] = 4; /* type CLAIM */
 }
 
 static int raw_connect(const uint8_t name[16])
@@ -183,25 +191,32 @@ static int raw_connect(const uint8_t name[16])
     return s;
 }
 
-static void raw_send(int s, const void *buf, size_t len, int fd_to_pass)
+/* Sends len bytes with nfds descriptors (at most 4) in one SCM_RIGHTS message. */
+static void raw_send_fds(int s, const void *buf, size_t len, const int *fds, size_t nfds)
 {
     union {
         struct cmsghdr align;
-        char buf[CMSG_SPACE(sizeof(int))];
+        char buf[CMSG_SPACE(sizeof(int) * 4)];
     } control;
     struct iovec iov = {(void *)buf, len};
     struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
-    if (fd_to_pass >= 0) {
+    assert_true(nfds <= 4);
+    if (nfds > 0) {
         memset(&control, 0, sizeof(control));
         msg.msg_control = control.buf;
-        msg.msg_controllen = sizeof(control.buf);
+        msg.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
         struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
         c->cmsg_level = SOL_SOCKET;
         c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(c), &fd_to_pass, sizeof(int));
+        c->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
+        memcpy(CMSG_DATA(c), fds, sizeof(int) * nfds);
     }
     assert_int_equal(sendmsg(s, &msg, MSG_NOSIGNAL), (ssize_t)len);
+}
+
+static void raw_send(int s, const void *buf, size_t len, int fd_to_pass)
+{
+    raw_send_fds(s, buf, len, &fd_to_pass, fd_to_pass >= 0);
 }
 
 /* Waits up to wait_ms for the broker's reply on s; returns its length (-1: none came) and
@@ -240,25 +255,32 @@ static ssize_t raw_receive(int s, uint8_t *buf, size_t size, int wait_ms, int *f
     return n;
 }
 
-/* Sends len bytes (plus fd_to_pass when >= 0) over a fresh raw connection and returns the
+/* Sends len bytes (plus nfds descriptors) over a fresh raw connection and returns the
  * status of the broker's reply, checking that the reply is well formed and carries no fd
- * unless it is OK (whose fd is closed). */
-static int raw_exchange(const uint8_t name[16], const void *buf, size_t len, int fd_to_pass)
+ * unless it grants an OPEN (whose fd is closed). */
+static int raw_exchange_fds(const uint8_t name[16], const void *buf, size_t len, const int *fds,
+                            size_t nfds_sent)
 {
     uint8_t reply[64];
     int fd, nfds;
     int s = raw_connect(name);
-    raw_send(s, buf, len, fd_to_pass);
+    raw_send_fds(s, buf, len, fds, nfds_sent);
     ssize_t n = raw_receive(s, reply, sizeof(reply), 5000, &fd, &nfds);
     close(s);
-    assert_int_equal(n, REPLY_SIZE);
+    assert_true(n == REPLY_SIZE || n == REPLY_SIZE + 256); /* a DESCRIBE granted: + 256 */
     assert_memory_equal(reply, "FRYR", 4);
-    assert_int_equal(reply[4] | (reply[5] << 8), 2);
+    assert_int_equal(reply[4] | (reply[5] << 8), 3);
     int status = reply[6] | (reply[7] << 8);
-    assert_int_equal(nfds, status == FERRY_OK ? 1 : 0);
+    int open_request = len > 6 && ((const uint8_t *)buf)[6] == 1;
+    assert_int_equal(nfds, status == FERRY_OK && open_request ? 1 : 0); /* OPEN granted: the fd */
     if (fd >= 0)
         close(fd);
     return status;
+}
+
+static int raw_exchange(const uint8_t name[16], const void *buf, size_t len, int fd_to_pass)
+{
+    return raw_exchange_fds(name, buf, len, &fd_to_pass, fd_to_pass >= 0);
 }
 
 static int count_fds(void)
@@ -313,11 +335,20 @@ static int wait_child(pid_t pid)
     return WEXITSTATUS(st);
 }
 
+/* Opens the pool and, unless rank is FERRY__RANK_NONE, claims rank, as a consumer does; the
+ * fd is closed (and *fd -1) when the claim is refused. */
 static int request(fixture *f, const uint8_t *pool_id, uint32_t rank, int *fd)
 {
     uint64_t size;
     pid_t pid;
-    return ferry__broker_request(f->name, pool_id, rank, LABEL, TIMEOUT_NS, fd, &size, &pid);
+    ferry_status st = ferry__broker_request(f->name, pool_id, LABEL, TIMEOUT_NS, fd, &size, &pid);
+    if (st == FERRY_OK && rank != FERRY__RANK_NONE)
+        st = ferry__broker_claim(f->name, pool_id, rank, LABEL, TIMEOUT_NS);
+    if (st != FERRY_OK && *fd >= 0) {
+        close(*fd);
+        *fd = -1;
+    }
+    return st;
 }
 
 /* ------------------------------------------------------------------------------------
@@ -330,8 +361,11 @@ static int child_open_and_check(const fixture *f, uint32_t rank)
     int fd = -1;
     uint64_t size = 0;
     pid_t producer = 0;
-    if (ferry__broker_request(f->name, f->pool_id, rank, LABEL, TIMEOUT_NS, &fd, &size,
-                              &producer) != FERRY_OK)
+    ferry_status st =
+        ferry__broker_request(f->name, f->pool_id, LABEL, TIMEOUT_NS, &fd, &size, &producer);
+    if (st == FERRY_OK)
+        st = ferry__broker_claim(f->name, f->pool_id, rank, LABEL, TIMEOUT_NS);
+    if (st != FERRY_OK)
         return 1;
     if (size != POOL_SIZE || producer != getppid())
         return 1;
@@ -390,9 +424,9 @@ static void test_received_fd_is_cloexec(void **state)
     pid_t producer = 0;
     struct stat a, b;
 
-    assert_int_equal(ferry__broker_request(f->name, f->pool_id, CONSUMERS - 1, LABEL, TIMEOUT_NS,
-                                           &fd, &size, &producer),
-                     FERRY_OK);
+    assert_int_equal(
+        ferry__broker_request(f->name, f->pool_id, LABEL, TIMEOUT_NS, &fd, &size, &producer),
+        FERRY_OK);
     assert_true(fcntl(fd, F_GETFD) & FD_CLOEXEC);
     assert_int_equal(size, POOL_SIZE);
     assert_int_equal(producer, getpid());
@@ -400,6 +434,9 @@ static void test_received_fd_is_cloexec(void **state)
     assert_int_equal(fstat(f->memfd, &b), 0);
     assert_true(a.st_ino == b.st_ino && a.st_dev == b.st_dev);
     close(fd);
+    assert_int_equal(attach_count(f), 0); /* an OPEN claims nothing */
+    assert_int_equal(ferry__broker_claim(f->name, f->pool_id, CONSUMERS - 1, LABEL, TIMEOUT_NS),
+                     FERRY_OK);
     assert_int_equal(attach_count(f), 1);
     assert_int_equal(f->log.rank[0], CONSUMERS - 1);
     assert_int_equal(f->log.pid[0], getpid());
@@ -411,7 +448,7 @@ static void test_hand_made_request_and_reply_bytes(void **state)
     uint8_t req[REQUEST_SIZE], reply[64];
     int fd, nfds;
 
-    make_request(req, f->pool_id, 1);
+    make_request(req, f->pool_id, FERRY__RANK_NONE);
     int s = raw_connect(f->name);
     raw_send(s, req, sizeof(req), -1);
     ssize_t n = raw_receive(s, reply, sizeof(reply), 5000, &fd, &nfds);
@@ -421,12 +458,28 @@ static void test_hand_made_request_and_reply_bytes(void **state)
     assert_true(fd >= 0);
     close(fd);
     assert_memory_equal(reply, "FRYR", 4);
-    assert_int_equal(reply[4], 2);
+    assert_int_equal(reply[4], 3);
     assert_int_equal(reply[5], 0);
     assert_int_equal(reply[6], 0);
     assert_int_equal(reply[7], 0);
     assert_int_equal(get64(reply + 8), POOL_SIZE);
     assert_int_equal(get64(reply + 16), 0);
+    assert_int_equal(attach_count(f), 0);
+
+    /* A CLAIM: granted with status 0, size 0, detail 0 and no descriptor. */
+    make_claim(req, f->pool_id, 1);
+    s = raw_connect(f->name);
+    raw_send(s, req, sizeof(req), -1);
+    n = raw_receive(s, reply, sizeof(reply), 5000, &fd, &nfds);
+    close(s);
+    assert_int_equal(n, REPLY_SIZE);
+    assert_int_equal(nfds, 0);
+    assert_memory_equal(reply, "FRYR\x03\x00\x00\x00", 8);
+    assert_int_equal(get64(reply + 8), 0);
+    assert_int_equal(get64(reply + 16), 0);
+    assert_int_equal(attach_count(f), 1);
+    assert_int_equal(f->log.rank[0], 1);
+    assert_int_equal(f->log.pid[0], getpid());
 }
 
 /* ------------------------------------------------------------------------------------
@@ -472,7 +525,7 @@ static void test_malformed_requests(void **state)
     uint64_t refused = 0;
     int fds_before = count_fds();
 
-    make_request(good, f->pool_id, 0);
+    make_request(good, f->pool_id, FERRY__RANK_NONE);
     assert_int_equal(raw_exchange(f->name, good, 0, -1), FERRY_INVALID_ARGUMENT); /* empty */
     assert_int_equal(raw_exchange(f->name, good, REQUEST_SIZE - 1, -1), FERRY_INVALID_ARGUMENT);
     assert_int_equal(ferry__broker_refused(f->broker), refused += 2);
@@ -489,11 +542,13 @@ static void test_malformed_requests(void **state)
     } corruptions[] = {
         {0, 'X'},   /* magic */
         {3, 'R'},   /* magic "FRYR": a reply is not a request */
-        {4, 1},     /* version 1, the previous one */
-        {4, 3},     /* version */
+        {4, 2},     /* version 2, the previous one */
+        {4, 4},     /* version */
         {5, 1},     /* version, high byte */
         {6, 2},     /* type */
+        {6, 5},     /* type: none after CLAIM */
         {7, 1},     /* type, high byte */
+        {24, 0},    /* an OPEN naming a rank (0): only a CLAIM claims */
         {28, 1},    /* reserved */
         {31, 0x80}, /* reserved, last byte */
     };
@@ -511,12 +566,38 @@ static void test_malformed_requests(void **state)
     assert_int_equal(ferry__broker_refused(f->broker), ++refused);
     assert_int_equal(raw_exchange(f->name, good, 0, pipe_fds[1]), FERRY_INVALID_ARGUMENT);
     assert_int_equal(ferry__broker_refused(f->broker), ++refused);
+    /* Nor with two: OPEN and DESCRIBE carry none, NOTIFY exactly one. */
+    assert_int_equal(raw_exchange_fds(f->name, good, REQUEST_SIZE, pipe_fds, 2),
+                     FERRY_INVALID_ARGUMENT);
+    assert_int_equal(ferry__broker_refused(f->broker), ++refused);
+    uint8_t describe[REQUEST_SIZE];
+    make_request(describe, (const uint8_t[16]){0}, UINT32_MAX);
+    describe[6] = 2; /* type DESCRIBE */
+    for (size_t n = 1; n <= 2; n++) {
+        assert_int_equal(raw_exchange_fds(f->name, describe, REQUEST_SIZE, pipe_fds, n),
+                         FERRY_INVALID_ARGUMENT);
+        assert_int_equal(ferry__broker_refused(f->broker), ++refused);
+    }
+    assert_int_equal(raw_exchange(f->name, describe, REQUEST_SIZE, -1), FERRY_NOT_SUPPORTED);
+    assert_int_equal(ferry__broker_refused(f->broker), ++refused); /* no describer here */
+    close(pipe_fds[0]);
+    close(pipe_fds[1]);
+
+    /* A CLAIM naming no rank, or carrying a descriptor. */
+    make_claim(bad, f->pool_id, FERRY__RANK_NONE);
+    assert_int_equal(raw_exchange(f->name, bad, REQUEST_SIZE, -1), FERRY_INVALID_ARGUMENT);
+    assert_int_equal(ferry__broker_refused(f->broker), ++refused);
+    make_claim(bad, f->pool_id, 0);
+    assert_int_equal(pipe2(pipe_fds, O_CLOEXEC), 0);
+    assert_int_equal(raw_exchange(f->name, bad, REQUEST_SIZE, pipe_fds[0]), FERRY_INVALID_ARGUMENT);
+    assert_int_equal(ferry__broker_refused(f->broker), ++refused);
     close(pipe_fds[0]);
     close(pipe_fds[1]);
 
     /* Still serving, and nothing attached on the way. */
     assert_int_equal(attach_count(f), 0);
     assert_int_equal(raw_exchange(f->name, good, REQUEST_SIZE, -1), FERRY_OK);
+    assert_int_equal(raw_exchange(f->name, bad, REQUEST_SIZE, -1), FERRY_OK);
     int fd = -1;
     assert_int_equal(request(f, f->pool_id, 0, &fd), FERRY_OK);
     close(fd);
@@ -560,7 +641,7 @@ static int child_as_nobody(const fixture *f)
         setresuid(NOBODY, NOBODY, NOBODY) != 0)
         return EXIT_NO_DROP;
     ferry_status st =
-        ferry__broker_request(f->name, f->pool_id, 0, LABEL, TIMEOUT_NS, &fd, &size, &producer);
+        ferry__broker_request(f->name, f->pool_id, LABEL, TIMEOUT_NS, &fd, &size, &producer);
     if (st != FERRY_PERMISSION || fd != -1)
         return 1;
     return strcmp(ferry_last_error(), LABEL " refused the request: permission denied") == 0 ? 0 : 2;
@@ -596,7 +677,7 @@ static void test_nobody_listening(void **state)
     pid_t pid = 7;
 
     random_bytes(name, sizeof(name));
-    assert_int_equal(ferry__broker_request(name, pool_id, 0, LABEL, TIMEOUT_NS, &fd, &size, &pid),
+    assert_int_equal(ferry__broker_request(name, pool_id, LABEL, TIMEOUT_NS, &fd, &size, &pid),
                      FERRY_PRODUCER_GONE);
     assert_non_null(strstr(ferry_last_error(), LABEL " is not reachable: "));
     assert_int_equal(fd, -1);
@@ -614,7 +695,7 @@ static void test_timeout_when_nobody_answers(void **state)
     int listener = make_listener(name);
 
     uint64_t start = ferry__now_ns();
-    assert_int_equal(ferry__broker_request(name, pool_id, 0, LABEL, 200 * MS, &fd, &size, &pid),
+    assert_int_equal(ferry__broker_request(name, pool_id, LABEL, 200 * MS, &fd, &size, &pid),
                      FERRY_TIMEOUT);
     uint64_t elapsed = ferry__now_ns() - start;
     assert_true(elapsed >= 200 * MS);
@@ -624,7 +705,7 @@ static void test_timeout_when_nobody_answers(void **state)
 
     /* "Do not wait" fails at once. */
     start = ferry__now_ns();
-    assert_int_equal(ferry__broker_request(name, pool_id, 0, LABEL, 0, &fd, &size, &pid),
+    assert_int_equal(ferry__broker_request(name, pool_id, LABEL, 0, &fd, &size, &pid),
                      FERRY_TIMEOUT);
     assert_true(ferry__now_ns() - start < 100 * MS);
     close(listener);
@@ -676,7 +757,7 @@ static void *fake_server_main(void *arg)
 static void make_reply(uint8_t out[REPLY_SIZE], uint16_t status, uint64_t size)
 {
     memcpy(out, "FRYR", 4);
-    out[4] = 2;
+    out[4] = 3;
     out[5] = 0;
     out[6] = (uint8_t)status;
     out[7] = (uint8_t)(status >> 8);
@@ -692,8 +773,8 @@ static void set_detail(uint8_t reply[REPLY_SIZE], uint64_t detail)
         reply[16 + i] = (uint8_t)(detail >> (8 * i));
 }
 
-/* Runs one request for rank against a fake broker sending reply (len bytes, nfds
- * descriptors); returns the client's status. */
+/* Runs one request against a fake broker sending reply (len bytes, nfds descriptors): a
+ * CLAIM of rank, or an OPEN for FERRY__RANK_NONE; returns the client's status. */
 static ferry_status against_fake_as(const uint8_t *reply, size_t len, int nfds, uint32_t rank,
                                     int *fd)
 {
@@ -707,18 +788,20 @@ static ferry_status against_fake_as(const uint8_t *reply, size_t len, int nfds, 
     fs.listener = make_listener(name);
     assert_int_equal(pthread_create(&thread, NULL, fake_server_main, &fs), 0);
     ferry_status st =
-        ferry__broker_request(name, pool_id, rank, LABEL, TIMEOUT_NS, fd, &size, &pid);
+        rank != FERRY__RANK_NONE
+            ? ferry__broker_claim(name, pool_id, rank, LABEL, TIMEOUT_NS)
+            : ferry__broker_request(name, pool_id, LABEL, TIMEOUT_NS, fd, &size, &pid);
     assert_int_equal(pthread_join(thread, NULL), 0);
     close(fs.listener);
     assert_int_equal(fs.got_len, REQUEST_SIZE);
-    if (st == FERRY_OK)
+    if (st == FERRY_OK && rank == FERRY__RANK_NONE)
         assert_int_equal(size, 12345);
     return st;
 }
 
 static ferry_status against_fake(const uint8_t *reply, size_t len, int nfds, int *fd)
 {
-    return against_fake_as(reply, len, nfds, 0, fd);
+    return against_fake_as(reply, len, nfds, FERRY__RANK_NONE, fd);
 }
 
 static void test_reply_without_fd(void **state)
@@ -753,14 +836,14 @@ static void test_bad_replies(void **state)
     /* Short and long replies, with a descriptor each. */
     assert_int_equal(against_fake(reply, REPLY_SIZE - 1, 1, &fd), FERRY_SYSTEM);
     assert_int_equal(against_fake(reply, REPLY_SIZE + 8, 1, &fd), FERRY_SYSTEM);
-    /* Bad magic, and versions 1 (the previous one) and 3. */
+    /* Bad magic, and versions 2 (the previous one) and 4. */
     reply[0] = 'X';
     assert_int_equal(against_fake(reply, REPLY_SIZE, 1, &fd), FERRY_SYSTEM);
     assert_non_null(strstr(ferry_last_error(), "malformed reply"));
     make_reply(reply, FERRY_OK, 12345);
-    reply[4] = 1;
+    reply[4] = 2;
     assert_int_equal(against_fake(reply, REPLY_SIZE, 1, &fd), FERRY_SYSTEM);
-    reply[4] = 3;
+    reply[4] = 4;
     assert_int_equal(against_fake(reply, REPLY_SIZE, 1, &fd), FERRY_SYSTEM);
     /* A granted reply with a nonzero detail (first and last byte). */
     make_reply(reply, FERRY_OK, 12345);
@@ -852,7 +935,7 @@ static void test_stop_idle_and_null(void **state)
     int fd = -1;
     uint64_t size;
     pid_t pid;
-    assert_int_equal(ferry__broker_request(name, pool_id, 0, LABEL, TIMEOUT_NS, &fd, &size, &pid),
+    assert_int_equal(ferry__broker_request(name, pool_id, LABEL, TIMEOUT_NS, &fd, &size, &pid),
                      FERRY_PRODUCER_GONE);
 }
 
@@ -889,7 +972,7 @@ static void test_fd_leaks(void **state)
         }
         assert_int_equal(request(f, wrong, 0, &fd), FERRY_MISMATCH);
         assert_int_equal(request(f, f->pool_id, CONSUMERS, &fd), FERRY_INVALID_ARGUMENT);
-        make_request(req, f->pool_id, 0);
+        make_request(req, f->pool_id, FERRY__RANK_NONE);
         assert_int_equal(pipe2(pipe_fds, O_CLOEXEC), 0);
         assert_int_equal(raw_exchange(f->name, req, sizeof(req), pipe_fds[0]),
                          FERRY_INVALID_ARGUMENT);
@@ -898,12 +981,11 @@ static void test_fd_leaks(void **state)
         close(pipe_fds[1]);
         random_bytes(name, sizeof(name));
         assert_int_equal(
-            ferry__broker_request(name, f->pool_id, 0, LABEL, TIMEOUT_NS, &fd, &size, &pid),
+            ferry__broker_request(name, f->pool_id, LABEL, TIMEOUT_NS, &fd, &size, &pid),
             FERRY_PRODUCER_GONE);
         int listener = make_listener(name);
-        assert_int_equal(
-            ferry__broker_request(name, f->pool_id, 0, LABEL, 20 * MS, &fd, &size, &pid),
-            FERRY_TIMEOUT);
+        assert_int_equal(ferry__broker_request(name, f->pool_id, LABEL, 20 * MS, &fd, &size, &pid),
+                         FERRY_TIMEOUT);
         close(listener);
         assert_int_equal(ferry__broker_refused(f->broker), 4);
         teardown(&st);
@@ -1023,7 +1105,7 @@ static void test_backoff_on_fd_exhaustion(void **state)
     uint8_t req[REQUEST_SIZE], reply[64];
     int fd, nfds;
 
-    make_request(req, f->pool_id, 1);
+    make_claim(req, f->pool_id, 1);
     unsigned len = ferry__broker_address(f->name, &addr);
     int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     assert_true(s >= 0);
@@ -1045,8 +1127,8 @@ static void test_backoff_on_fd_exhaustion(void **state)
     close(s);
     assert_int_equal(n, REPLY_SIZE);
     assert_int_equal(reply[6] | (reply[7] << 8), FERRY_OK);
-    assert_int_equal(nfds, 1);
-    close(fd);
+    assert_int_equal(nfds, 0);
+    assert_int_equal(fd, -1);
     assert_int_equal(attach_count(f), 1);
     assert_int_equal(ferry__broker_refused(f->broker), 0);
 }
@@ -1098,7 +1180,7 @@ static void test_broker_of_other_uid_rejected(void **state)
         assert_int_equal(wait_child(child), EXIT_NO_DROP);
         skip();
     }
-    assert_int_equal(ferry__broker_request(name, pool_id, 0, LABEL, TIMEOUT_NS, &fd, &size, &pid),
+    assert_int_equal(ferry__broker_request(name, pool_id, LABEL, TIMEOUT_NS, &fd, &size, &pid),
                      FERRY_PERMISSION);
     assert_non_null(strstr(ferry_last_error(), LABEL " belongs to uid 65534"));
     assert_int_equal(fd, -1);
@@ -1341,7 +1423,7 @@ static void test_rank_in_use(void **state)
     assert_int_equal(f->log.pid[0], getpid());
 
     /* The bytes: status 17, size 0, detail the holder's pid, no descriptor. */
-    make_request(req, f->pool_id, 3);
+    make_claim(req, f->pool_id, 3);
     int s = raw_connect(f->name);
     raw_send(s, req, sizeof(req), -1);
     ssize_t n = raw_receive(s, reply, sizeof(reply), 5000, &got, &nfds);
@@ -1460,7 +1542,7 @@ static uint64_t timed_timeout(const uint8_t name[16], uint64_t timeout_ns, const
     uint64_t size;
     pid_t pid;
     uint64_t start = ferry__now_ns();
-    ferry_status st = ferry__broker_request(name, pool_id, 0, LABEL, timeout_ns, &fd, &size, &pid);
+    ferry_status st = ferry__broker_request(name, pool_id, LABEL, timeout_ns, &fd, &size, &pid);
     uint64_t elapsed = ferry__now_ns() - start;
     assert_int_equal(st, FERRY_TIMEOUT);
     assert_string_equal(ferry_last_error(), message);
@@ -1517,7 +1599,7 @@ static void test_zero_timeout_makes_one_attempt(void **state)
     int before = count_fds();
 
     uint64_t start = ferry__now_ns();
-    ferry_status st = ferry__broker_request(f->name, f->pool_id, 0, LABEL, 0, &fd, &size, &pid);
+    ferry_status st = ferry__broker_request(f->name, f->pool_id, LABEL, 0, &fd, &size, &pid);
     assert_true(ferry__now_ns() - start < 50 * MS);
     assert_true(st == FERRY_TIMEOUT || st == FERRY_OK);
     if (st == FERRY_OK)

@@ -2,6 +2,7 @@
  * drain. Real processes where processes are in the story (the test binary re-runs itself as
  * helpers): receivers that connect before and after the first send, slow and dead receivers,
  * a producer killed while receivers wait, a restarted rank. */
+#include <ctype.h>
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
@@ -13,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -163,12 +165,46 @@ static _Noreturn void producer_main(void)
         pause();
 }
 
+/* Lowers this process's RLIMIT_NOFILE so that exactly one descriptor is free (the lowest
+ * one not in use); *saved gets the limit to put back. */
+static void leave_one_fd(struct rlimit *saved)
+{
+    int fd = dup(0);
+    close(fd);
+    getrlimit(RLIMIT_NOFILE, saved);
+    struct rlimit low = *saved;
+    low.rlim_cur = (rlim_t)fd + 1;
+    setrlimit(RLIMIT_NOFILE, &low);
+}
+
+/* "starved ADDR RANK": connects with one descriptor free and reports what that gave; then,
+ * told DONE, connects again with its limit put back and reports that, and sleeps until
+ * killed. */
+static _Noreturn void starved_main(const char *addr, uint32_t rank)
+{
+    struct rlimit saved;
+    ferry_consumer *c = NULL;
+    leave_one_fd(&saved);
+    ferry_status st = ferry_consumer_connect(addr, rank, -1, &c);
+    setrlimit(RLIMIT_NOFILE, &saved);
+    th_report(st, c != NULL);
+    th_msg m;
+    if (th_recv_msg(TH_CHANNEL_FD, &m, 60000) != 0 || m.type != TH_MSG_DONE)
+        _exit(1); /* the test is gone */
+    st = ferry_consumer_connect(addr, rank, -1, &c);
+    th_report(st, 0);
+    for (;;)
+        pause();
+}
+
 static int helper_main(int argc, char **argv)
 {
     if (strcmp(argv[2], "producer") == 0)
         producer_main();
     if (argc < 5)
         return 2;
+    if (strcmp(argv[2], "starved") == 0)
+        starved_main(argv[3], (uint32_t)strtoul(argv[4], NULL, 10));
     return receiver_main(argv[2], argv[3], (uint32_t)strtoul(argv[4], NULL, 10));
 }
 
@@ -509,6 +545,37 @@ static void test_takeover_clears_sleepers(void **state)
     ferry_pool_destroy(pool);
 }
 
+/* A process out of descriptors (one free: the broker's reply cannot bring the pool's)
+ * fails to connect with the cause named, EMFILE, and holds no claim: another process takes
+ * the rank and gets every item; with its limit back, the first connects (taking the rank
+ * over from the second, which has exited). */
+static void test_connect_out_of_fds_claims_nothing(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(1, 16);
+    char addr[FERRY_ADDRESS_SIZE], r[] = "0";
+    address_of(pool, addr);
+    th_helper starved = th_spawn_helper("starved", addr, r);
+    th_msg m;
+    assert_int_equal(th_recv_msg(starved.fd, &m, 5000), 0);
+    assert_int_equal(m.status, FERRY_SYSTEM);
+    assert_int_equal(m.seed, 0); /* no consumer came out */
+    assert_non_null(strstr(m.text, "could not take it (EMFILE"));
+    assert_non_null(strstr(m.text, strerror(EMFILE)));
+    th_helper other = spawn_receiver("receiver", addr, 0); /* RANK_IN_USE if claimed */
+    for (uint64_t i = 1; i <= 3; i++)
+        assert_int_equal(send_stamped(pool, 512, i, NULL, 0, NULL), FERRY_OK);
+    assert_int_equal(send_stamped(pool, 64, END_SEED, NULL, 0, NULL), FERRY_OK);
+    th_assert_result(th_finish_helper(&other, 5000), 3);
+    th_send_type(starved.fd, TH_MSG_DONE);
+    assert_int_equal(th_recv_msg(starved.fd, &m, 5000), 0);
+    if (m.status != FERRY_OK)
+        fail_msg("the starved helper could not connect with its limit back: %s", m.text);
+    kill(starved.pid, SIGKILL);
+    th_reap_helper(&starved);
+    ferry_pool_destroy(pool);
+}
+
 typedef struct recv_worker {
     ferry_consumer *c;
     uint64_t got;
@@ -628,6 +695,19 @@ static void test_bad_input(void **state)
     char small[8];
     assert_int_equal(ferry_pool_address(pool, small, sizeof(small)), FERRY_INVALID_ARGUMENT);
     address_of(pool, addr);
+    /* only the printed form: not with its hex digits in upper case, nor its prefix */
+    char other[FERRY_ADDRESS_SIZE];
+    memcpy(other, addr, sizeof(other));
+    for (char *p = other + 6; *p; p++)
+        *p = (char)toupper((unsigned char)*p);
+    if (strcmp(other, addr) != 0) { /* a letter among the digits: all but 1 in 3 million */
+        assert_int_equal(ferry_consumer_connect(other, 0, -1, &c), FERRY_INVALID_ARGUMENT);
+        assert_non_null(strstr(ferry_last_error(), "is not a ferry address"));
+    }
+    memcpy(other, addr, sizeof(other));
+    memcpy(other, "FERRY", 5);
+    assert_int_equal(ferry_consumer_connect(other, 0, -1, &c), FERRY_INVALID_ARGUMENT);
+    assert_null(c);
     assert_int_equal(ferry_consumer_connect(addr, 2, -1, &c), FERRY_INVALID_ARGUMENT);
     assert_non_null(strstr(ferry_last_error(), "ranks 0 to 1"));
     assert_null(c);
@@ -752,6 +832,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_threads_share_a_rank),
         cmocka_unit_test(test_close_drains),
         cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_connect_out_of_fds_claims_nothing),
         cmocka_unit_test(test_fd_readable_when_made),
         cmocka_unit_test(test_corrupt_entry_dropped),
         cmocka_unit_test(test_notify_takes_only_eventfds),

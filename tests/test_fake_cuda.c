@@ -102,13 +102,26 @@ static void sleep_ms(long ms)
 
 /* ---- helper processes ------------------------------------------------------------------ */
 
+/* Whether entry ("NAME=value") names a variable that extra (NULL-terminated, may be NULL)
+ * sets. */
+static int overridden(const char *entry, char *const extra[])
+{
+    size_t name = strcspn(entry, "=");
+    for (int i = 0; extra && extra[i]; i++)
+        if (strncmp(extra[i], entry, name + 1) == 0)
+            return 1;
+    return 0;
+}
+
 /* Runs this binary as a helper with extra environment entries (NULL-terminated, may be
  * NULL), the VMM fd (or -1) passed as VMM_FD; returns its exit status. */
 static int run_helper(char *const args[], char *const extra_env[], int vmm_fd)
 {
-    char *argv[16] = {self_exe, "--helper"};
-    int argc = 2;
-    for (int i = 0; args[i] && argc < 15; i++)
+    /* Under a user-mode emulator (FERRY_TEST_EMULATOR: the aarch64 check), in it. */
+    char *emulator = getenv("FERRY_TEST_EMULATOR");
+    char *argv[17] = {emulator, self_exe, "--helper"};
+    int argc = 3;
+    for (int i = 0; args[i] && argc < 16; i++)
         argv[argc++] = args[i];
     argv[argc] = NULL;
     char *envp[256];
@@ -116,14 +129,16 @@ static int run_helper(char *const args[], char *const extra_env[], int vmm_fd)
     for (int i = 0; extra_env && extra_env[i]; i++)
         envp[envc++] = extra_env[i];
     for (char **e = environ; *e && envc < 255; e++)
-        envp[envc++] = *e; /* later duplicates lose to the extra entries (getenv: first) */
+        if (!overridden(*e, extra_env)) /* no duplicates: emulators may keep the last */
+            envp[envc++] = *e;
     envp[envc] = NULL;
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     if (vmm_fd >= 0)
         posix_spawn_file_actions_adddup2(&fa, vmm_fd, VMM_FD);
     pid_t pid;
-    int rc = posix_spawn(&pid, self_exe, &fa, NULL, argv, envp);
+    char **run = emulator && *emulator ? argv : argv + 1;
+    int rc = posix_spawnp(&pid, run[0], &fa, NULL, run, envp);
     posix_spawn_file_actions_destroy(&fa);
     if (rc != 0)
         return -1;

@@ -511,10 +511,185 @@ static void test_packed_parts_one_by_one(void **state)
         assert_true(th_check_stamp(buf, w.length, (uint64_t)i + 1, NULL));
         assert_int_equal(ferry_consumer_ack(c, &w), FERRY_OK);
         assert_int_equal(ferry_consumer_ack(c, &w), FERRY_STALE); /* that part, twice */
+        /* and read again while the lease is current for the rank: STALE too, as a lease */
+        assert_int_equal(ferry_consumer_read(c, &w, buf, sizeof(buf), 0), FERRY_STALE);
+        if (k < 2)
+            assert_non_null(strstr(ferry_last_error(), "part"));
+        assert_int_equal(ferry_consumer_wait(c, &w, 0), FERRY_STALE);
         assert_int_equal(ferry_pool_reclaim(pool, &n), FERRY_OK);
         assert_int_equal(th_stats(pool).leases_in_flight, k < 2 ? 1 : 0);
     }
     assert_int_equal(ferry_consumer_read(c, &d[0], buf, sizeof(buf), 0), FERRY_STALE);
+    ferry_consumer_destroy(c);
+    ferry_pool_destroy(pool);
+}
+
+/* ---- a packed lease released whole through any one part --------------------------------- */
+
+static void publish_three(ferry_pool *pool, ferry_descriptor d[3])
+{
+    uint8_t a[100], b[200], cc[300];
+    th_stamp(a, sizeof(a), 1);
+    th_stamp(b, sizeof(b), 2);
+    th_stamp(cc, sizeof(cc), 3);
+    ferry_tensor t[3] = {ferry_tensor_bytes(100), ferry_tensor_bytes(200), ferry_tensor_bytes(300)};
+    const void *srcs[3] = {a, b, cc};
+    assert_int_equal(ferry_pool_publish_many(pool, t, srcs, 3, 0, d), FERRY_OK);
+}
+
+static ferry_consumer_info info_of(ferry_pool *pool, uint32_t rank)
+{
+    ferry_consumer_info info = FERRY_CONSUMER_INFO_INIT;
+    assert_int_equal(ferry_pool_consumer_info(pool, rank, &info), FERRY_OK);
+    return info;
+}
+
+static uint64_t in_flight(ferry_pool *pool)
+{
+    uint64_t n;
+    assert_int_equal(ferry_pool_reclaim(pool, &n), FERRY_OK);
+    return th_stats(pool).leases_in_flight;
+}
+
+/* A leader that acknowledges a packed lease through one part's descriptor for every rank
+ * acknowledges that part only: the lease stays, and the pool says so (consumer_info, the
+ * pool-full message). The whole-lease calls release it through any part, for a range, every
+ * rank or one (the parts it read already included); for a lease of one tensor they are the
+ * plain calls. */
+static void test_whole_lease_through_any_part(void **state)
+{
+    (void)state;
+    ferry_pool_config cfg = host_config(1 << 20, 4, 1);
+    cfg.reclaim_interval_us = 3600ll * 1000000;
+    ferry_pool *pool = make_pool(cfg);
+    ferry_descriptor d[3];
+    publish_three(pool, d);
+    th_helper leader = spawn_claimer("ackall", "0", &d[1]); /* ack_all through part 1 */
+    assert_int_equal(in_flight(pool), 1);
+    for (uint32_t r = 0; r < 4; r++) {
+        ferry_consumer_info info = info_of(pool, r);
+        assert_int_equal(info.outstanding, 1);
+        assert_int_equal(info.partly_acknowledged, 1);
+    }
+    ferry_descriptor full;
+    ferry_tensor t = ferry_tensor_bytes(64);
+    uint8_t src[64] = {0};
+    assert_int_equal(ferry_pool_publish(pool, &t, src, 0, &full), FERRY_POOL_FULL);
+    assert_non_null(strstr(ferry_last_error(), "holds 1 leases (1 partly acknowledged"));
+    kill_helper(&leader);
+
+    ferry_consumer *c = consumer(0);
+    assert_int_equal(ferry_consumer_ack_lease_range(c, &d[2], 0, 2), FERRY_OK);
+    assert_int_equal(info_of(pool, 1).outstanding, 0);
+    assert_int_equal(info_of(pool, 2).partly_acknowledged, 1);
+    assert_int_equal(ferry_consumer_ack_lease_all(c, &d[0]), FERRY_OK);
+    assert_int_equal(in_flight(pool), 0);
+    assert_int_equal(ferry_consumer_ack_lease_all(c, &d[0]), FERRY_STALE);
+    assert_int_equal(ferry_consumer_ack_lease(c, &d[1]), FERRY_STALE);
+
+    /* One rank: a part read and acknowledged, then the rest released through that part. */
+    publish_three(pool, d);
+    ferry_consumer *c1 = consumer(1);
+    uint8_t buf[300];
+    assert_int_equal(ferry_consumer_read(c1, &d[0], buf, sizeof(buf), 1000 * MS), FERRY_OK);
+    assert_int_equal(ferry_consumer_ack(c1, &d[0]), FERRY_OK);
+    assert_int_equal(info_of(pool, 1).partly_acknowledged, 1);
+    assert_int_equal(ferry_consumer_ack_lease(c1, &d[0]), FERRY_OK);
+    ferry_consumer_info one = info_of(pool, 1);
+    assert_int_equal(one.outstanding, 0);
+    assert_int_equal(one.partly_acknowledged, 0);
+    assert_int_equal(ferry_consumer_read(c1, &d[2], buf, sizeof(buf), 0), FERRY_STALE);
+    assert_int_equal(ferry_consumer_ack_lease_all(c, &d[1]), FERRY_OK); /* the other ranks */
+    assert_int_equal(in_flight(pool), 0);
+
+    /* A lease of one tensor. */
+    ferry_descriptor e = publish_stamped(pool, 64, 9);
+    assert_int_equal(ferry_consumer_ack_lease(c, &e), FERRY_OK);
+    assert_int_equal(ferry_consumer_ack_lease(c, &e), FERRY_STALE);
+    assert_int_equal(ferry_consumer_ack_lease_range(c, &e, 1, 3), FERRY_OK);
+    assert_int_equal(in_flight(pool), 0);
+
+    /* Bad input changes nothing. */
+    e = publish_stamped(pool, 64, 10);
+    ferry_descriptor bad = e;
+    bad.part_count = 2;
+    bad.part_index = 2;
+    assert_int_equal(ferry_consumer_ack_lease(c, &bad), FERRY_INVALID_ARGUMENT);
+    assert_int_equal(ferry_consumer_ack_lease(NULL, &e), FERRY_INVALID_ARGUMENT);
+    assert_int_equal(ferry_consumer_ack_lease_all(c, NULL), FERRY_INVALID_ARGUMENT);
+    assert_int_equal(ferry_consumer_ack_lease_range(c, &e, 3, 2), FERRY_INVALID_ARGUMENT);
+    assert_int_equal(in_flight(pool), 1);
+    assert_int_equal(info_of(pool, 0).outstanding, 1);
+    assert_int_equal(ferry_consumer_ack_lease_all(c, &e), FERRY_OK);
+    assert_int_equal(in_flight(pool), 0);
+
+    /* A caller of consumer_info version 1 gets the fields it has, and nothing past them. */
+    struct {
+        ferry_consumer_info info;
+        uint64_t guard;
+    } v1;
+    memset(&v1, 0xAB, sizeof(v1));
+    v1.info.struct_size = (uint32_t)offsetof(ferry_consumer_info, partly_acknowledged);
+    v1.info.version = 1;
+    assert_int_equal(ferry_pool_consumer_info(pool, 0, &v1.info), FERRY_OK);
+    assert_int_equal(v1.info.outstanding, 0);
+    assert_int_equal(v1.info.partly_acknowledged, 0xABABABABABABABABull);
+    ferry_consumer_destroy(c1);
+    ferry_consumer_destroy(c);
+    ferry_pool_destroy(pool);
+}
+
+/* Two threads acknowledging the two parts of a lease at once: the one that acknowledges the
+ * first marks the lease partly acknowledged, possibly after the other read the word; the
+ * lease is acknowledged all the same (the last part replaces the mark). */
+typedef struct part_acker {
+    ferry_consumer *c;
+    ferry_descriptor *d; /* the lease being acknowledged now */
+    pthread_barrier_t *go;
+    int rounds, bad;
+} part_acker;
+
+static void *part_acker_main(void *arg)
+{
+    part_acker *a = arg;
+    for (int i = 0; i < a->rounds; i++) {
+        pthread_barrier_wait(a->go);
+        a->bad += ferry_consumer_ack(a->c, a->d) != FERRY_OK;
+        pthread_barrier_wait(a->go);
+    }
+    return NULL;
+}
+
+static void test_parts_acknowledged_at_once(void **state)
+{
+    (void)state;
+    enum { ROUNDS = 20000 };
+    ferry_pool_config cfg = host_config(8 << 20, 1, 32768); /* room for every lease: no wait */
+    cfg.reclaim_interval_us = 3600ll * 1000000;
+    ferry_pool *pool = make_pool(cfg);
+    ferry_consumer *c = consumer(0);
+    ferry_descriptor d[2];
+    pthread_barrier_t go;
+    pthread_barrier_init(&go, NULL, 3);
+    part_acker ackers[2] = {{c, &d[0], &go, ROUNDS, 0}, {c, &d[1], &go, ROUNDS, 0}};
+    pthread_t threads[2];
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(pthread_create(&threads[i], NULL, part_acker_main, &ackers[i]), 0);
+    int left = 0;
+    for (int i = 0; i < ROUNDS; i++) {
+        uint8_t a[64] = {0}, b[64] = {0};
+        ferry_tensor t[2] = {ferry_tensor_bytes(64), ferry_tensor_bytes(64)};
+        const void *srcs[2] = {a, b};
+        assert_int_equal(ferry_pool_publish_many(pool, t, srcs, 2, 0, d), FERRY_OK);
+        pthread_barrier_wait(&go); /* both acknowledge */
+        pthread_barrier_wait(&go);
+        left += in_flight(pool) != (uint64_t)left; /* one more left behind */
+    }
+    for (int i = 0; i < 2; i++)
+        pthread_join(threads[i], NULL);
+    pthread_barrier_destroy(&go);
+    assert_int_equal(ackers[0].bad + ackers[1].bad, 0);
+    assert_int_equal(left, 0);
     ferry_consumer_destroy(c);
     ferry_pool_destroy(pool);
 }
@@ -639,6 +814,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_commit_flag_not_inherited),
         cmocka_unit_test(test_consumer_releases_gone_pools),
         cmocka_unit_test(test_packed_parts_one_by_one),
+        cmocka_unit_test(test_whole_lease_through_any_part),
+        cmocka_unit_test(test_parts_acknowledged_at_once),
         cmocka_unit_test(test_forged_range_refused),
         cmocka_unit_test(test_timeout_bounds_open),
         cmocka_unit_test(test_calls_after_close),

@@ -7,6 +7,7 @@
 
 #include <dirent.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/error.h"
@@ -232,6 +233,18 @@ static void test_crc32c_paths_agree(void **state)
         for (size_t len = 0; start + len <= sizeof(buf); len += 1 + len / 8)
             assert_int_equal(ferry__crc32c(buf + start, len),
                              ferry__crc32c_table(buf + start, len));
+}
+
+/* Where the CPU is known to have CRC-32C instructions (the aarch64 check runs under an
+ * emulated CPU that has the CRC32 extension and sets FERRY_TEST_EXPECT_HW_CRC=1), the
+ * hardware path is the one taken, so that the test above compared it with the table. */
+static void test_crc32c_hw_path(void **state)
+{
+    (void)state;
+    const char *expect = getenv("FERRY_TEST_EXPECT_HW_CRC");
+    print_message("CRC-32C path: %s\n", ferry__crc32c_uses_hw() ? "hardware" : "table");
+    if (expect && strcmp(expect, "1") == 0)
+        assert_int_equal(ferry__crc32c_uses_hw(), 1);
 }
 
 static void test_byte_order(void **state)
@@ -714,6 +727,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_crc32c_vectors),
         cmocka_unit_test(test_crc32c_paths_agree),
+        cmocka_unit_test(test_crc32c_hw_path),
         cmocka_unit_test(test_byte_order),
         cmocka_unit_test(test_worked_example),
         cmocka_unit_test(test_round_trip_random),

@@ -1,5 +1,5 @@
 /* ferry.ack: acknowledge a lease for one rank, a range of ranks, or every rank, without
- * reading it. */
+ * reading it; a packed lease's part alone, or (lease=True) the whole lease through it. */
 #include "ferry_py.h"
 
 int fy_consumer_device(const ferry_descriptor *d, PyObject *device, int32_t *out)
@@ -47,16 +47,19 @@ typedef struct ack_request {
     ferry_descriptor desc;
     int32_t device;
     int mode; /* 0: one rank, 1: range, 2: all */
+    int lease; /* the whole lease through a part (ferry_consumer_ack_lease*) */
     uint32_t first, count;
 } ack_request;
 
 static ferry_status ack_call(fy_consumer *c, const ack_request *r)
 {
     if (r->mode == 2)
-        return ferry_consumer_ack_all(c->handle, &r->desc);
+        return (r->lease ? ferry_consumer_ack_lease_all : ferry_consumer_ack_all)(c->handle,
+                                                                                 &r->desc);
     if (r->mode == 0 && c->rank == r->first)
-        return ferry_consumer_ack(c->handle, &r->desc);
-    return ferry_consumer_ack_range(c->handle, &r->desc, r->first, r->count);
+        return (r->lease ? ferry_consumer_ack_lease : ferry_consumer_ack)(c->handle, &r->desc);
+    return (r->lease ? ferry_consumer_ack_lease_range : ferry_consumer_ack_range)(
+        c->handle, &r->desc, r->first, r->count);
 }
 
 static PyObject *ack_run(const ack_request *r)
@@ -74,12 +77,12 @@ static PyObject *ack_run(const ack_request *r)
 
 PyObject *fy_ack(PyObject *module, PyObject *args, PyObject *kwargs)
 {
-    static char *keywords[] = {"descriptor", "rank", "ranks", "device", NULL};
+    static char *keywords[] = {"descriptor", "rank", "ranks", "device", "lease", NULL};
     PyObject *desc, *rank = Py_None, *ranks = Py_None, *device = Py_None;
     ack_request r = {.mode = 2, .first = 0, .count = 0};
     (void)module;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|$OOO:ack", keywords, &desc, &rank, &ranks,
-                                     &device) ||
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|$OOOp:ack", keywords, &desc, &rank, &ranks,
+                                     &device, &r.lease) ||
         fy_descriptor_get(desc, &r.desc) < 0 || fy_consumer_device(&r.desc, device, &r.device) < 0)
         return NULL;
     if (rank != Py_None && ranks != Py_None) {

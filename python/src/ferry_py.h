@@ -409,6 +409,12 @@ PyObject *fy_receive_leased(fy_consumer *consumer, const ferry_descriptor *descs
                             PyObject *copy, PyObject *stream, PyObject *out, uint64_t timeout_ns,
                             int single, ferry_status *status);
 
+/* Whether out could take the tensor of desc in a receive through consumer (on stream): the
+ * checks fy_receive_leased makes of out= (writable, dtype, element count), without waiting,
+ * reading or acknowledging anything. -1 with the exception if not. */
+int fy_receive_check_out(fy_consumer *consumer, const ferry_descriptor *desc, PyObject *stream,
+                         PyObject *out);
+
 /* ---- receiver.c ----------------------------------------------------------------------- */
 
 extern PyTypeObject fy_ReceiverType;

@@ -81,9 +81,10 @@ static PyMethodDef module_methods[] = {
      "acknowledged (views: when freed), and the library acknowledges the lease for rank once "
      "all of its parts were."},
     {"ack", METH_KW(fy_ack),
-     "ack(descriptor, *, rank=None, ranks=None, device=None)\n\n"
+     "ack(descriptor, *, rank=None, ranks=None, device=None, lease=False)\n\n"
      "Acknowledges a lease without reading it: for rank, for ranks (a range, e.g. "
-     "range(2, 4)), or for every rank when neither is given."},
+     "range(2, 4)), or for every rank when neither is given. For a part of a packed lease, "
+     "that part; with lease=True the whole lease through it, every part at once."},
     {"split_budget", split_budget, METH_VARARGS,
      "split_budget(total, workers) -> int\n\nA node's pool budget split across workers: "
      "total // workers."},

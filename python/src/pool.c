@@ -543,10 +543,12 @@ static PyObject *pool_consumer_info(PyObject *obj, PyObject *rank_obj)
     ferry_status st;
     Py_BEGIN_ALLOW_THREADS st = ferry_pool_consumer_info(self->pool, rank, &info);
     Py_END_ALLOW_THREADS if (st != FERRY_OK) return fy_raise_pool(st, self->pool);
-    return Py_BuildValue("{s:O,s:O,s:L,s:K,s:K}", "attached", info.attached ? Py_True : Py_False,
-                         "alive", info.alive ? Py_True : Py_False, "pid", (long long)info.pid,
+    return Py_BuildValue("{s:O,s:O,s:L,s:K,s:K,s:K}", "attached",
+                         info.attached ? Py_True : Py_False, "alive",
+                         info.alive ? Py_True : Py_False, "pid", (long long)info.pid,
                          "outstanding", (unsigned long long)info.outstanding, "oldest_age_ns",
-                         (unsigned long long)info.oldest_age_ns);
+                         (unsigned long long)info.oldest_age_ns, "partly_acknowledged",
+                         (unsigned long long)info.partly_acknowledged);
 }
 
 /* ---- leases -------------------------------------------------------------------------- */
@@ -735,7 +737,8 @@ static PyMethodDef pool_methods[] = {
      "format; labels (a dict) are added to every sample (ferry.prometheus has a collector)."},
     {"consumer_info", pool_consumer_info, METH_O,
      "consumer_info(rank) -> dict\n\nattached, alive, pid, outstanding (leases not "
-     "acknowledged) and oldest_age_ns of one rank."},
+     "acknowledged), oldest_age_ns and partly_acknowledged (packed leases of which it "
+     "acknowledged some parts, not all) of one rank."},
     {"describe", pool_describe, METH_NOARGS,
      "describe() -> Descriptor\n\nA descriptor of the pool only (no lease), to open the pool "
      "before the first tensor."},

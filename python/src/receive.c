@@ -275,6 +275,7 @@ typedef struct recv_args {
     PyObject *rank, *device, *copy, *stream, *timeout, *out;
     uint64_t timeout_ns; /* instead of timeout when has_timeout_ns */
     int has_timeout_ns;
+    int check_only; /* only check the arguments (out= above all): read nothing */
 } recv_args;
 
 static int no_arg(PyObject *obj)
@@ -410,6 +411,10 @@ static PyObject *receive_descs(const ferry_descriptor *descs, size_t count, PyOb
         c.device = c.gpu ? given->device : -1;
     if (!no_arg(a->out) && take_out(a, &c, &into, given != NULL) < 0)
         goto free_arrays;
+    if (a->check_only) {
+        result = Py_NewRef(Py_None);
+        goto free_arrays;
+    }
     if (given)
         fy_consumer_ref(c.consumer = given);
     else if (!(c.consumer = fy_consumer_get(rank, c.device)))
@@ -447,8 +452,17 @@ PyObject *fy_receive_leased(fy_consumer *consumer, const ferry_descriptor *descs
                             PyObject *copy, PyObject *stream, PyObject *out, uint64_t timeout_ns,
                             int single, ferry_status *status)
 {
-    recv_args a = {NULL, Py_None, copy, stream, Py_None, out, timeout_ns, 1};
+    recv_args a = {NULL, Py_None, copy, stream, Py_None, out, timeout_ns, 1, 0};
     return receive_descs(descs, count, NULL, &a, consumer, consumer->rank, single, status);
+}
+
+int fy_receive_check_out(fy_consumer *consumer, const ferry_descriptor *desc, PyObject *stream,
+                         PyObject *out)
+{
+    recv_args a = {NULL, Py_None, Py_True, stream, Py_None, out, 0, 1, 1};
+    PyObject *r = receive_descs(desc, 1, NULL, &a, consumer, consumer->rank, 1, NULL);
+    Py_XDECREF(r);
+    return r ? 0 : -1;
 }
 
 #define RECV_KEYWORDS "rank", "device", "copy", "stream", "timeout"
@@ -457,7 +471,7 @@ PyObject *fy_receive(PyObject *module, PyObject *args, PyObject *kwargs)
 {
     static char *keywords[] = {"descriptor", RECV_KEYWORDS, "out", NULL};
     PyObject *desc;
-    recv_args a = {NULL, Py_None, Py_True, Py_None, Py_None, Py_None, 0, 0};
+    recv_args a = {NULL, Py_None, Py_True, Py_None, Py_None, Py_None, 0, 0, 0};
     (void)module;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|$OOOOOO:receive", keywords, &desc, &a.rank,
                                      &a.device, &a.copy, &a.stream, &a.timeout, &a.out))
@@ -473,7 +487,7 @@ PyObject *fy_receive_many(PyObject *module, PyObject *args, PyObject *kwargs)
 {
     static char *keywords[] = {"descriptors", RECV_KEYWORDS, NULL};
     PyObject *descs;
-    recv_args a = {NULL, Py_None, Py_True, Py_None, Py_None, Py_None, 0, 0};
+    recv_args a = {NULL, Py_None, Py_True, Py_None, Py_None, Py_None, 0, 0, 0};
     (void)module;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|$OOOOO:receive_many", keywords, &descs,
                                      &a.rank, &a.device, &a.copy, &a.stream, &a.timeout))

@@ -50,6 +50,22 @@ static fy_consumer *open_consumer(fy_receiver *self)
     return self->consumer;
 }
 
+/* The library reads an address up to its first NUL: one with a NUL inside is refused here,
+ * as the library refuses anything but the printed form. */
+static int address_whole(PyObject *address, const char *text, Py_ssize_t size)
+{
+    if (strlen(text) == (size_t)size)
+        return 0;
+    PyObject *message = PyUnicode_FromFormat("%R is not a ferry address (ferry: and 32 hex "
+                                             "digits, as Pool.address gives): it holds a NUL",
+                                             address);
+    const char *utf8 = message ? PyUnicode_AsUTF8(message) : NULL;
+    if (utf8)
+        fy_raise_as(NULL, FERRY_INVALID_ARGUMENT, utf8);
+    Py_XDECREF(message);
+    return -1;
+}
+
 static int receiver_init(PyObject *obj, PyObject *args, PyObject *kwargs)
 {
     static char *keywords[] = {"address", "rank", "device", NULL};
@@ -65,8 +81,9 @@ static int receiver_init(PyObject *obj, PyObject *args, PyObject *kwargs)
                                      &device_obj) ||
         fy_rank_arg(rank_obj, &rank) < 0 || fy_device_arg(device_obj, -1, &device) < 0)
         return -1;
-    const char *text = PyUnicode_AsUTF8(address);
-    if (!text)
+    Py_ssize_t size = 0;
+    const char *text = PyUnicode_AsUTF8AndSize(address, &size);
+    if (!text || address_whole(address, text, size) < 0)
         return -1;
     ferry_consumer *handle = NULL;
     ferry_status st;
@@ -222,6 +239,17 @@ static uint64_t ready_wait(const fy_wait *w)
     return left > FY_DEFAULT_WAIT_NS ? left : FY_DEFAULT_WAIT_NS;
 }
 
+/* Every out= tensor against its part, before any part is read and acknowledged: a refusal
+ * leaves the whole lease to the next recv. */
+static int check_outs(fy_consumer *c, const ferry_descriptor *descs, size_t count,
+                      PyObject *stream, PyObject *outs)
+{
+    for (size_t i = 0; i < count; i++)
+        if (fy_receive_check_out(c, &descs[i], stream, PyTuple_GET_ITEM(outs, (Py_ssize_t)i)) < 0)
+            return -1;
+    return 0;
+}
+
 /* Reads the lease: one Received (or out) for a single tensor, a list for a packed lease (out:
  * a list or tuple with one tensor per part). NULL with the exception and *status as
  * fy_receive_leased says; *from gets the first part not read. */
@@ -252,7 +280,7 @@ static PyObject *read_lease(fy_consumer *c, const ferry_descriptor *descs, size_
     if ((size_t)PyTuple_GET_SIZE(outs) != count) {
         PyErr_Format(PyExc_ValueError, "the lease holds %zu tensors; out= has %zd", count,
                      PyTuple_GET_SIZE(outs));
-    } else {
+    } else if (check_outs(c, descs, count, stream, outs) == 0) {
         /* Part by part (the library acknowledges the lease once every part was). */
         size_t i;
         for (i = 0; i < count; i++) {

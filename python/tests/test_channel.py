@@ -127,6 +127,16 @@ def test_packed_recv_into_out_and_views():
         pool.send(parts)
         with pytest.raises(ValueError, match="out= takes a list of 2"):
             rx.recv(timeout=1, out=np.empty(4, np.int32))
+        # A wrong second tensor (size, dtype, read-only) is refused before the first part is
+        # read or acknowledged: the whole lease comes again.
+        first = np.full(4, -1, np.int32)
+        read_only = np.empty((2, 3), np.float32)
+        read_only.flags.writeable = False
+        for second in (np.empty(5, np.float32), np.empty(6, np.int32), read_only):
+            with pytest.raises((ValueError, TypeError, BufferError)):
+                rx.recv(timeout=1, out=[first, second])
+            assert first.tolist() == [-1] * 4  # nothing read into it
+            assert pool.consumer_info(0)["outstanding"] == 1
         outs = [np.empty(4, np.int32), np.empty((2, 3), np.float32)]
         got = rx.recv(timeout=1, out=outs)  # the refused lease came again
         assert got[0] is outs[0] and got[1] is outs[1]
@@ -354,6 +364,23 @@ def test_consumer_killed_then_restarted_on_its_rank(children):
         pool.send(item(11))
         assert again.result() == [plain(item(10)), plain(item(11))]
         pool.drain(5)
+
+
+def test_only_the_printed_address(children):
+    """An address is refused unless it is exactly what Pool.address prints: junk after a NUL
+    (which the library would never see) or hex digits in upper case, and the rank stays free."""
+    with ferry.Pool("1MiB", 1) as pool:
+        upper = "ferry:" + pool.address[6:].upper()
+        for bad in (pool.address + "\x00junk", pool.address + "\x00", upper):
+            if bad == pool.address:
+                continue  # no letter among the digits (1 in 3 million)
+            with pytest.raises(ValueError, match="is not a ferry address") as info:
+                ferry.connect(bad, 0)
+            assert info.value.status == "INVALID_ARGUMENT"
+        other = children("recv_n", pool.address, 0, 1)  # rank 0 was not claimed here
+        other.ready()
+        pool.send(item(5))
+        assert other.result() == [plain(item(5))]
 
 
 def test_bad_input():

@@ -237,7 +237,7 @@ def test_stats_and_consumer_info_fields(worker):
         worker.call("receive_array", d, 1)
         info = pool.consumer_info(1)
         assert info == {"attached": True, "alive": True, "pid": worker.pid, "outstanding": 0,
-                        "oldest_age_ns": 0}  # fmt: skip
+                        "oldest_age_ns": 0, "partly_acknowledged": 0}  # fmt: skip
         assert pool.consumer_info(0)["attached"] is False
         assert pool.consumer_info(0)["outstanding"] == 1
         stats = pool.stats()
@@ -323,6 +323,50 @@ def test_parts_are_acknowledged_one_by_one(workers_pair):
             first.call("receive_parts", ds, 0, [2])
         got = second.call("receive_many", ds, 1)  # receive_many acknowledges every part
         assert [g.tolist() for g in got] == [[0, 1, 2], [0.0, 1.0, 2.0, 3.0], [1, 1]]
+        wait_until(lambda: in_flight(pool) == 0)
+
+
+def test_receive_of_an_acknowledged_part_is_stale(worker):
+    """A part this rank acknowledged is Stale to receive again, as a whole lease is, while
+    its other parts are still to be read (a consumer deduplicating by Stale reads it once)."""
+    with ferry.Pool(1 << 20, 1) as pool:
+        ds = pool.publish_many([np.arange(3), np.arange(4.0)])
+        assert worker.call("receive_parts", ds, 0, [0])[0].tolist() == [0, 1, 2]
+        with pytest.raises(ferry.Stale, match="part 0 of lease"):
+            worker.call("receive_parts", ds, 0, [0])
+        with pytest.raises(ferry.Stale):
+            worker.call("receive_parts", ds, 0, [0], copy=False)
+        with pytest.raises(ferry.Stale):
+            worker.call("ack", ds[0], rank=0)
+        assert pool.consumer_info(0)["outstanding"] == 1
+        assert worker.call("receive_parts", ds, 0, [1])[0].tolist() == [0.0, 1.0, 2.0, 3.0]
+        wait_until(lambda: in_flight(pool) == 0)
+
+
+def test_whole_lease_through_one_part(workers_pair):
+    """A leader acknowledging a packed lease through one part acknowledges that part only: the
+    lease stays, counted as partly acknowledged and named when the pool is full; lease=True
+    releases it whole through any part, for a range, one rank or every rank."""
+    leader, other = workers_pair
+    with ferry.Pool(1 << 20, 4, max_inflight=1, drain_timeout=0) as pool:
+        ds = pool.publish_many([np.arange(3), np.arange(4.0), np.ones(2, np.int8)])
+        leader.call("ack", ds[0], ranks=range(0, 4))  # that part only
+        pool.reclaim()
+        assert in_flight(pool) == 1
+        assert [pool.consumer_info(r)["partly_acknowledged"] for r in range(4)] == [1] * 4
+        with pytest.raises(ferry.PoolFull, match="1 partly acknowledged"):
+            pool.publish(np.arange(3))
+        leader.call("ack", ds[1], ranks=range(0, 2), lease=True)
+        assert [pool.consumer_info(r)["outstanding"] for r in range(4)] == [0, 0, 1, 1]
+        other.call("ack", ds[2], rank=2, lease=True)  # through a part it never acknowledged
+        assert pool.consumer_info(2)["outstanding"] == 0
+        leader.call("ack", ds[0], lease=True)  # every rank: rank 3 was the last
+        wait_until(lambda: in_flight(pool) == 0)
+        assert pool.consumer_info(3)["partly_acknowledged"] == 0
+        with pytest.raises(ferry.Stale):
+            leader.call("ack", ds[1], lease=True)
+        d = pool.publish(np.arange(3))  # a lease of one tensor: the same as without lease
+        leader.call("ack", d, lease=True)
         wait_until(lambda: in_flight(pool) == 0)
 
 

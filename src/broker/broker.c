@@ -4,25 +4,27 @@
  *
  *   request, 32 bytes, consumer -> broker
  *     0  u32  magic     "FRYB"
- *     4  u16  version   2
- *     6  u16  type      1 (OPEN), 2 (DESCRIBE) or 3 (NOTIFY)
+ *     4  u16  version   3
+ *     6  u16  type      1 (OPEN), 2 (DESCRIBE), 3 (NOTIFY) or 4 (CLAIM)
  *     8  u8[16] pool_id  zero for DESCRIBE (the peer knows only the broker's name)
- *     24 u32  rank      < consumer_count, or 0xFFFFFFFF (FERRY__RANK_NONE: claim no rank;
- *                       always for DESCRIBE, never for NOTIFY)
+ *     24 u32  rank      NOTIFY, CLAIM: < consumer_count; OPEN, DESCRIBE: 0xFFFFFFFF
+ *                       (FERRY__RANK_NONE)
  *     28 u32  reserved  0
  *   NOTIFY carries one eventfd in SCM_RIGHTS (the rank's poll fd), the others none.
  *
  *   reply, 24 bytes, broker -> consumer (OPEN: one fd in SCM_RIGHTS iff status is OK)
  *     0  u32  magic     "FRYR"
- *     4  u16  version   2
+ *     4  u16  version   3
  *     6  u16  status    ferry_status (0 = OK)
  *     8  u64  size      OPEN: shared_size; otherwise 0 (0 in a refusal)
  *     16 u64  detail    RANK_IN_USE: the holder's pid (1..INT32_MAX); otherwise 0
  *   followed, for a DESCRIBE whose status is OK, by the pool's encoded pool-only descriptor
  *   (FERRY_DESCRIPTOR_SIZE bytes).
  *
- * Version 1 had no RANK_NONE and a reserved zero where version 2 has detail; neither side
- * accepts the other's version.
+ * Version 1 had no RANK_NONE and a reserved zero where version 2 has detail; version 2's
+ * OPEN claimed the rank it named, before the peer had the fd (a peer out of descriptors kept
+ * a claim it could not use); version 3 claims with CLAIM, which a consumer sends once it has
+ * opened the pool. No side accepts another version.
  *
  * The thread is one poll() loop over the stop eventfd, the listening socket and a table of
  * up to BROKER_MAX_PENDING accepted connections waiting for their request, each with its
@@ -30,6 +32,7 @@
  * refused at its own deadline, and none waits behind another.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
 #include <pthread.h>
@@ -53,10 +56,11 @@
 
 #define BROKER_REQUEST_MAGIC 0x42595246u /* bytes "FRYB" read as a little-endian u32 */
 #define BROKER_REPLY_MAGIC   0x52595246u /* bytes "FRYR" read as a little-endian u32 */
-#define BROKER_VERSION       2u
+#define BROKER_VERSION       3u
 #define BROKER_TYPE_OPEN     1u
 #define BROKER_TYPE_DESCRIBE 2u
 #define BROKER_TYPE_NOTIFY   3u
+#define BROKER_TYPE_CLAIM    4u
 #define BROKER_REQUEST_SIZE  32
 #define BROKER_REPLY_SIZE    24
 #define BROKER_DESCRIBE_SIZE (BROKER_REPLY_SIZE + FERRY_DESCRIPTOR_SIZE)
@@ -402,12 +406,18 @@ static void refuse(ferry__broker *b, int conn, ferry_status status, pid_t detail
     send_reply(conn, status, 0, (uint64_t)detail, -1, NULL);
 }
 
+/* Whether a request of type names a rank (NOTIFY, CLAIM) or none (OPEN, DESCRIBE). */
+static bool names_rank(uint16_t type)
+{
+    return type == BROKER_TYPE_NOTIFY || type == BROKER_TYPE_CLAIM;
+}
+
 static ferry_status check_request(const ferry__broker *b, const uint8_t *buf, broker_request *req)
 {
     static const uint8_t zero[BROKER_ID_SIZE];
     decode_request(buf, req);
     if (req->magic != BROKER_REQUEST_MAGIC || req->version != BROKER_VERSION ||
-        req->type < BROKER_TYPE_OPEN || req->type > BROKER_TYPE_NOTIFY || req->reserved != 0)
+        req->type < BROKER_TYPE_OPEN || req->type > BROKER_TYPE_CLAIM || req->reserved != 0)
         return FERRY_INVALID_ARGUMENT;
     if (req->type == BROKER_TYPE_DESCRIBE)
         return memcmp(req->pool_id, zero, BROKER_ID_SIZE) == 0 && req->rank == FERRY__RANK_NONE
@@ -415,16 +425,15 @@ static ferry_status check_request(const ferry__broker *b, const uint8_t *buf, br
                    : FERRY_INVALID_ARGUMENT;
     if (memcmp(req->pool_id, b->pool_id, BROKER_ID_SIZE) != 0)
         return FERRY_MISMATCH;
-    if (req->type == BROKER_TYPE_NOTIFY && req->rank == FERRY__RANK_NONE)
-        return FERRY_INVALID_ARGUMENT;
-    if (req->rank != FERRY__RANK_NONE && req->rank >= b->consumer_count)
+    if (names_rank(req->type) ? req->rank >= b->consumer_count : req->rank != FERRY__RANK_NONE)
         return FERRY_INVALID_ARGUMENT;
     return FERRY_OK;
 }
 
 /* Reads and validates the one request of a connection. A message of any other length, or
- * carrying control data (its descriptors are closed), is invalid; a NOTIFY must carry
- * exactly one descriptor, which lands in *fd (the caller's from then on). */
+ * carrying other control data, is invalid; a NOTIFY must carry exactly one descriptor, which
+ * lands in *fd (the caller's from then on), and the other types none (whatever came is
+ * closed). */
 static ferry_status read_request(const ferry__broker *b, int conn, broker_request *req, int *fd)
 {
     uint8_t buf[BROKER_REQUEST_SIZE + 1]; /* one more byte to see a longer message */
@@ -440,7 +449,7 @@ static ferry_status read_request(const ferry__broker *b, int conn, broker_reques
     ferry_status status = FERRY_INVALID_ARGUMENT;
     if (!other && !(msg.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) && n == BROKER_REQUEST_SIZE)
         status = check_request(b, buf, req);
-    if (status == FERRY_OK && (req->type == BROKER_TYPE_NOTIFY) != (nfds == 1))
+    if (status == FERRY_OK && nfds != (req->type == BROKER_TYPE_NOTIFY ? 1u : 0u))
         status = FERRY_INVALID_ARGUMENT;
     if (status == FERRY_OK && nfds == 1) {
         *fd = fds[0];
@@ -494,7 +503,7 @@ static void conn_serve(ferry__broker *b, broker_conn *c)
     int fd = -1;
 
     ferry_status status = read_request(b, c->fd, &req, &fd);
-    if (status == FERRY_OK && req.type == BROKER_TYPE_OPEN && req.rank != FERRY__RANK_NONE)
+    if (status == FERRY_OK && req.type == BROKER_TYPE_CLAIM)
         status = claim_rank(b, req.rank, c->pid, &holder);
     if (status == FERRY_OK && req.type == BROKER_TYPE_DESCRIBE)
         status = b->on_describe ? sendable(b->on_describe(b->user, desc)) : FERRY_NOT_SUPPORTED;
@@ -1065,12 +1074,30 @@ static ferry_status check_fields(const broker_call *c, const uint8_t *buf, size_
     return FERRY_OK;
 }
 
+/* Control data was cut (MSG_CTRUNC). The room was there for more descriptors than a reply
+ * carries, so the kernel could not install one: recvmsg does not say why, and the reason is
+ * nearly always that this process has no descriptor free. A probe for one tells. */
+static ferry_status truncated_reply(const broker_call *c)
+{
+    int probe = fcntl(c->sock, F_DUPFD_CLOEXEC, 0);
+    int err = errno;
+    if (probe >= 0) {
+        close(probe);
+        return malformed_reply(c, "more control data than expected");
+    }
+    return ferry__fail_errno(FERRY_SYSTEM, err,
+                             "%s sent the pool's file descriptor, but this process could not "
+                             "take it%s",
+                             c->label,
+                             err == EMFILE ? " (EMFILE: it is at its limit of open files)" : "");
+}
+
 /* Validates a received reply (n bytes) that carried nfds descriptors. */
 static ferry_status check_reply(const broker_call *c, const struct msghdr *msg, ssize_t n,
                                 const uint8_t *buf, size_t nfds, uint64_t *size)
 {
     if (msg->msg_flags & MSG_CTRUNC)
-        return malformed_reply(c, "more control data than expected");
+        return truncated_reply(c);
     if (n == 0 && nfds == 0)
         return ferry__fail(FERRY_PRODUCER_GONE, "%s closed the connection without replying",
                            c->label);
@@ -1166,11 +1193,11 @@ static broker_call call_new(const char *label, uint16_t type, uint32_t rank, uin
                          .send_fd = -1};
 }
 
-static ferry_status request_open(const uint8_t name[16], const uint8_t pool_id[16], uint32_t rank,
+static ferry_status request_open(const uint8_t name[16], const uint8_t pool_id[16],
                                  const char *label, uint64_t timeout_ns, int patient, int *fd,
                                  uint64_t *size, pid_t *producer_pid)
 {
-    broker_call call = call_new(label, BROKER_TYPE_OPEN, rank, timeout_ns);
+    broker_call call = call_new(label, BROKER_TYPE_OPEN, FERRY__RANK_NONE, timeout_ns);
     int got_fd = -1;
     uint64_t got_size = 0;
     pid_t got_pid = 0;
@@ -1187,18 +1214,31 @@ static ferry_status request_open(const uint8_t name[16], const uint8_t pool_id[1
     return FERRY_OK;
 }
 
-ferry_status ferry__broker_request(const uint8_t name[16], const uint8_t pool_id[16], uint32_t rank,
+ferry_status ferry__broker_request(const uint8_t name[16], const uint8_t pool_id[16],
                                    const char *label, uint64_t timeout_ns, int *fd, uint64_t *size,
                                    pid_t *producer_pid)
 {
-    return request_open(name, pool_id, rank, label, timeout_ns, 0, fd, size, producer_pid);
+    return request_open(name, pool_id, label, timeout_ns, 0, fd, size, producer_pid);
 }
 
 ferry_status ferry__broker_request_patient(const uint8_t name[16], const uint8_t pool_id[16],
-                                           uint32_t rank, const char *label, uint64_t timeout_ns,
-                                           int *fd, uint64_t *size, pid_t *producer_pid)
+                                           const char *label, uint64_t timeout_ns, int *fd,
+                                           uint64_t *size, pid_t *producer_pid)
 {
-    return request_open(name, pool_id, rank, label, timeout_ns, 1, fd, size, producer_pid);
+    return request_open(name, pool_id, label, timeout_ns, 1, fd, size, producer_pid);
+}
+
+ferry_status ferry__broker_claim(const uint8_t name[16], const uint8_t pool_id[16], uint32_t rank,
+                                 const char *label, uint64_t timeout_ns)
+{
+    broker_call call = call_new(label, BROKER_TYPE_CLAIM, rank, timeout_ns);
+    int fd = -1;
+    uint64_t size = 0;
+    pid_t pid = 0;
+    if (!name || !pool_id || !label || rank == FERRY__RANK_NONE)
+        return ferry__fail(FERRY_INVALID_ARGUMENT, "broker claim: NULL argument or no rank");
+    call.patient = 1;
+    return call_run(&call, name, pool_id, &fd, &size, &pid);
 }
 
 ferry_status ferry__broker_describe(const uint8_t name[16], const char *label, uint64_t timeout_ns,

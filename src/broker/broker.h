@@ -20,14 +20,14 @@ typedef struct ferry__broker ferry__broker;
 /* A pool's address (ferry_pool_address): this prefix, then the broker's name in hex. */
 #define FERRY__ADDRESS_PREFIX "ferry:"
 
-/* A request's rank that claims no rank: the peer only opens the pool (acknowledging on
- * behalf of others, observing). on_attach is not called for it. */
+/* No rank: what OPEN and DESCRIBE requests name (and callers that claim none: acknowledging
+ * on behalf of others, observing). */
 #define FERRY__RANK_NONE UINT32_MAX
 
-/* Called on the broker thread after a valid request from a peer process claiming rank
- * (pid as seen from the producer's pid namespace). Returns FERRY_OK to accept, or
- * FERRY_RANK_IN_USE with *holder set to the live process that holds the rank; the broker
- * replies with that status (and the holder). Must not block. */
+/* Called on the broker thread for a valid CLAIM request: a peer process claims rank (pid as
+ * seen from the producer's pid namespace). Returns FERRY_OK to accept, or FERRY_RANK_IN_USE
+ * with *holder set to the live process that holds the rank; the broker replies with that
+ * status (and the holder). Must not block. */
 typedef ferry_status (*ferry__broker_attach_fn)(void *user, uint32_t rank, pid_t pid,
                                                 pid_t *holder);
 
@@ -81,24 +81,35 @@ uint64_t ferry__broker_refused(const ferry__broker *broker);
  * healthy; otherwise the first cause's status, with its message copied into buf. */
 ferry_status ferry__broker_error(const ferry__broker *broker, char *buf, size_t buf_size);
 
-/* Client side. Connects to the broker called name, asks for the fd of pool_id and attaches
- * as rank (FERRY__RANK_NONE: opens without claiming a rank). On success *fd is the received
- * fd (O_CLOEXEC, owned by the caller), *size its size as the producer sent it, and
- * *producer_pid the producer's pid as seen from this process (SO_PEERCRED). PRODUCER_GONE
- * if nobody listens on name; PERMISSION if refused; RANK_IN_USE with "rank R is held by
- * live process P (a rank belongs to one live process at a time)", P as the producer sees
- * it, if another live process holds rank; SYSTEM with "<label> returned no file
- * descriptor" if the reply carries none. Every fd received is closed on every error path.
- * Never blocks longer than timeout_ns; with 0 it makes one attempt without waiting. */
-ferry_status ferry__broker_request(const uint8_t name[16], const uint8_t pool_id[16], uint32_t rank,
+/* Client side. Connects to the broker called name and asks for the fd of pool_id (an OPEN:
+ * it claims no rank; ferry__broker_claim does, once the caller has opened the pool). On
+ * success *fd is the received fd (O_CLOEXEC, owned by the caller), *size its size as the
+ * producer sent it, and *producer_pid the producer's pid as seen from this process
+ * (SO_PEERCRED). PRODUCER_GONE if nobody listens on name; PERMISSION if refused; SYSTEM with
+ * "<label> returned no file descriptor" if the reply carries none, and with EMFILE's text
+ * when this process had no descriptor free to take the fd. Every fd received is closed on
+ * every error path. Never blocks longer than timeout_ns; with 0 it makes one attempt
+ * without waiting. */
+ferry_status ferry__broker_request(const uint8_t name[16], const uint8_t pool_id[16],
                                    const char *label, uint64_t timeout_ns, int *fd, uint64_t *size,
                                    pid_t *producer_pid);
 
 /* ferry__broker_request, asking again (every millisecond) while the broker refuses because
  * its table of waiting connections is full and more than 2 ms of timeout_ns are left. */
 ferry_status ferry__broker_request_patient(const uint8_t name[16], const uint8_t pool_id[16],
-                                           uint32_t rank, const char *label, uint64_t timeout_ns,
-                                           int *fd, uint64_t *size, pid_t *producer_pid);
+                                           const char *label, uint64_t timeout_ns, int *fd,
+                                           uint64_t *size, pid_t *producer_pid);
+
+/* Client side: claims rank of pool_id for the calling process (a CLAIM; the producer's
+ * on_attach records it). RANK_IN_USE with "rank R is held by live process P (a rank belongs
+ * to one live process at a time)", P as the producer sees it, if another live process holds
+ * rank; other errors as for ferry__broker_request (patient as
+ * ferry__broker_request_patient). The reply carries no descriptor, so a process short of
+ * them fails before it sends the claim (socket), never after the producer recorded it; only
+ * a reply that does not come in time leaves that in doubt (the claim is this process's,
+ * which may claim again, and is taken over once it exits). */
+ferry_status ferry__broker_claim(const uint8_t name[16], const uint8_t pool_id[16], uint32_t rank,
+                                 const char *label, uint64_t timeout_ns);
 
 /* Client side, by the broker's name alone (a pool's address): the pool's encoded pool-only
  * descriptor into desc, and the producer's pid as seen from this process. Patient as

@@ -11,12 +11,15 @@
 #include "common/clock.h"
 #include "common/proc.h"
 
-/* Reads /proc/<pid>/stat; the command name may hold spaces and parentheses, so fields are
- * counted from the last ')'. */
+/* Reads the stat file of pid's thread-group leader, /proc/<pid>/task/<pid>/stat: the kernel
+ * fills it as /proc/<pid>/stat (the same state and start time), and user-mode emulators
+ * (qemu-user, which runs the aarch64 check) pass it through, where they fake /proc/<pid>/stat
+ * for the calling process with a start time of their own per thread. The command name may
+ * hold spaces and parentheses, so fields are counted from the last ')'. */
 static int proc_stat(pid_t pid, char *state, uint64_t *starttime)
 {
     char path[64], buf[1024];
-    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    snprintf(path, sizeof(path), "/proc/%d/task/%d/stat", (int)pid, (int)pid);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return -1;

@@ -126,12 +126,12 @@ static uint64_t remaining(uint64_t deadline)
     return deadline > now ? deadline - now : 0;
 }
 
-/* Asks the pool's broker for its fd as claim (a broker whose table is full is asked again). */
-static ferry_status broker_ask(const uint8_t broker[16], const uint8_t pool_id[16], uint32_t claim,
+/* Asks the pool's broker for its fd (a broker whose table is full is asked again). */
+static ferry_status broker_ask(const uint8_t broker[16], const uint8_t pool_id[16],
                                uint64_t deadline, int *fd, uint64_t *size, pid_t *ppid)
 {
-    return ferry__broker_request_patient(broker, pool_id, claim, "pool broker", remaining(deadline),
-                                         fd, size, ppid);
+    return ferry__broker_request_patient(broker, pool_id, "pool broker", remaining(deadline), fd,
+                                         size, ppid);
 }
 
 /* Maps the segment the broker sent and checks it; the fd is closed either way. */
@@ -156,7 +156,8 @@ static ferry_status map_checked(ferry__mapped_pool *pool, const ferry_descriptor
     return st;
 }
 
-/* Opens a pool through its broker, claiming rank claim (or none). */
+/* Opens a pool through its broker (claiming no rank: ferry__cache_claim does, once the
+ * pool is open). claim is the rank the caller will claim, or none. */
 static ferry_status open_pool(const ferry_descriptor *d, uint32_t claim, int device,
                               uint64_t deadline, ferry__mapped_pool **out)
 {
@@ -167,7 +168,7 @@ static ferry_status open_pool(const ferry_descriptor *d, uint32_t claim, int dev
     if (!pool)
         return ferry__fail(FERRY_NO_MEMORY, "out of memory opening a pool");
     pthread_mutex_init(&pool->parts_lock, NULL);
-    ferry_status st = broker_ask(d->broker, d->pool_id, claim, deadline, &fd, &size, &ppid);
+    ferry_status st = broker_ask(d->broker, d->pool_id, deadline, &fd, &size, &ppid);
     if (st == FERRY_OK)
         st = map_checked(pool, d, fd, size);
     if (st == FERRY_OK)
@@ -180,23 +181,25 @@ static ferry_status open_pool(const ferry_descriptor *d, uint32_t claim, int dev
     memcpy(pool->broker, d->broker, 16);
     pool->producer_pid = ppid;
     pool->producer_start = ferry__proc_starttime(ppid);
-    if (claim != FERRY__RANK_NONE)
-        pool->attached[claim] = 1;
     pool->open_rank = claim;
     *out = pool;
     return FERRY_OK;
 }
 
-/* Claims another rank of an open pool for this process (the broker records it). */
-static ferry_status attach_rank(ferry__mapped_pool *pool, uint32_t rank, uint64_t deadline)
+ferry_status ferry__cache_claim(ferry__mapped_pool *pool, uint32_t rank, uint64_t deadline)
 {
-    int fd;
-    uint64_t size;
-    pid_t ppid;
-    ferry_status st = broker_ask(pool->broker, pool->pool_id, rank, deadline, &fd, &size, &ppid);
+    if (rank >= pool->consumers)
+        return ferry__fail(FERRY_MISMATCH, "rank %u is out of range for the pool (consumers=%u)",
+                           rank, pool->consumers);
+    pthread_mutex_lock(&cache_lock);
+    int attached = pool->attached[rank];
+    pthread_mutex_unlock(&cache_lock);
+    if (attached)
+        return FERRY_OK;
+    ferry_status st =
+        ferry__broker_claim(pool->broker, pool->pool_id, rank, "pool broker", remaining(deadline));
     if (st != FERRY_OK)
         return st;
-    close(fd);
     pthread_mutex_lock(&cache_lock);
     pool->attached[rank] = 1;
     pthread_mutex_unlock(&cache_lock);
@@ -307,30 +310,23 @@ ferry_status ferry__cache_acquire(const ferry_descriptor *desc, uint32_t claim, 
     pthread_once(&cache_once, cache_init);
     pthread_mutex_lock(&cache_lock);
     ferry__mapped_pool *pool = find_locked(desc->pool_id, allow_gone);
-    int attached = 1;
-    if (pool) {
+    if (pool)
         pool->refs++;
-        attached = claim == FERRY__RANK_NONE || (claim < pool->consumers && pool->attached[claim]);
-    }
     pthread_mutex_unlock(&cache_lock);
+    ferry_status st = FERRY_OK;
     if (!pool) {
         ferry__mapped_pool *fresh = NULL;
-        ferry_status st = open_pool(desc, claim, device, deadline, &fresh);
+        st = open_pool(desc, claim, device, deadline, &fresh);
         if (st != FERRY_OK)
             return st;
-        return insert_or_reuse(fresh, out);
+        insert_or_reuse(fresh, &pool);
     }
-    if (claim != FERRY__RANK_NONE && claim >= pool->consumers) {
+    /* The claim comes last, once the pool is open: a call that fails on the way holds none. */
+    if (claim != FERRY__RANK_NONE)
+        st = ferry__cache_claim(pool, claim, deadline);
+    if (st != FERRY_OK) {
         ferry__cache_release(pool);
-        return ferry__fail(FERRY_MISMATCH, "rank %u is out of range for the pool (consumers=%u)",
-                           claim, pool->consumers);
-    }
-    if (!attached) {
-        ferry_status st = attach_rank(pool, claim, deadline);
-        if (st != FERRY_OK) {
-            ferry__cache_release(pool);
-            return st;
-        }
+        return st;
     }
     *out = pool;
     return FERRY_OK;

@@ -230,7 +230,9 @@ static ferry_status load_ack(ferry_consumer *c, ferry__mapped_pool *p, uint32_t 
     return p->place->load_ack(p, c->device, slot, rank, value);
 }
 
-static ferry_status stale(const ferry__mapped_pool *p, const ferry_descriptor *d, uint32_t rank)
+static int part_acked(ferry__mapped_pool *p, const ferry_descriptor *d, uint32_t rank);
+
+static ferry_status stale(ferry__mapped_pool *p, const ferry_descriptor *d, uint32_t rank)
 {
     uint32_t now = ferry__shm_generation(&p->shm, d->slot);
     if (now == (d->generation | FERRY_GEN_CANCELLED))
@@ -242,14 +244,19 @@ static ferry_status stale(const ferry__mapped_pool *p, const ferry_descriptor *d
         return ferry__fail(FERRY_STALE,
                            "stale descriptor: slot %u now holds generation %u, descriptor has %u",
                            d->slot, now, d->generation);
+    if (d->part_count && part_acked(p, d, rank))
+        return ferry__fail(FERRY_STALE,
+                           "stale descriptor: part %u of lease (slot=%u, generation=%u) was "
+                           "already acknowledged for rank %u by this process",
+                           d->part_index, d->slot, d->generation, rank);
     return ferry__fail(FERRY_STALE,
                        "stale descriptor: lease (slot=%u, generation=%u) was already "
                        "acknowledged for rank %u or cancelled",
                        d->slot, d->generation, rank);
 }
 
-/* *state: 1 ready, 0 not yet, -1 stale (slot reused, or already acknowledged for rank);
- * *seen (may be NULL) the ready word as read. */
+/* *state: 1 ready, 0 not yet, -1 stale (slot reused, or already acknowledged for rank: the
+ * lease, or this part of it by this process); *seen (may be NULL) the ready word as read. */
 static ferry_status lease_state(ferry_consumer *c, ferry__mapped_pool *p, const ferry_descriptor *d,
                                 int check_ready, int *state, uint32_t *seen)
 {
@@ -258,9 +265,11 @@ static ferry_status lease_state(ferry_consumer *c, ferry__mapped_pool *p, const 
     if (ferry__shm_generation(&p->shm, d->slot) != d->generation)
         return FERRY_OK;
     ferry_status st = load_ack(c, p, d->slot, c->rank, &ack);
-    if (st == FERRY_OK && ack != d->generation && check_ready)
+    int acked =
+        st == FERRY_OK && (ack == d->generation || (d->part_count && part_acked(p, d, c->rank)));
+    if (st == FERRY_OK && !acked && check_ready)
         st = load_word(c, p, ferry__shm_ready_word(&p->shm.layout, d->slot), &ready);
-    if (st == FERRY_OK && ack != d->generation)
+    if (st == FERRY_OK && !acked)
         *state = check_ready ? ready == d->generation : 1;
     if (seen)
         *seen = ready;
@@ -564,6 +573,18 @@ static ferry__part_set **find_parts_locked(ferry__mapped_pool *p, const ferry_de
     return pp;
 }
 
+/* Whether this process acknowledged part d->part_index of d's lease for rank (a part index
+ * beyond the set's count was not: part_ack judges that descriptor). */
+static int part_acked(ferry__mapped_pool *p, const ferry_descriptor *d, uint32_t rank)
+{
+    pthread_mutex_lock(&p->parts_lock);
+    const ferry__part_set *s = *find_parts_locked(p, d, rank);
+    int acked =
+        s && d->part_index < s->count && (s->bits[d->part_index / 64] >> (d->part_index % 64) & 1u);
+    pthread_mutex_unlock(&p->parts_lock);
+    return acked;
+}
+
 static ferry__part_set *new_parts(const ferry_descriptor *d, uint32_t rank)
 {
     size_t words = ((size_t)d->part_count + 63) / 64;
@@ -612,6 +633,33 @@ static ferry_status check_range(const ferry__mapped_pool *p, uint32_t first, uin
     return FERRY_OK;
 }
 
+/* After a part's acknowledgement that left others to acknowledge: the rank's word says so
+ * (generation | FERRY_ACK_PARTIAL), for the producer's consumer_info and pool-full message.
+ * Only where the word can be compared and swapped from the value read (ack), so that the mark
+ * never replaces an acknowledgement written meanwhile; words on the device go without. */
+static ferry_status mark_partial(ferry_consumer *c, ferry__mapped_pool *p,
+                                 const ferry_descriptor *d, uint32_t rank, uint32_t ack)
+{
+    uint32_t mark = d->generation | FERRY_ACK_PARTIAL;
+    int replaced;
+    if (!p->place->replace_compares || ack == mark)
+        return FERRY_OK;
+    return p->place->replace(p, c->device, ferry__shm_ack_word(&p->shm.layout, d->slot, rank), &ack,
+                             mark, &replaced);
+}
+
+/* Writes the lease's generation into the rank's word if it still holds *seen (what the caller
+ * read), or this lease's partial mark, which another thread's part acknowledgement may have
+ * written since. */
+static ferry_status replace_ack(ferry_consumer *c, ferry__mapped_pool *p, uint64_t word,
+                                uint32_t *seen, uint32_t generation, int *replaced)
+{
+    ferry_status st = p->place->replace(p, c->device, word, seen, generation, replaced);
+    if (st == FERRY_OK && !*replaced && *seen == (generation | FERRY_ACK_PARTIAL))
+        st = p->place->replace(p, c->device, word, seen, generation, replaced);
+    return st;
+}
+
 /* One rank's acknowledgement, now or (stream != NULL or GPU) enqueued on stream: *wrote is
  * 1 if its word was written, 0 if only a part was recorded, -1 if it was acknowledged
  * already. */
@@ -628,6 +676,8 @@ static ferry_status ack_one(ferry_consumer *c, ferry__mapped_pool *p, const ferr
         return st;
     if (d->part_count)
         st = part_ack(p, d, rank, &complete);
+    if (st == FERRY_OK && complete == 0 && !enqueue)
+        st = mark_partial(c, p, d, rank, ack);
     if (st != FERRY_OK || complete <= 0) {
         *wrote = complete;
         return st;
@@ -637,7 +687,7 @@ static ferry_status ack_one(ferry_consumer *c, ferry__mapped_pool *p, const ferr
     /* From the value read: a writer paused since its generation check must not replace the
      * acknowledgement of a newer lease of the slot (whose row would never complete). */
     st = enqueue ? p->ops->view_enqueue_store(p, c->device, word, d->generation, stream)
-                 : p->place->replace(p, c->device, word, &ack, d->generation, &replaced);
+                 : replace_ack(c, p, word, &ack, d->generation, &replaced);
     if (st == FERRY_OK && !replaced)
         view_end(p, d->slot, rank, d->generation); /* acknowledged meanwhile, or moved on */
     if (st != FERRY_OK || !replaced)
@@ -727,6 +777,46 @@ ferry_status ferry_consumer_ack_all(ferry_consumer *c, const ferry_descriptor *d
     if (!d)
         return ferry__fail(FERRY_INVALID_ARGUMENT, "descriptor is NULL");
     return ack_call(c, d, 0, d->consumer_count, 0);
+}
+
+/* ---- whole leases through any part ------------------------------------------------------- */
+
+/* The lease a descriptor belongs to, whole: a packed lease's part stands for every part (its
+ * part fields are checked first, as any acknowledgement checks them). The rank's word takes
+ * the lease's generation at once, whatever parts this or another process acknowledged. */
+static ferry_status ack_lease_call(ferry_consumer *c, const ferry_descriptor *d, int rank_only,
+                                   uint32_t first, uint32_t count, int strict)
+{
+    if (!c || !d)
+        return ferry__fail(FERRY_INVALID_ARGUMENT, "consumer or descriptor is NULL");
+    if (d->part_count && d->part_index >= d->part_count)
+        return ferry__fail(FERRY_INVALID_ARGUMENT, "descriptor part %u of %u is out of range",
+                           d->part_index, d->part_count);
+    ferry_descriptor whole = *d;
+    whole.part_index = 0;
+    whole.part_count = 0;
+    if (rank_only)
+        first = c->rank;
+    return ack_call(c, &whole, first, count, strict);
+}
+
+ferry_status ferry_consumer_ack_lease(ferry_consumer *c, const ferry_descriptor *d)
+{
+    FERRY_CUDA_BOUNDARY;
+    return ack_lease_call(c, d, 1, 0, 1, 1);
+}
+
+ferry_status ferry_consumer_ack_lease_range(ferry_consumer *c, const ferry_descriptor *d,
+                                            uint32_t first, uint32_t count)
+{
+    FERRY_CUDA_BOUNDARY;
+    return ack_lease_call(c, d, 0, first, count, 0);
+}
+
+ferry_status ferry_consumer_ack_lease_all(ferry_consumer *c, const ferry_descriptor *d)
+{
+    FERRY_CUDA_BOUNDARY;
+    return ack_lease_call(c, d, 0, 0, d ? d->consumer_count : 0, 0);
 }
 
 /* ---- stream-ordered (GPU pools) -------------------------------------------------------- */

@@ -57,6 +57,11 @@ void ferry__consumer_unbind(struct ferry_consumer *c);
 ferry_status ferry__cache_acquire(const ferry_descriptor *desc, uint32_t claim, int device,
                                   uint64_t deadline, int allow_gone, ferry__mapped_pool **pool);
 
+/* Makes sure this process holds rank of an open pool (a CLAIM to its broker the first time;
+ * RANK_IN_USE if another live process does, MISMATCH for a rank the pool lacks), waiting
+ * for the broker until deadline at most. */
+ferry_status ferry__cache_claim(ferry__mapped_pool *pool, uint32_t rank, uint64_t deadline);
+
 /* Takes one more reference on a pool the caller holds one on. */
 void ferry__cache_retain(ferry__mapped_pool *pool);
 

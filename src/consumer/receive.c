@@ -33,13 +33,24 @@ static void close_fds(const int *fds, int n)
             close(fds[i]);
 }
 
-static ferry_status parse_address(const char *address, uint8_t name[16])
+/* Only the form ferry_pool_address prints: the prefix and 32 lowercase hex digits. */
+static int printed_form(const char *address)
 {
     size_t prefix = strlen(FERRY__ADDRESS_PREFIX);
+    if (strncmp(address, FERRY__ADDRESS_PREFIX, prefix) != 0 || strlen(address) != prefix + 32)
+        return 0;
+    for (const char *c = address + prefix; *c; c++)
+        if (!((*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'f')))
+            return 0;
+    return 1;
+}
+
+static ferry_status parse_address(const char *address, uint8_t name[16])
+{
     if (!address)
         return ferry__fail(FERRY_INVALID_ARGUMENT, "address is NULL");
-    if (strncmp(address, FERRY__ADDRESS_PREFIX, prefix) != 0 || strlen(address) != prefix + 32 ||
-        ferry__hex_get(address + prefix, 16, name) != 0)
+    if (!printed_form(address) ||
+        ferry__hex_get(address + strlen(FERRY__ADDRESS_PREFIX), 16, name) != 0)
         return ferry__fail(FERRY_INVALID_ARGUMENT,
                            "'%.80s' is not a ferry address (ferry: and 32 hex digits, as "
                            "ferry_pool_address gives)",
@@ -110,9 +121,11 @@ ferry_status ferry_consumer_connect(const char *address, uint32_t rank, int32_t 
     if (st == FERRY_OK)
         st = ferry_consumer_create_on(rank, device, &c);
     if (st == FERRY_OK)
-        st = ferry__cache_acquire(&d, rank, device, deadline, 0, &p);
+        st = ferry__cache_acquire(&d, FERRY__RANK_NONE, device, deadline, 0, &p);
     if (st == FERRY_OK)
         st = p->ops->view_map(p, device, deadline);
+    if (st == FERRY_OK) /* last: a connect that fails holds no rank */
+        st = ferry__cache_claim(p, rank, deadline);
     if (st != FERRY_OK) {
         if (p)
             ferry__cache_release(p);

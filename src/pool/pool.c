@@ -1087,6 +1087,9 @@ static void rank_backlog_locked(ferry_pool *pool, uint32_t rank, ferry_consumer_
             ferry__load_acquire32(&words[ferry__shm_ack_word(l, slot, rank)]) == gen)
             continue;
         info->outstanding++;
+        info->partly_acknowledged +=
+            ferry__load_acquire32(&words[ferry__shm_ack_word(l, slot, rank)]) ==
+            (gen | FERRY_ACK_PARTIAL);
         uint64_t age = now - pool->slots[slot].leased_ns;
         if (age > info->oldest_age_ns)
             info->oldest_age_ns = age;
@@ -1100,6 +1103,19 @@ static void rank_info_locked(ferry_pool *pool, uint32_t rank, ferry_consumer_inf
     rank_backlog_locked(pool, rank, info);
 }
 
+/* The bytes of ferry_consumer_info a caller of version knows (0: an unknown version). */
+static size_t info_size(uint32_t version)
+{
+    switch (version) {
+    case 1:
+        return offsetof(ferry_consumer_info, partly_acknowledged);
+    case FERRY_CONSUMER_INFO_VERSION:
+        return sizeof(ferry_consumer_info);
+    default:
+        return 0;
+    }
+}
+
 ferry_status ferry_pool_consumer_info(ferry_pool *pool, uint32_t rank, ferry_consumer_info *info)
 {
     FERRY_CUDA_BOUNDARY;
@@ -1109,8 +1125,8 @@ ferry_status ferry_pool_consumer_info(ferry_pool *pool, uint32_t rank, ferry_con
     if (rank >= pool->consumers)
         return ferry__fail(FERRY_INVALID_ARGUMENT, "rank %u is out of range (consumers=%u)", rank,
                            pool->consumers);
-    if (info->struct_size < sizeof(*info) || info->version < 1 ||
-        info->version > FERRY_CONSUMER_INFO_VERSION)
+    size_t size = info_size(info->version);
+    if (!size || info->struct_size < size)
         return ferry__fail(FERRY_INVALID_ARGUMENT,
                            "consumer info has struct_size=%u version=%u; initialise it with "
                            "FERRY_CONSUMER_INFO_INIT",
@@ -1123,7 +1139,9 @@ ferry_status ferry_pool_consumer_info(ferry_pool *pool, uint32_t rank, ferry_con
     }
     rank_info_locked(pool, rank, &ci);
     pthread_mutex_unlock(&pool->lock);
-    *info = ci;
+    ci.struct_size = info->struct_size;
+    ci.version = info->version;
+    memcpy(info, &ci, size); /* a caller built against an older header gets its fields */
     ferry__clear_error();
     return FERRY_OK;
 }

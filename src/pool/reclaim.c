@@ -90,20 +90,24 @@ uint64_t ferry__reap_dead_locked(ferry_pool *pool)
     return n;
 }
 
-/* The rank with the oldest published lease it has not acknowledged. */
-static int slowest_rank_locked(ferry_pool *pool, uint64_t *oldest, uint64_t *held)
+/* The rank with the oldest published lease it has not acknowledged: how many it holds, and
+ * how many of those are packed leases it acknowledged some parts of (FERRY_ACK_PARTIAL). */
+static int slowest_rank_locked(ferry_pool *pool, uint64_t *oldest, uint64_t *held, uint64_t *partly)
 {
     int worst = -1;
     pool->ops->sync_control(&pool->mem);
     for (uint32_t r = 0; r < pool->consumers; r++) {
-        uint64_t old = UINT64_MAX, count = 0;
+        uint64_t old = UINT64_MAX, count = 0, partial = 0;
         for (uint32_t i = 0; i < pool->inflight_count; i++) {
             uint32_t slot = pool->inflight[i];
             const ferry__shm_layout *l = &pool->mem.shm.layout;
             uint32_t gen = pool->slots[slot].generation;
+            uint32_t ack =
+                ferry__load_acquire32(&pool->mem.control[ferry__shm_ack_word(l, slot, r)]);
             if (ferry__load_acquire32(&pool->mem.control[ferry__shm_ready_word(l, slot)]) == gen &&
-                ferry__load_acquire32(&pool->mem.control[ferry__shm_ack_word(l, slot, r)]) != gen) {
+                ack != gen) {
                 count++;
+                partial += ack == (gen | FERRY_ACK_PARTIAL);
                 if (pool->slots[slot].leased_ns < old)
                     old = pool->slots[slot].leased_ns;
             }
@@ -112,6 +116,7 @@ static int slowest_rank_locked(ferry_pool *pool, uint64_t *oldest, uint64_t *hel
             worst = (int)r;
             *oldest = old;
             *held = count;
+            *partly = partial;
         }
     }
     return worst;
@@ -119,16 +124,21 @@ static int slowest_rank_locked(ferry_pool *pool, uint64_t *oldest, uint64_t *hel
 
 void ferry__describe_backlog_locked(ferry_pool *pool, char *buf, size_t size)
 {
-    uint64_t oldest = 0, held = 0;
-    int r = slowest_rank_locked(pool, &oldest, &held);
+    uint64_t oldest = 0, held = 0, partly = 0;
+    int r = slowest_rank_locked(pool, &oldest, &held, &partly);
     if (r < 0) {
         snprintf(buf, size, "no consumer holds a published lease");
         return;
     }
-    char who[FERRY__HOLDER_TEXT];
+    char who[FERRY__HOLDER_TEXT], parts[160] = "";
     ferry__rank_describe_locked(pool, (uint32_t)r, who, sizeof(who));
-    snprintf(buf, size, "slowest consumer: rank %d (%s) holds %llu leases, oldest %.3f ms", r, who,
-             (unsigned long long)held, (double)(ferry__now_ns() - oldest) / 1e6);
+    if (partly)
+        snprintf(parts, sizeof(parts),
+                 " (%llu partly acknowledged: packed leases with parts left, which "
+                 "ferry_consumer_ack_lease acknowledges whole)",
+                 (unsigned long long)partly);
+    snprintf(buf, size, "slowest consumer: rank %d (%s) holds %llu leases%s, oldest %.3f ms", r,
+             who, (unsigned long long)held, parts, (double)(ferry__now_ns() - oldest) / 1e6);
 }
 
 static void *reclaimer_main(void *arg)

@@ -36,6 +36,12 @@
 #define FERRY_MAX_CONSUMERS 65535
 #define FERRY_MAX_INFLIGHT  (1 << 24)
 #define FERRY_MAX_DEPTH     (1 << 16)
+/* An acknowledgement word holding generation | FERRY_ACK_PARTIAL: a consumer acknowledged some
+ * parts of that packed lease for the rank, not all (the producer names such leases in
+ * consumer_info and in the pool-full message). It never equals a generation, so to every
+ * reader that compares the word with one it is "not acknowledged"; written by compare-and-swap
+ * from the value read only, so it never replaces an acknowledgement. */
+#define FERRY_ACK_PARTIAL 0x80000000u
 
 typedef struct ferry__shm_header {
     uint32_t magic;

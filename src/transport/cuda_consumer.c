@@ -135,9 +135,8 @@ static ferry_status import_vmm(ferry__mapped_pool *p, uint64_t deadline,
     uint64_t size;
     pid_t pid;
     uint64_t now = ferry__now_ns();
-    ferry_status st =
-        ferry__broker_request(p->handle, p->pool_id, FERRY__RANK_NONE, "CUDA VMM POSIX FD broker",
-                              deadline > now ? deadline - now : 0, &fd, &size, &pid);
+    ferry_status st = ferry__broker_request(p->handle, p->pool_id, "CUDA VMM POSIX FD broker",
+                                            deadline > now ? deadline - now : 0, &fd, &size, &pid);
     if (st != FERRY_OK)
         return st;
     CUresult rc = cuda->cuMemImportFromShareableHandle(h, (void *)(intptr_t)fd,
@@ -514,6 +513,7 @@ const ferry__placement ferry__device_placement = {
     .load = device_load,
     .load_ack = device_load_ack,
     .replace = device_replace,
+    .replace_compares = 0,
     .note_ack = device_note_ack,
     .seen = device_seen,
     .sleep = device_sleep,

@@ -203,6 +203,7 @@ const ferry__placement ferry__host_placement = {
     .load = words_load,
     .load_ack = words_load_ack,
     .replace = words_replace,
+    .replace_compares = 1,
     .note_ack = words_note_ack,
     .seen = words_seen,
     .sleep = words_sleep,

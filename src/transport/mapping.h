@@ -78,6 +78,9 @@ struct ferry__placement {
      * store (*done = 1). */
     ferry_status (*replace)(ferry__mapped_pool *p, int device, uint64_t word, uint32_t *expected,
                             uint32_t value, int *done);
+    /* 1 if replace is a compare-and-swap (a word it writes may be one other processes race
+     * on: the partial marks of packed leases), 0 if a plain store. */
+    int replace_compares;
     /* Records an acknowledgement this process wrote or enqueued. */
     void (*note_ack)(ferry__mapped_pool *p, uint32_t slot, uint32_t rank, uint32_t generation);
     /* 1 if the CPU sees word == value now, at no device cost; 0 if not or if it cannot tell. */

@@ -13,6 +13,10 @@ uint32_t ferry__crc32c(const void *buf, size_t len);
 /* The portable table-driven CRC-32C (what ferry__crc32c falls back to). */
 uint32_t ferry__crc32c_table(const void *buf, size_t len);
 
+/* 1 if ferry__crc32c uses the CPU's CRC-32C instructions (SSE4.2 on x86-64, the CRC32
+ * extension on aarch64), 0 if it uses the table. */
+int ferry__crc32c_uses_hw(void);
+
 /* Checks a tensor's dtype and shape[0, ndim) and computes its size in bytes. On failure
  * returns status (with a message naming the problem, prefixed by what) and leaves *nbytes
  * untouched. Entries of shape from ndim on are not looked at. */
