@@ -147,6 +147,11 @@ static const expected pool_expected[] = {
     G_("high_water_leases", high_water_leases),
     G_("consumers_attached", consumers_attached),
     G_("consumers_alive", consumers_alive),
+    G_("remote_connected", remote_connected),
+    C_("remote_admitted_total", remote_admitted),
+    G_("remote_emulated", remote_emulated),
+    C_("remote_forwarded_total", remote_forwarded),
+    C_("remote_bad_messages_total", remote_bad_messages),
 };
 #undef C_
 #undef G_
@@ -160,6 +165,8 @@ static const char *const rank_expected[] = {
     "ferry_rank_oldest_lease_age_seconds",
 };
 #define RANK_METRICS (sizeof(rank_expected) / sizeof(rank_expected[0]))
+/* ferry_remote_refused_total{reason=...}: malformed, secret, rank, silent, flood, error */
+#define REFUSED_REASONS 6
 
 static ferry_pool_stats stats_of(ferry_pool *pool)
 {
@@ -291,8 +298,12 @@ static void check_text(const char *text, const ferry_pool_stats *stats,
                         s.value <= (double)ci->oldest_age_ns / 1e9 + 60);
     }
     free(copy);
-    /* Every metric, once per pool or once per rank, and nothing else. */
-    assert_int_equal(f.count, POOL_METRICS + RANK_METRICS);
+    /* Every metric, once per pool, once per rank or (remote refusals) once per reason, and
+     * nothing else. */
+    assert_int_equal(f.count, POOL_METRICS + RANK_METRICS + 1);
+    int refused = family_find(&f, "ferry_remote_refused_total");
+    assert_true(refused >= 0);
+    assert_int_equal(f.samples[refused], REFUSED_REASONS);
     for (size_t i = 0; i < POOL_METRICS; i++) {
         int fam = family_find(&f, pool_expected[i].name);
         assert_true(fam >= 0);
@@ -303,7 +314,8 @@ static void check_text(const char *text, const ferry_pool_stats *stats,
         assert_true(fam >= 0);
         assert_int_equal(f.samples[fam], ranks);
     }
-    assert_int_equal(lines, 3 * POOL_METRICS + (2 + ranks) * RANK_METRICS);
+    assert_int_equal(lines,
+                     3 * POOL_METRICS + (2 + REFUSED_REASONS) + (2 + ranks) * RANK_METRICS);
 }
 
 /* ---- the pool ------------------------------------------------------------------------------ */

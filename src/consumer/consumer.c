@@ -194,7 +194,7 @@ static ferry_status remote_read_now(ferry_consumer *c, const ferry_descriptor *d
                                     size_t dst_size)
 {
     ferry_status st = ferry__remote_read(c->remote, d, dst, dst_size, FERRY_OPEN_TIMEOUT_NS);
-    return st == FERRY_OK ? ferry__remote_ack(c->remote, d, c->rank, 1, 1, 0) : st;
+    return st == FERRY_OK ? ferry__remote_ack(c->remote, d, c->rank, 1, 1) : st;
 }
 
 ferry_status ferry_consumer_open(ferry_consumer *c, const ferry_descriptor *d)
@@ -748,7 +748,7 @@ static ferry_status ack_call(ferry_consumer *c, const ferry_descriptor *d, uint3
 {
     ferry__mapped_pool *p;
     if (remote_of(c, d))
-        return ferry__remote_ack(c->remote, d, first, count, strict, 0);
+        return ferry__remote_ack(c->remote, d, first, count, strict);
     ferry_status st =
         pool_lookup(c, d, FERRY__RANK_NONE, ferry__deadline(FERRY_OPEN_TIMEOUT_NS), 0, &p);
     if (st != FERRY_OK)
@@ -901,7 +901,7 @@ ferry_status ferry_consumer_ack_async(ferry_consumer *c, const ferry_descriptor 
     FERRY_CUDA_BOUNDARY;
     ferry__mapped_pool *p;
     if (remote_of(c, d)) /* its reads completed in their calls: nothing to order behind */
-        return ferry__remote_ack(c->remote, d, c->rank, 1, 1, 0);
+        return ferry__remote_ack(c->remote, d, c->rank, 1, 1);
     ferry_status st = gpu_pool_for(c, d, FERRY__RANK_NONE, &p);
     if (st != FERRY_OK)
         return st;

@@ -1043,7 +1043,7 @@ static ferry_status ack_parts(ferry__remote_client *cl, const ferry_descriptor *
 }
 
 ferry_status ferry__remote_ack(ferry__remote_client *cl, const ferry_descriptor *d, uint32_t first,
-                               uint32_t count, int strict, int whole)
+                               uint32_t count, int strict)
 {
     ferry_status st;
     pthread_mutex_lock(&cl->lock);
@@ -1068,7 +1068,7 @@ ferry_status ferry__remote_ack(ferry__remote_client *cl, const ferry_descriptor 
         st = acked_stale(cl, d);
         goto done;
     }
-    if (d->part_count && !whole) {
+    if (d->part_count) {
         st = ack_parts(cl, d, first, count, strict);
         goto done;
     }

@@ -166,7 +166,7 @@ ferry_status ferry__remote_wait(ferry__remote_client *client, const ferry_descri
 ferry_status ferry__remote_read(ferry__remote_client *client, const ferry_descriptor *desc,
                                 void *dst, size_t dst_size, uint64_t timeout_ns);
 ferry_status ferry__remote_ack(ferry__remote_client *client, const ferry_descriptor *desc,
-                               uint32_t first, uint32_t count, int strict, int whole);
+                               uint32_t first, uint32_t count, int strict);
 ferry_status ferry__remote_fd(ferry__remote_client *client, int *fd);
 
 #endif

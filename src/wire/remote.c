@@ -405,8 +405,7 @@ static ferry_status am_shape(const ferry__am *m, const uint8_t *b, size_t payloa
             return malformed("descriptor message with a bad payload");
         return FERRY_OK;
     case FERRY_AM_ACK:
-        return m->flags & ~FERRY_AM_ACK_WHOLE || payload_len ? malformed("bad acknowledgement")
-                                                             : FERRY_OK;
+        return m->flags || payload_len ? malformed("bad acknowledgement") : FERRY_OK;
     case FERRY_AM_TAKEN:
         return m->flags || payload_len || !all_zero(b + 4, 12) ? malformed("bad taken message")
                                                                : FERRY_OK;

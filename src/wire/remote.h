@@ -114,12 +114,10 @@ enum ferry__am_type {
     FERRY_AM_INFO = 4,  /* consumer -> producer: how its reads go (text payload) */
 };
 
-#define FERRY_AM_ACK_WHOLE 0x1u /* every part of a packed lease at once */
-
 /* The 32-byte header of every active message. */
 typedef struct ferry__am {
     uint16_t type;
-    uint16_t flags; /* ACK: FERRY_AM_ACK_WHOLE; INFO: 1 if reads are emulated */
+    uint16_t flags; /* INFO: 1 if reads are emulated; 0 otherwise */
     uint32_t conn_id;
     uint64_t token;
     union {
