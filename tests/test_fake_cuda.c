@@ -561,6 +561,14 @@ static void test_stream_wait_event(void **state)
     store_word(words, 1);
     assert_int_equal(cu->cuStreamSynchronize(b), CUDA_SUCCESS);
     assert_int_equal(load_word(words + 4), 9);
+    /* The per-thread default stream (CU_STREAM_PER_THREAD) takes work and waits too. */
+    CUstream per_thread = (CUstream)(uintptr_t)2;
+    assert_int_equal(cu->cuEventRecord(e, a), CUDA_SUCCESS);
+    assert_int_equal(cu->cuStreamWaitEvent(per_thread, e, 0), CUDA_SUCCESS);
+    assert_int_equal(cu->cuStreamWriteValue32(per_thread, words + 8, 3, 0), CUDA_SUCCESS);
+    assert_int_equal(cu->cuStreamSynchronize(per_thread), CUDA_SUCCESS);
+    assert_int_equal(load_word(words + 8), 3);
+    assert_int_equal(cu->cuStreamDestroy(per_thread), CUDA_ERROR_INVALID_HANDLE);
     assert_int_equal(cu->cuEventDestroy(e), CUDA_SUCCESS);
     assert_int_equal(cu->cuStreamDestroy(a), CUDA_SUCCESS);
     assert_int_equal(cu->cuStreamDestroy(b), CUDA_SUCCESS);

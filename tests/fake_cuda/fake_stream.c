@@ -17,6 +17,7 @@
 #include "fake_cuda.h"
 
 #define FAKE_CU_STREAM_LEGACY                        ((CUstream)(uintptr_t)1)
+#define FAKE_CU_STREAM_PER_THREAD                    ((CUstream)(uintptr_t)2)
 #define FAKE_CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER 0x1u
 #define FAKE_CU_EVENT_BLOCKING_SYNC                  0x1u
 #define FAKE_CU_EVENT_INTERPROCESS                   0x4u
@@ -274,8 +275,13 @@ static struct CUstream_st *stream_new(unsigned flags, int legacy)
     return s;
 }
 
+/* The calling thread's per-thread default stream (CU_STREAM_PER_THREAD), made on first use:
+ * a blocking stream (it synchronises with the legacy stream), never destroyed. */
+static _Thread_local struct CUstream_st *per_thread_stream;
+
 /* The stream a handle names (under fake_lock): NULL and CU_STREAM_LEGACY name the legacy
- * stream, created on first use when create is set (else *out = NULL). */
+ * stream, created on first use when create is set (else *out = NULL); CU_STREAM_PER_THREAD
+ * the calling thread's own. */
 static CUresult stream_resolve(CUstream h, int create, struct CUstream_st **out)
 {
     *out = NULL;
@@ -283,6 +289,12 @@ static CUresult stream_resolve(CUstream h, int create, struct CUstream_st **out)
         if (!legacy_stream && create && !(legacy_stream = stream_new(0, 1)))
             return CUDA_ERROR_OUT_OF_MEMORY;
         *out = legacy_stream;
+        return CUDA_SUCCESS;
+    }
+    if (h == FAKE_CU_STREAM_PER_THREAD) {
+        if (!per_thread_stream && !(per_thread_stream = stream_new(0, 0)))
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        *out = per_thread_stream;
         return CUDA_SUCCESS;
     }
     for (struct CUstream_st *s = streams; s; s = s->next)
@@ -472,7 +484,7 @@ static CUresult cuStreamDestroy(CUstream hStream)
     struct CUstream_st *s;
     pthread_mutex_lock(&fake_lock);
     rc = stream_resolve(hStream, 0, &s);
-    if (rc == CUDA_SUCCESS && (!s || s->legacy))
+    if (rc == CUDA_SUCCESS && (!s || s->legacy || hStream == FAKE_CU_STREAM_PER_THREAD))
         rc = FAKE_CUDA_ERROR_INVALID_HANDLE;
     if (rc != CUDA_SUCCESS) {
         pthread_mutex_unlock(&fake_lock);
