@@ -166,20 +166,28 @@ def entry(name, *argtypes):
     return ctypes.CFUNCTYPE(ctypes.c_int, *argtypes)(fn.value)
 
 
-def new_stream(device=0):
-    """A non-blocking stream of the fake on device (its primary context made current on this
-    thread, as a framework would), as an int handle."""
+def use_device(device=0):
+    """Makes device's primary context current on this thread, as a framework would (ferry
+    may not have initialised the driver yet)."""
+    assert entry("cuInit", ctypes.c_uint)(0) == 0
     ctx = ctypes.c_void_p()
     assert entry("cuDevicePrimaryCtxRetain", ctypes.c_void_p, ctypes.c_int)(
         ctypes.byref(ctx), device) == 0
     assert entry("cuCtxSetCurrent", ctypes.c_void_p)(ctx) == 0
+
+
+def new_stream(device=0):
+    """A non-blocking stream of the fake on device, as an int handle."""
+    use_device(device)
     s = ctypes.c_void_p()
     assert entry("cuStreamCreate", ctypes.c_void_p, ctypes.c_uint)(ctypes.byref(s), 1) == 0
     return s.value
 
 
-def sync_stream(handle):
-    assert entry("cuStreamSynchronize", ctypes.c_void_p)(handle) == 0
+def sync_stream(handle, device=0):
+    use_device(device)
+    rc = entry("cuStreamSynchronize", ctypes.c_void_p)(handle)
+    assert rc == 0, f"cuStreamSynchronize: {rc}"
 
 
 # ---- operations for the worker processes (workers.serve adds them to its OPS) -------------

@@ -150,6 +150,22 @@ def test_torch_receive_uses_torchs_allocator(gpu, current, recv_stream, waits):
     wait_until(lambda: drained(producer))
 
 
+def test_torch_receive_from_a_host_pool(fake_pair):
+    # torch=True on a host pool: a CPU tensor from torch.empty, copied into on the CPU.
+    producer, consumer = fake_pair
+    producer.call("fake_make_pool", "host", 4 << 20, 1)
+    try:
+        a = np.arange(10, dtype=np.int32)
+        (d,), _ = producer.call("fake_publish", [a])
+        types, data, devices, empties, made, _, _ = consumer.call("fake_torch_receive", d, 0,
+                                                                  host=True)
+        assert types == ["Tensor"] and data == [a.tobytes()] and devices == [None]
+        assert empties == [((10,), "int32", None, 0)] and made["cuMemAllocFromPoolAsync"] == 0
+        wait_until(lambda: drained(producer))
+    finally:
+        producer.call("fake_close")
+
+
 def test_torch_receive_many_and_views(gpu):
     producer, consumer = gpu
     arrays = [np.arange(6, dtype=np.int64), np.ones((2, 2), np.uint8)]
