@@ -58,7 +58,7 @@ def test_python_bench_on_the_cpu(tmp_path):
     out_json = tmp_path / "bench.json"
     done = subprocess.run([sys.executable, "-m", "ferry.bench", "--cpu", "--sizes", "4KiB,96KiB",
                            "--consumers", "1,2", "--iterations", "20", "--warmup", "2",
-                           "--json", str(out_json)],
+                           "--row-budget", "120", "--json", str(out_json)],
                           capture_output=True, text=True, timeout=180)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     from ferry.bench import METHODS
@@ -72,6 +72,13 @@ def test_python_bench_on_the_cpu(tmp_path):
         f["p50_us"] for f in results if f["method"] == "floor" and f["size"] == r["size"] and
         f["consumers"] == r["consumers"]) for r in results)
     assert "x floor" in done.stdout and "ferry_channel_drain" in done.stdout
+    # A row past its budget times fewer items, 5 at least.
+    done = subprocess.run([sys.executable, "-m", "ferry.bench", "--cpu", "--sizes", "4KiB",
+                           "--consumers", "1", "--methods", "floor,ferry_out", "--row-budget",
+                           "0", "--json", str(out_json)], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert [r["items"] for r in json.loads(out_json.read_text())["results"]] == [5, 5]
     bad = subprocess.run([sys.executable, "-m", "ferry.bench", "--cpu", "--methods", "nope"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "unknown method(s) nope" in bad.stderr
