@@ -751,6 +751,33 @@ FERRY_API ferry_status ferry_gpu_alloc(int32_t device, uint64_t size, void **ptr
 /* Frees what ferry_gpu_alloc gave (after the work that uses it, as cuMemFree). NULL: no-op. */
 FERRY_API void ferry_gpu_free(int32_t device, void *ptr);
 
+/* Stream-ordered device memory, for buffers that come and go with every item (the Python
+ * package's received tensors): size bytes (at least 1) from a CUDA memory pool that ferry keeps
+ * per device for the process, usable by work enqueued on stream after this call (other streams
+ * must be ordered after stream first: ferry_gpu_event_record + ferry_gpu_stream_wait_event).
+ * Once the pool holds enough memory, neither this call nor ferry_gpu_free_async calls the
+ * driver's allocator or waits for the device. The pool keeps what it once held (its release
+ * threshold is the largest value) until ferry_gpu_trim. Where the driver or device has no
+ * memory pools, the memory comes from cuMemAlloc (a warning says so, once per device). */
+FERRY_API ferry_status ferry_gpu_alloc_async(int32_t device, uint64_t size, void *stream,
+                                             void **ptr);
+
+/* Gives memory of ferry_gpu_alloc_async back, in stream order: the pool may hand it out again
+ * to work that runs after everything enqueued on stream so far. Work on other streams that uses
+ * the memory must be ordered before that point (or done) first. Where stream cannot take the
+ * free (destroyed meanwhile), or there is no pool, the memory is freed with cuMemFree, which
+ * waits for the device; the first failure is returned (the memory is freed either way). NULL:
+ * no-op. */
+FERRY_API ferry_status ferry_gpu_free_async(int32_t device, void *ptr, void *stream);
+
+/* Gives the memory that device's pool holds and no allocation uses back to the driver, keeping
+ * at most keep bytes of it (cuMemPoolTrimTo). */
+FERRY_API ferry_status ferry_gpu_trim(int32_t device, uint64_t keep);
+
+/* Enqueues on stream a wait for event (recorded with ferry_gpu_event_record): work enqueued on
+ * stream afterwards runs after the work the event follows. NULL event: no-op. */
+FERRY_API ferry_status ferry_gpu_stream_wait_event(int32_t device, void *stream, void *event);
+
 /* Enqueues a copy of n bytes between device or host memory on stream. */
 FERRY_API ferry_status ferry_gpu_copy_async(int32_t device, void *dst, const void *src, uint64_t n,
                                             void *stream);

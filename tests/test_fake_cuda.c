@@ -492,6 +492,104 @@ static void test_alloc_copy_free(void **state)
     free(back);
 }
 
+/* Memory pools: blocks handed out and taken back in stream order, a freed block refused as a
+ * copy's destination, cuMemFree of pool memory, trimming. */
+static void test_memory_pool(void **state)
+{
+    (void)state;
+    CUmemPoolProps props;
+    memset(&props, 0, sizeof(props));
+    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    CUmemoryPool pool;
+    props.location.id = 7;
+    assert_int_equal(cu->cuMemPoolCreate(&pool, &props), CUDA_ERROR_INVALID_DEVICE);
+    props.location.id = 0;
+    assert_int_equal(cu->cuMemPoolCreate(&pool, &props), CUDA_SUCCESS);
+    unsigned long long keep = ~0ull;
+    assert_int_equal(cu->cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep),
+                     CUDA_SUCCESS);
+    assert_int_equal(cu->cuMemPoolSetAttribute(pool, 9, &keep), CUDA_ERROR_INVALID_VALUE);
+    CUstream s;
+    assert_int_equal(cu->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CUdeviceptr a, b, words;
+    int live = fake_live();
+    assert_int_equal(cu->cuMemAllocFromPoolAsync(&a, 0, pool, s), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cu->cuMemAllocFromPoolAsync(&a, MiB, pool, s), CUDA_SUCCESS);
+    assert_int_equal(fake_live(), live + 1);
+    unsigned char host[64];
+    th_fill(host, sizeof(host), 5);
+    assert_int_equal(cu->cuMemcpyAsync(a, dptr_of(host), sizeof(host), s), CUDA_SUCCESS);
+
+    /* A free behind a blocked wait: the block is not handed out to another stream meanwhile,
+     * and a copy into it after the free is refused. */
+    assert_int_equal(cu->cuMemAlloc(&words, 64), CUDA_SUCCESS);
+    assert_int_equal(cu->cuMemsetD32(words, 0, 16), CUDA_SUCCESS);
+    assert_int_equal(cu->cuStreamWaitValue32(s, words, 1, 0), CUDA_SUCCESS);
+    assert_int_equal(cu->cuMemFreeAsync(a, s), CUDA_SUCCESS);
+    assert_int_equal(cu->cuMemFreeAsync(a, s), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cu->cuMemcpy(a, dptr_of(host), 8), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cu->cuMemAllocFromPoolAsync(&b, MiB, pool, NULL), CUDA_SUCCESS);
+    assert_true(b != a);
+    store_word(words, 1);
+    assert_int_equal(cu->cuStreamSynchronize(s), CUDA_SUCCESS);
+    /* Run: the block is the pool's again, for any stream; cuMemFree takes pool memory too. */
+    assert_int_equal(fake_live(), live + 2); /* b and words */
+    CUdeviceptr c;
+    assert_int_equal(cu->cuMemAllocFromPoolAsync(&c, MiB - 100, pool, NULL), CUDA_SUCCESS);
+    assert_true(c == a);
+    assert_int_equal(cu->cuMemFree(c), CUDA_SUCCESS);
+    assert_int_equal(cu->cuMemFree(c), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cu->cuMemFreeAsync(b, NULL), CUDA_SUCCESS);
+    assert_int_equal(cu->cuStreamSynchronize(NULL), CUDA_SUCCESS);
+    assert_int_equal(fake_live(), live + 1); /* words */
+    assert_int_equal(cu->cuMemPoolTrimTo(pool, 0), CUDA_SUCCESS);
+    assert_int_equal(cu->cuMemAllocFromPoolAsync(&a, 64, pool, s), CUDA_SUCCESS);
+    assert_int_equal(cu->cuMemFreeAsync(a, s), CUDA_SUCCESS);
+    assert_int_equal(cu->cuStreamDestroy(s), CUDA_SUCCESS);
+    assert_int_equal(cu->cuMemFree(words), CUDA_SUCCESS);
+    assert_int_equal(fake_live(), live);
+}
+
+/* cuStreamWaitEvent: work on one stream waits for an event recorded on another. */
+static void test_stream_wait_event(void **state)
+{
+    (void)state;
+    CUdeviceptr words;
+    assert_int_equal(cu->cuMemAlloc(&words, 64), CUDA_SUCCESS);
+    assert_int_equal(cu->cuMemsetD32(words, 0, 16), CUDA_SUCCESS);
+    CUstream a, b;
+    CUevent e;
+    assert_int_equal(cu->cuStreamCreate(&a, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    assert_int_equal(cu->cuStreamCreate(&b, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    assert_int_equal(cu->cuEventCreate(&e, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+    assert_int_equal(cu->cuStreamWaitEvent(b, e, 0), CUDA_SUCCESS); /* never recorded: done */
+    assert_int_equal(cu->cuStreamSynchronize(b), CUDA_SUCCESS);
+    assert_int_equal(cu->cuStreamWaitEvent(b, e, 1), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cu->cuStreamWaitValue32(a, words, 1, 0), CUDA_SUCCESS);
+    assert_int_equal(cu->cuEventRecord(e, a), CUDA_SUCCESS);
+    assert_int_equal(cu->cuStreamWaitEvent(b, e, 0), CUDA_SUCCESS);
+    assert_int_equal(cu->cuStreamWriteValue32(b, words + 4, 9, 0), CUDA_SUCCESS);
+    sleep_ms(20);
+    assert_int_equal(cu->cuStreamQuery(b), CUDA_ERROR_NOT_READY);
+    assert_int_equal(load_word(words + 4), 0);
+    store_word(words, 1);
+    assert_int_equal(cu->cuStreamSynchronize(b), CUDA_SUCCESS);
+    assert_int_equal(load_word(words + 4), 9);
+    /* The per-thread default stream (CU_STREAM_PER_THREAD) takes work and waits too. */
+    CUstream per_thread = (CUstream)(uintptr_t)2;
+    assert_int_equal(cu->cuEventRecord(e, a), CUDA_SUCCESS);
+    assert_int_equal(cu->cuStreamWaitEvent(per_thread, e, 0), CUDA_SUCCESS);
+    assert_int_equal(cu->cuStreamWriteValue32(per_thread, words + 8, 3, 0), CUDA_SUCCESS);
+    assert_int_equal(cu->cuStreamSynchronize(per_thread), CUDA_SUCCESS);
+    assert_int_equal(load_word(words + 8), 3);
+    assert_int_equal(cu->cuStreamDestroy(per_thread), CUDA_ERROR_INVALID_HANDLE);
+    assert_int_equal(cu->cuEventDestroy(e), CUDA_SUCCESS);
+    assert_int_equal(cu->cuStreamDestroy(a), CUDA_SUCCESS);
+    assert_int_equal(cu->cuStreamDestroy(b), CUDA_SUCCESS);
+    assert_int_equal(cu->cuMemFree(words), CUDA_SUCCESS);
+}
+
 static void test_host_register(void **state)
 {
     (void)state;
@@ -985,6 +1083,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_devices_and_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_contexts, setup, teardown),
         cmocka_unit_test_setup_teardown(test_alloc_copy_free, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_memory_pool, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stream_wait_event, setup, teardown),
         cmocka_unit_test_setup_teardown(test_host_register, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stream_order, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pageable_copy_returns_done, setup, teardown),

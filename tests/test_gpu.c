@@ -283,8 +283,68 @@ static int waits_main(void)
     return st == FERRY_OK ? 0 : 1;
 }
 
+/* Logged lines, for the helpers that check a warning. */
+static char logged[1024];
+
+static void log_to_buffer(int level, const char *message, void *user)
+{
+    (void)level;
+    (void)user;
+    size_t used = strlen(logged);
+    snprintf(logged + used, sizeof(logged) - used, "%s\n", message);
+}
+
+/* A round trip through ferry_gpu_alloc_async on device 0: a pattern copied in on s, out again
+ * after a sync, then the memory freed on s. FERRY_OK, or the first failure. */
+static ferry_status async_round_trip(CUstream s, size_t n, uint64_t seed)
+{
+    uint8_t *host = malloc(n);
+    void *p = NULL;
+    ferry_status st = host ? ferry_gpu_alloc_async(0, n, s, &p) : FERRY_NO_MEMORY;
+    if (st == FERRY_OK) {
+        th_fill(host, n, seed);
+        st = ferry_gpu_copy_async(0, p, host, n, s);
+    }
+    if (st == FERRY_OK) {
+        memset(host, 0, n);
+        st = ferry_gpu_copy_async(0, host, p, n, s);
+    }
+    if (st == FERRY_OK)
+        st = ferry_gpu_stream_synchronize(0, s);
+    if (st == FERRY_OK && !th_check(host, n, seed))
+        st = 0xbad;
+    ferry_status freed = ferry_gpu_free_async(0, p, s);
+    free(host);
+    return st == FERRY_OK ? freed : st;
+}
+
+/* Run with FERRY_FAKE_CUDA_HIDE naming the stream-ordered allocator: ferry_gpu_alloc_async
+ * falls back to cuMemAlloc, says so once, and still works. Reports the cuMemAlloc calls made
+ * by two round trips and whether the warning was logged once. */
+static int plain_alloc_main(void)
+{
+    call_counter calls;
+    CUstream s;
+    ferry_set_log(log_to_buffer, NULL);
+    if (ferry__cuda_get(&cu) != FERRY_OK || !(calls = fake_calls()) ||
+        ferry__cuda_use_device(cu, 0) != FERRY_OK ||
+        cu->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
+        return 1;
+    unsigned long before = calls("cuMemAlloc");
+    ferry_status st = async_round_trip(s, 5000, 3);
+    if (st == FERRY_OK)
+        st = async_round_trip(s, 5000, 4);
+    const char *warning = strstr(logged, "the driver has no stream-ordered allocator");
+    int once = warning && !strstr(warning + 1, "the driver has no stream-ordered allocator");
+    th_report(st, (calls("cuMemAlloc") - before) * 10 + (uint64_t)once);
+    cu->cuStreamDestroy(s);
+    return st == FERRY_OK ? 0 : 1;
+}
+
 static int helper_main(int argc, char **argv)
 {
+    if (argc >= 3 && strcmp(argv[2], "plainalloc") == 0)
+        return plain_alloc_main();
     if (argc >= 5 && strcmp(argv[2], "consumer") == 0) {
         int device = 0;
         char mode[32] = "async";
@@ -1188,6 +1248,101 @@ static void test_no_driver(void **state)
     assert_non_null(strstr(m.text, want));
 }
 
+/* The fake driver's control functions for stream-ordered memory; 0 on the real driver. */
+typedef unsigned long long (*pool_bytes_fn)(void);
+
+static pool_bytes_fn fake_pool_bytes(void)
+{
+    void *sym = dlsym(cu->library, "ferry_fake_cuda_pool_bytes");
+    pool_bytes_fn fn;
+    memcpy(&fn, &sym, sizeof(sym));
+    return fn;
+}
+
+/* ferry_gpu_alloc_async: memory usable in stream order on its stream, and on another stream
+ * ordered after it by an event; once freed, handed out again without the driver's allocator
+ * (the fake counts its calls and the pool's bytes: flat over many items); a free waits in its
+ * stream's order, so a block freed behind unfinished work is not handed out meanwhile; trimmed
+ * on request. */
+static void test_alloc_async(void **state)
+{
+    (void)state;
+    CUstream a, b;
+    assert_int_equal(cu->cuStreamCreate(&a, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    assert_int_equal(cu->cuStreamCreate(&b, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    const size_t n = 3 << 20;
+    uint8_t *host = malloc(n);
+    th_fill(host, n, 21);
+    void *p = NULL;
+    assert_int_equal(ferry_gpu_alloc_async(0, n, a, NULL), FERRY_INVALID_ARGUMENT);
+    assert_int_equal(ferry_gpu_alloc_async(99, n, a, &p), FERRY_INVALID_ARGUMENT);
+    assert_int_equal(ferry_gpu_alloc_async(0, n, a, &p), FERRY_OK);
+    CUdeviceptr src = dev_alloc(n), out = dev_alloc(n);
+    assert_int_equal(cu->cuMemcpy(src, (CUdeviceptr)(uintptr_t)host, n), CUDA_SUCCESS);
+    gate g = gate_stream(a); /* the copy in waits behind it: b must wait for the copy */
+    assert_int_equal(ferry_gpu_copy_async(0, p, (void *)(uintptr_t)src, n, a), FERRY_OK);
+    void *ev = NULL;
+    assert_int_equal(ferry_gpu_event_record(0, a, &ev), FERRY_OK);
+    assert_int_equal(ferry_gpu_stream_wait_event(0, b, ev), FERRY_OK);
+    assert_int_equal(ferry_gpu_stream_wait_event(0, b, NULL), FERRY_OK);
+    assert_int_equal(ferry_gpu_copy_async(0, (void *)(uintptr_t)out, p, n, b), FERRY_OK);
+    memset(host, 0, n);
+    assert_int_equal(cu->cuStreamQuery(b), CUDA_ERROR_NOT_READY); /* behind a's gate */
+    gate_open(&g);
+    assert_int_equal(ferry_gpu_stream_synchronize(0, b), FERRY_OK);
+    assert_int_equal(cu->cuMemcpy((CUdeviceptr)(uintptr_t)host, out, n), CUDA_SUCCESS);
+    assert_true(th_check(host, n, 21));
+    ferry_gpu_event_destroy(0, ev);
+    assert_int_equal(ferry_gpu_free_async(0, p, b), FERRY_OK); /* on the stream that used it */
+    assert_int_equal(ferry_gpu_free_async(0, NULL, b), FERRY_OK);
+
+    call_counter calls = fake_calls();
+    pool_bytes_fn held = fake_pool_bytes();
+    unsigned long allocs = calls ? calls("cuMemAlloc") : 0;
+    assert_int_equal(ferry_gpu_stream_synchronize(0, b), FERRY_OK);
+    unsigned long long base = held ? held() : 0;
+    for (int i = 0; i < 100; i++)
+        assert_int_equal(async_round_trip(a, n - (size_t)i * 4096, (uint64_t)i), FERRY_OK);
+    if (calls) {
+        assert_int_equal(calls("cuMemAlloc"), allocs);
+        assert_true(held() == base); /* the first block, again and again */
+    }
+    if (held) { /* a free behind unfinished work does not hand the block out early */
+        void *q = NULL, *r = NULL;
+        assert_int_equal(ferry_gpu_alloc_async(0, n, a, &q), FERRY_OK);
+        gate h = gate_stream(b);
+        assert_int_equal(ferry_gpu_free_async(0, q, b), FERRY_OK);
+        assert_int_equal(ferry_gpu_alloc_async(0, n, a, &r), FERRY_OK);
+        assert_ptr_not_equal(r, q);
+        gate_free(&h);
+        assert_int_equal(ferry_gpu_free_async(0, r, a), FERRY_OK);
+        assert_int_equal(ferry_gpu_stream_synchronize(0, a), FERRY_OK);
+        assert_int_equal(ferry_gpu_trim(0, 0), FERRY_OK);
+        assert_true(held() == 0);
+    }
+    assert_int_equal(ferry_gpu_trim(0, 0), FERRY_OK);
+    assert_int_equal(ferry_gpu_trim(99, 0), FERRY_INVALID_ARGUMENT);
+    gate_free(&g);
+    cu->cuMemFree(src);
+    cu->cuMemFree(out);
+    free(host);
+    assert_int_equal(cu->cuStreamDestroy(a), CUDA_SUCCESS);
+    assert_int_equal(cu->cuStreamDestroy(b), CUDA_SUCCESS);
+}
+
+/* A driver without the stream-ordered allocator (the fake, hiding it): ferry_gpu_alloc_async
+ * takes cuMemAlloc instead and says so once. */
+static void test_alloc_async_without_pools(void **state)
+{
+    (void)state;
+    if (!fake_calls())
+        skip(); /* the real driver has them */
+    setenv("FERRY_FAKE_CUDA_HIDE", "cuMemAllocFromPoolAsync", 1);
+    th_helper h = th_spawn_helper("plainalloc", "", "");
+    unsetenv("FERRY_FAKE_CUDA_HIDE");
+    th_assert_result(th_finish_helper(&h, 60000), 2 * 10 + 1);
+}
+
 /* ferry_gpu_driver_symbol hands out the loaded driver's own entry points, and refuses names
  * the driver does not have. */
 static void test_driver_symbol(void **state)
@@ -1240,6 +1395,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_producer_killed),
         cmocka_unit_test(test_no_driver),
         cmocka_unit_test(test_driver_symbol),
+        cmocka_unit_test(test_alloc_async),
+        cmocka_unit_test(test_alloc_async_without_pools),
         cmocka_unit_test(test_create_rollback),
         cmocka_unit_test(test_open_retry),
         cmocka_unit_test(test_ready_wait_skipped),

@@ -59,6 +59,7 @@ from ._ferry import (
     receive,
     receive_many,
     release_consumers,
+    release_memory,
     split_budget,
     version,
 )
@@ -90,6 +91,7 @@ __all__ = [
     "receive",
     "receive_many",
     "release_consumers",
+    "release_memory",
     "split_budget",
     "version",
 ]
@@ -153,26 +155,6 @@ def _dtype_name(dtype):
         return numpy.dtype(dtype).name
     except TypeError:
         return text
-
-
-_AS_IS = _contextlib.nullcontext()
-
-
-def _exporting(*tensors):
-    """The context in which the tensors' producer agrees to export them: torch exports a CUDA
-    tensor only while its device is torch's current device. (torch's C getters: this runs at
-    every publish.)"""
-    torch = _sys.modules.get("torch")
-    if torch is None:
-        return _AS_IS
-    current = None
-    for x in tensors:
-        if isinstance(x, torch.Tensor) and x.is_cuda:
-            if current is None:
-                current = torch.cuda.current_device()
-            if x.get_device() != current:
-                return torch.cuda.device(x.device)
-    return _AS_IS
 
 
 def _ml_dtypes_array(x):
@@ -267,27 +249,6 @@ class Pool(_ferry.Pool):
                 f"consumers={self._consumers}, device={self.device}, "
                 f"on_full={self.on_full!r}, closed={self.closed})")
 
-    def publish(self, x, stream=None, timeout=None):
-        if _ml_dtypes_array(x):
-            return self._publish_bytes(x, timeout)
-        with _exporting(x):
-            return super().publish(x, stream, timeout)
-    publish.__doc__ = _ferry.Pool.publish.__doc__
-
-    def publish_many(self, tensors, stream=None, timeout=None):
-        tensors = list(tensors)
-        with _exporting(*tensors):
-            return super().publish_many(tensors, stream, timeout)
-    publish_many.__doc__ = _ferry.Pool.publish_many.__doc__
-
-    def send(self, x, ranks=None, stream=None, timeout=None):
-        if isinstance(x, (list, tuple)):
-            with _exporting(*x):
-                return super().send(x, ranks, stream, timeout)
-        with _exporting(x):
-            return super().send(x, ranks, stream, timeout)
-    send.__doc__ = _ferry.Pool.send.__doc__
-
     def reserve(self, shape, dtype, timeout=None):
         """reserve(shape, dtype, timeout=None) -> Reservation | None
 
@@ -302,8 +263,9 @@ class Pool(_ferry.Pool):
         return super().reserve(shape, _dtype_name(dtype), timeout)
 
     def _publish_bytes(self, x, timeout):
-        """publish for numpy arrays of ml_dtypes dtypes (no DLPack export): reserve, copy the
-        bytes through the buffer protocol, commit. Host pools only."""
+        """publish for numpy arrays of ml_dtypes dtypes (no DLPack export; the extension calls
+        this when numpy refuses one): reserve, copy the bytes through the buffer protocol,
+        commit. Host pools only."""
         if self.backend != "host":
             raise ValueError(f"a numpy array of dtype {x.dtype.name} can only be published "
                              f"into a host pool (numpy exports it to no device): use a "
@@ -321,13 +283,6 @@ class Pool(_ferry.Pool):
             raise
         r.commit()
         return r.descriptor
-
-
-def _as_torch(x):
-    import torch
-    if isinstance(x, list):
-        return [_as_torch(t) for t in x]
-    return x if isinstance(x, torch.Tensor) else torch.from_dlpack(x)
 
 
 #: How often a waiting arecv looks at its ring without a wake-up of its fd (seconds).
@@ -357,16 +312,8 @@ class Receiver(_ferry.Receiver):
 
     def __init__(self, address: str, rank: int, device: "int | None" = None, *,
                  torch: bool = False) -> None:
-        super().__init__(address, rank, device)
-        self._torch = bool(torch)
+        super().__init__(address, rank, device, torch=bool(torch))
         self._waiters = []
-
-    def recv(self, timeout=None, copy=True, out=None, stream=None, torch=None):
-        got = super().recv(timeout, copy, out, stream)
-        if out is None and (self._torch if torch is None else torch):
-            return _as_torch(got)
-        return got
-    recv.__doc__ = _ferry.Receiver.recv.__doc__
 
     def __iter__(self):
         return self

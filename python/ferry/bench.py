@@ -1,57 +1,75 @@
-"""Hand-over benchmark: ferry against what a Python server would use otherwise.
+"""Hand-over benchmark: every Python path of ferry against the floor and the baselines.
 
     python -m ferry.bench [--sizes 4KiB,1MiB,16MiB,64MiB] [--consumers 1,4]
                           [--producer-device 0] [--consumer-device 1] [--iterations 50]
-                          [--methods channel,ferry,ferry_channel,torch_mp,torch_ipc,cpu_pickle]
-                          [--channel pipe|spin] [--plot FILE] [--json FILE]
+                          [--methods floor,ferry_channel,...] [--channel pipe|spin]
+                          [--row-budget 3] [--plot FILE] [--json FILE] [--cpu]
 
-For every method, item size and consumer count it measures the round trip of one tensor:
-the producer holds a CUDA tensor, hands it to N consumer processes, and each consumer ends up
-with its own copy on its GPU (synchronised) and says so; the round trip ends when the last
-consumer has. Methods:
+The producer holds a CUDA tensor and hands it to N consumer processes; each consumer ends up
+with its own copy of it on its GPU, synchronised, and says so through the bench's channel.
+Every round trip ends when the last consumer's reply has come back through that channel (the
+same end for every method; ferry_channel_drain, which ends at pool.drain(), excepted). The
+consumer processes are spawned once per consumer count and run every method and size in
+turn, so all rows come from the same processes in one run. Methods:
 
-  ferry       pool.publish on the producer's stream, the 256-byte descriptor through the
-              channel, then in the consumer torch.empty (torch's allocator) and
-              ferry.receive(out=...) on the consumer's stream (copy, then acknowledgement)
-  ferry_view  the same with ferry.receive(copy=False): a zero-copy view, torch.from_dlpack,
-              a private clone, then the view is dropped (which acknowledges)
-  ferry_channel  no channel of the bench's for the items: pool.send(tensor) on the producer's
-              stream queues the descriptor in every rank's ring inside the pool, and each
-              consumer (ferry.connect(pool.address, rank=i, device=...)) takes it with
-              rx.recv(out=preallocated) on its stream (copy, then acknowledgement); the
-              producer learns that every consumer has its copy from pool.drain() (the
-              acknowledgements the consumers' streams write), not from a reply
-  torch_mp    a torch.multiprocessing queue per consumer carrying the CUDA tensor (CUDA IPC
-              under the hood), then a private clone on the consumer's GPU
-  torch_ipc   torch.multiprocessing's CUDA IPC pickling of the tensor (what its queues
-              send), through the bench's channel instead of a queue
-  cpu_pickle  tensor.cpu(), pickled through the channel, rebuilt on the consumer's GPU
-  channel     no tensor: the channel's round trip alone, the floor every method above pays
+  floor        the channel's message, then the consumer's own copy of the same bytes on its
+               GPU (a tensor of its own copied into another, on its stream), synchronised,
+               then the reply: what any hand-over costs at least
+  channel      the message and the reply alone, no tensor
+  ferry_channel  pool.send(t) on the producer's stream; rx.recv(out=preallocated) on the
+               consumer's stream (copy, then acknowledgement); send/recv(out=)
+  ferry_channel_drain  the same, but the producer learns that every consumer has its copy
+               from pool.drain() (the acknowledgements the consumers' streams write) instead
+               of a reply
+  ferry_recv   pool.send(t); rx.recv(torch=True): a tensor from torch's caching allocator on
+               the consumer's stream; send/recv
+  ferry_recv_dlpack  pool.send(t); torch.from_dlpack(rx.recv()): memory from ferry's
+               stream-ordered pool, freed on the consumer's stream
+  ferry_view   pool.send(t); rx.recv(copy=False): the zero-copy view, torch.from_dlpack, a
+               private clone, then the view is dropped (which acknowledges on the stream)
+  ferry_out    pool.publish(t); the 256-byte descriptor through the channel;
+               ferry.receive(Descriptor.from_bytes(...), out=preallocated); publish/receive(out=)
+  ferry        pool.publish(t); the descriptor through the channel;
+               ferry.receive(d, torch=True); publish/receive
+  torch_mp     a torch.multiprocessing queue per consumer carrying the CUDA tensor (CUDA IPC
+               under the hood), then a private clone on the consumer's GPU
+  torch_ipc    torch.multiprocessing's CUDA IPC pickling of the tensor (what its queues
+               send), through the bench's channel
+  cpu_pickle   tensor.cpu(), pickled through the channel, rebuilt on the consumer's GPU
 
 Channels (--channel): "pipe", a multiprocessing Pipe per consumer (the processes sleep in
 read() between messages); "spin", a shared-memory mailbox per consumer and direction that the
 reader polls without sleeping, as vLLM's shared-memory message queue and SGLang's
-non-blocking ZMQ polling loops do (messages over 64 KiB still go through the pipe). Every
-method uses the same spawned processes and the same channel for items and for the "done"
-replies, except torch_mp, whose items go through its queue. Warm-up items and one item after
-the timed ones are verified in every consumer (a checksum computed on the GPU against the
-producer's). `--cpu` runs ferry against pickle with NumPy arrays over a host pool, for
-machines without a GPU.
+non-blocking ZMQ polling loops do (messages over 64 KiB still go through the pipe). Warm-up
+items and one item after the timed ones are verified in every consumer (a checksum computed
+on the GPU against the producer's); timed items are not. A row stops early, after at least 5
+timed items, once it has run --row-budget seconds (cpu_pickle at 64 MiB takes ~0.5 s an item).
+--cpu runs the same methods with NumPy arrays over a host pool (torch's rows left out), for
+machines without a GPU. The table gives each row's mean, p50 and p99 and its p50 against the
+floor's (x floor).
 """
 
 import argparse
 import json
-import struct
 import multiprocessing as mp
-from multiprocessing import shared_memory
 import os
 import pickle
 import statistics
+import struct
 import sys
 import time
+from multiprocessing import shared_memory
 
 UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30,
          "kb": 1000, "mb": 1000 ** 2, "gb": 1000 ** 3}
+
+METHODS = ("floor", "channel", "ferry_channel", "ferry_channel_drain", "ferry_recv",
+           "ferry_recv_dlpack", "ferry_view", "ferry_out", "ferry", "torch_mp", "torch_ipc",
+           "cpu_pickle")
+# Methods whose items travel in the pool's rings (the bench's channel carries only replies).
+RING = ("ferry_channel", "ferry_channel_drain", "ferry_recv", "ferry_recv_dlpack", "ferry_view")
+# Methods that publish and send the descriptor through the bench's channel.
+PUBLISH = ("ferry_out", "ferry")
 
 
 def parse_size(text):
@@ -171,107 +189,152 @@ def _checksum_numpy(a):
 
 NO_CHECK = -1
 HEADER = struct.Struct("<q")  # the expected checksum (NO_CHECK: do not verify)
+# Messages from the producer: a row's plan (pickled), an item, a checksum for an item that
+# came through the rings, the end.
+PLAN, ITEM, CHECK, QUIT = b"P", b"I", b"C", b"Q"
 
 
-def _consume_cpu(method, rank, payload):
-    import numpy as np
-    import ferry
-    if method == "ferry":
-        return np.from_dlpack(ferry.receive(ferry.Descriptor.from_bytes(payload), rank=rank,
-                                            copy=True))
-    return pickle.loads(payload)
+class Consumer:
+    """One consumer process's side of a row: what it receives and how."""
 
-
-def _consume_gpu(method, rank, device, payload, stream, target):
-    import torch
-    import ferry
-    with torch.cuda.stream(stream):
-        if method == "ferry":
-            d = ferry.Descriptor.from_bytes(payload)
-            got = torch.empty(d.shape, dtype=getattr(torch, d.dtype), device=target)
-            ferry.receive(d, rank=rank, out=got, stream=stream.cuda_stream)
-        elif method == "ferry_view":
-            view = ferry.receive(ferry.Descriptor.from_bytes(payload), rank=rank, device=device,
-                                 copy=False, stream=stream.cuda_stream)
-            shared = torch.from_dlpack(view)
-            got = shared.clone()
-            del shared, view  # the lease is acknowledged on the stream, after the clone
-        elif method == "torch_mp":
-            got = payload.to(target, copy=True)
-        elif method == "torch_ipc":
-            got = pickle.loads(payload).to(target, copy=True)
-        else:
-            got = torch.from_numpy(pickle.loads(payload)).to(target)
-        stream.synchronize()
-    return got
-
-
-def _consume_channel(rank, device, chan, cpu, plan):
-    """ferry_channel: plan["items"] items from the pool's ring into one preallocated tensor;
-    for the verified ones the expected checksum follows through the channel (untimed)."""
-    import ferry
-    rx = ferry.connect(plan["address"], rank, device=None if cpu else device)
-    if cpu:
-        import numpy as np
-        out = np.empty(plan["size"], np.uint8)
-    else:
-        import torch
-        torch.cuda.set_device(device)
-        stream = torch.cuda.Stream(device=device)
-        out = torch.empty(plan["size"], dtype=torch.uint8, device=torch.device("cuda", device))
-    chan.send(b"")
-    for i in range(plan["items"]):
+    def __init__(self, rank, device, chan, queue, cpu, plan):
+        import ferry
+        self.ferry = ferry
+        self.rank, self.chan, self.queue, self.cpu = rank, chan, queue, cpu
+        self.method, self.size = plan["method"], plan["size"]
+        self.rx = None
         if cpu:
-            rx.recv(out=out)
-        else:  # the copy and the acknowledgement are enqueued on the stream
-            with torch.cuda.stream(stream):
-                rx.recv(out=out, stream=stream.cuda_stream)
-        if i in plan["verified"]:  # untimed: the producer waits for this reply
-            if not cpu:
-                stream.synchronize()
-            (expected,) = HEADER.unpack(chan.recv())
-            ok = expected == (_checksum_numpy(out) if cpu else _checksum_torch(out))
-            chan.send(b"" if ok else b"checksum mismatch")
-    rx.close()
+            import numpy as np
+            self.np = np
+            self.out = np.empty(self.size, np.uint8)
+            self.src = np.ones(self.size, np.uint8)
+        else:
+            import torch
+            self.torch = torch
+            self.device = device
+            torch.cuda.set_device(device)
+            self.stream = plan["stream"]
+            self.target = torch.device("cuda", device)
+            self.out = torch.empty(self.size, dtype=torch.uint8, device=self.target)
+            self.src = torch.ones(self.size, dtype=torch.uint8, device=self.target)
+        if self.method in RING:
+            self.rx = ferry.connect(plan["address"], rank, device=None if cpu else device)
+
+    def close(self):
+        if self.rx is not None:
+            self.rx.close()
+
+    def checksum(self, t):
+        return _checksum_numpy(t) if self.cpu else _checksum_torch(t)
+
+    def take(self, raw):
+        """One item (raw: the channel's message after ITEM and the header, or None for items
+        in the rings or the queue): the consumer's own copy, synchronised."""
+        m = self.method
+        if self.cpu:
+            return self._take_cpu(m, raw)
+        torch = self.torch
+        s = self.stream
+        with torch.cuda.stream(s):
+            h = s.cuda_stream
+            if m == "floor":
+                self.out.copy_(self.src)
+                got = self.out
+            elif m in ("ferry_channel", "ferry_channel_drain"):
+                got = self.rx.recv(out=self.out, stream=h)
+            elif m == "ferry_recv":
+                got = self.rx.recv(torch=True, stream=h)
+            elif m == "ferry_recv_dlpack":
+                got = torch.from_dlpack(self.rx.recv(stream=h))
+            elif m == "ferry_view":
+                view = self.rx.recv(copy=False, stream=h)
+                shared = torch.from_dlpack(view)
+                got = shared.clone()
+                del shared, view  # acknowledged on the stream, after the clone
+            elif m == "ferry_out":
+                d = self.ferry.Descriptor.from_bytes(raw)
+                got = self.ferry.receive(d, rank=self.rank, out=self.out, stream=h)
+            elif m == "ferry":
+                got = self.ferry.receive(self.ferry.Descriptor.from_bytes(raw), rank=self.rank,
+                                         device=self.device, stream=h, torch=True)
+            elif m == "torch_mp":
+                got = raw.to(self.target, copy=True)
+            elif m == "torch_ipc":
+                got = pickle.loads(raw).to(self.target, copy=True)
+            else:
+                got = torch.from_numpy(pickle.loads(raw)).to(self.target)
+            s.synchronize()
+        return got
+
+    def _take_cpu(self, m, raw):
+        np, ferry = self.np, self.ferry
+        if m == "floor":
+            np.copyto(self.out, self.src)
+            return self.out
+        if m in ("ferry_channel", "ferry_channel_drain"):
+            return self.rx.recv(out=self.out)
+        if m in ("ferry_recv", "ferry_recv_dlpack"):
+            return np.from_dlpack(self.rx.recv())
+        if m == "ferry_view":
+            view = self.rx.recv(copy=False)
+            got = np.from_dlpack(view).copy()
+            del view
+            return got
+        if m == "ferry_out":
+            return ferry.receive(ferry.Descriptor.from_bytes(raw), rank=self.rank, out=self.out)
+        if m == "ferry":
+            return np.from_dlpack(ferry.receive(ferry.Descriptor.from_bytes(raw),
+                                                rank=self.rank))
+        return pickle.loads(raw)
+
+    def run(self, items, verified):
+        """The row's items. Replies b"" (or an error text, which fails the run) after each,
+        but for ferry_channel_drain, whose producer waits for the acknowledgements: after
+        the verified ones only."""
+        for i in range(items):
+            expected, raw = NO_CHECK, None
+            if self.method == "torch_mp":
+                raw, expected = self.queue.get()
+            elif self.method not in RING:
+                msg = self.chan.recv()
+                (expected,), raw = HEADER.unpack_from(msg, 1), msg[1 + HEADER.size:]
+            if self.method == "channel":
+                self.chan.send(b"")
+                continue
+            got = self.take(raw)
+            if self.method in RING and i in verified:  # the checksum follows, untimed
+                (expected,) = HEADER.unpack_from(self.chan.recv(), 1)
+            ok = expected == NO_CHECK or self.checksum(got) == expected
+            del got
+            if self.method != "ferry_channel_drain" or i in verified:
+                self.chan.send(b"" if ok else b"checksum mismatch")
 
 
-def _consumer(method, rank, device, conn, queue, cpu, channel, name, plan=None):
-    """Receives items until an empty message; replies b"" (done) or an error text."""
+def _consumer(rank, device, conn, queue, cpu, channel, name):
+    """Runs the rows the producer plans until QUIT; reports errors through the channel."""
     chan = _channel(channel, conn, name, 1)
+    stream = None
     try:
-        if method == "ferry_channel":
-            _consume_channel(rank, device, chan, cpu, plan)
-            return
         if not cpu:
             import torch
-            if method == "torch_ipc":
-                import torch.multiprocessing  # noqa: F401 - registers the CUDA rebuilders
+            import torch.multiprocessing  # noqa: F401 - registers the CUDA rebuilders
             torch.cuda.set_device(device)
             stream = torch.cuda.Stream(device=device)
-            target = torch.device("cuda", device)
         chan.send(b"")
         while True:
-            if method == "torch_mp":
-                item = queue.get()
-                if item is None:
-                    break
-                payload, expected = item
-            else:
-                raw = chan.recv()
-                if not raw:
-                    break
-                (expected,), payload = HEADER.unpack_from(raw), raw[HEADER.size:]
-            if method == "channel":
-                chan.send(b"")
-                continue
-            if cpu:
-                got = _consume_cpu(method, rank, payload)
-                ok = expected == NO_CHECK or _checksum_numpy(got) == expected
-            else:
-                got = _consume_gpu(method, rank, device, payload, stream, target)
-                ok = expected == NO_CHECK or _checksum_torch(got) == expected
-            del got
-            chan.send(b"" if ok else b"checksum mismatch")
+            msg = chan.recv()
+            if msg[:1] == QUIT:
+                break
+            plan = pickle.loads(msg[1:])
+            plan["stream"] = stream
+            c = None
+            try:
+                c = Consumer(rank, device, chan, queue, cpu, plan)
+                chan.send(b"")  # ready
+                c.run(plan["items"], plan["verified"])
+            finally:
+                if c is not None:
+                    c.close()
     except Exception as e:  # reported to the producer, which fails the run
         chan.send(f"{type(e).__name__}: {e}".encode() or b"error")
     finally:
@@ -281,60 +344,67 @@ def _consumer(method, rank, device, conn, queue, cpu, channel, name, plan=None):
 
 # ---- producer -----------------------------------------------------------------------------
 
-class Run:
-    def __init__(self, args, method, consumers, cpu, plan=None):
+class Consumers:
+    """The consumer processes of one consumer count, with a channel (and a torch.multiprocessing
+    queue) each."""
+
+    def __init__(self, args, count, cpu):
         ctx = mp.get_context("spawn")
-        if method == "torch_mp" and not cpu:
+        if not cpu:
             import torch.multiprocessing as tmp
             ctx = tmp.get_context("spawn")
-        self.method = method
         self.chans, self.queues, self.procs, self.shms = [], [], [], []
-        for r in range(consumers):
+        for r in range(count):
             parent, child = ctx.Pipe()
-            q = ctx.Queue() if method == "torch_mp" else None
+            q = ctx.Queue() if not cpu else None
             shm = SpinChannel.create() if args.channel == "spin" else None
             name = shm.name if shm else None
-            dev = args.consumer_device
             p = ctx.Process(target=_consumer, daemon=True,
-                            args=(method, r, dev, child, q, cpu, args.channel, name, plan))
+                            args=(r, args.consumer_device, child, q, cpu, args.channel, name))
             p.start()
             self.chans.append(_channel(args.channel, parent, name, 0))
             self.queues.append(q)
             self.procs.append(p)
             self.shms.append(shm)
         for c in self.chans:
-            self._expect(c)
+            self.expect(c, 300)
 
-    def _expect(self, chan, timeout=120):
+    @staticmethod
+    def expect(chan, timeout=120):
         err = chan.recv(timeout)
         if err:
             raise RuntimeError(f"consumer: {err.decode()}")
 
-    def send(self, payload, expected):
-        if self.method == "ferry_channel":  # the item went through the pool's rings
-            if expected != NO_CHECK:
-                for c in self.chans:
-                    c.send(HEADER.pack(expected))
-            return
-        if self.method == "torch_mp":
+    def wait(self):
+        for c in self.chans:
+            self.expect(c)
+
+    def plan(self, plan):
+        raw = PLAN + pickle.dumps(plan)
+        for c in self.chans:
+            c.send(raw)
+        self.wait()
+
+    def send(self, method, payload, expected):
+        """An item through the channel or the queues (payload: the channel's bytes after the
+        header, or the torch_mp tensor)."""
+        if method == "torch_mp":
             for q in self.queues:
                 q.put((payload, expected))
             return
-        raw = HEADER.pack(expected) + payload
+        raw = ITEM + HEADER.pack(expected) + payload
         for c in self.chans:
             c.send(raw)
 
-    def wait(self):
+    def check(self, expected):
+        raw = CHECK + HEADER.pack(expected)
         for c in self.chans:
-            self._expect(c)
+            c.send(raw)
 
     def close(self):
-        for i, c in enumerate(self.chans):
+        for c in self.chans:
             try:
-                if self.method == "torch_mp":
-                    self.queues[i].put(None)
-                else:
-                    c.send(b"")
+                c.send(QUIT)
             except Exception:
                 pass
         for p in self.procs:
@@ -348,119 +418,128 @@ class Run:
                 shm.unlink()
 
 
-def _publish(method, pool, tensor, cpu, stream):
-    if method in ("ferry", "ferry_view"):
+def _payload(method, pool, tensor, cpu, stream):
+    """What the producer does for one item before the message goes: the channel's bytes (or
+    the tensor for torch_mp)."""
+    if method in PUBLISH:
         d = pool.publish(tensor, stream=stream)
         if d is None:
             raise RuntimeError("pool full")
         return bytes(d)
-    if method == "ferry_channel":
+    if method in RING:
         if pool.send(tensor, stream=stream) is None:
             raise RuntimeError("pool full")
-        return b""
+        return None
     if method == "torch_mp":
         return tensor
     if method == "torch_ipc":
         import torch.multiprocessing  # noqa: F401 - registers torch's reductions with it
         from multiprocessing.reduction import ForkingPickler
         return bytes(ForkingPickler.dumps(tensor))
-    if method == "channel":
+    if method in ("channel", "floor"):
         return b""
     if cpu:
         return pickle.dumps(tensor, protocol=pickle.HIGHEST_PROTOCOL)
     return pickle.dumps(tensor.cpu().numpy(), protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def measure(args, method, size, consumers, cpu):
-    """Mean, p50, p99 round trip in microseconds over args.iterations (after warm-up)."""
-    import ferry
-    pool = plan = None
-    items = args.warmup + args.iterations + 1
-    if method == "ferry_channel":  # the consumers connect to the pool: it comes first
-        if not cpu:
-            import torch
-            torch.cuda.set_device(args.producer_device)
-        pool = ferry.Pool(max(64 << 20, 8 * size), consumers, backend="host" if cpu else
-                          args.backend, device=-1 if cpu else args.producer_device,
-                          on_full="wait")
-        plan = {"address": pool.address, "size": size, "items": items,
-                "verified": set(range(args.warmup)) | {items - 1}}
-    try:
-        run = Run(args, method, consumers, cpu, plan)
-    except BaseException:
-        if pool is not None:
-            pool.close()
-        raise
-    try:
-        if cpu:
-            import numpy as np
-            rng = np.random.default_rng(size)
-            tensors = [rng.integers(0, 256, size, dtype=np.uint8) for _ in range(2)]
-            sums = [_checksum_numpy(t) for t in tensors]
-            stream = None
-            backend = "host"
+def _sources(args, size, cpu):
+    """Two source tensors of size bytes and their checksums, and the producer's stream."""
+    if cpu:
+        import numpy as np
+        rng = np.random.default_rng(size)
+        tensors = [rng.integers(0, 256, size, dtype=np.uint8) for _ in range(2)]
+        return tensors, [_checksum_numpy(t) for t in tensors], None
+    import torch
+    torch.cuda.set_device(args.producer_device)
+    g = torch.Generator(device=f"cuda:{args.producer_device}").manual_seed(size)
+    tensors = [torch.randint(0, 256, (size,), dtype=torch.uint8, generator=g,
+                             device=f"cuda:{args.producer_device}") for _ in range(2)]
+    return tensors, [_checksum_torch(t) for t in tensors], torch.cuda.current_stream().cuda_stream
+
+
+def _items(consumers, method, pool, tensors, sums, cpu, stream, count, verified):
+    """Runs count items (the consumers planned for them): the round trips of those not
+    verified, in microseconds."""
+    times = []
+    for i in range(count):
+        timed = i not in verified
+        # (The floor's consumers copy bytes of their own: nothing of the producer's to check.)
+        expected = NO_CHECK if timed or method in ("floor", "channel") else sums[i % 2]
+        t0 = time.perf_counter()
+        payload = _payload(method, pool, tensors[i % 2], cpu, stream)
+        if method == "ferry_channel_drain":
+            pool.drain(timeout=120)
+            if not timed:  # untimed: the consumers check the item and say so
+                consumers.check(expected)
+                consumers.wait()
+        elif method in RING:
+            if not timed:
+                consumers.check(expected)
+            consumers.wait()
         else:
-            import torch
-            torch.cuda.set_device(args.producer_device)
-            g = torch.Generator(device=f"cuda:{args.producer_device}").manual_seed(size)
-            tensors = [torch.randint(0, 256, (size,), dtype=torch.uint8, generator=g,
-                                     device=f"cuda:{args.producer_device}") for _ in range(2)]
-            sums = [_checksum_torch(t) for t in tensors]
-            stream = torch.cuda.current_stream().cuda_stream
-            backend = args.backend
-        if method in ("ferry", "ferry_view"):
-            pool = ferry.Pool(max(64 << 20, 8 * size), consumers, backend=backend,
-                              device=args.producer_device, on_full="wait")
-        times = []
-        # Warm-up items and one item after the timed ones are verified (a checksum in every
-        # consumer); the timed ones are not, so that checking costs no method any time.
-        for i in range(items):
-            timed = args.warmup <= i < args.warmup + args.iterations
-            t0 = time.perf_counter()
-            if method == "ferry_channel":
-                # No channel of the bench's: the producer learns that every consumer has its
-                # copy when the lease is acknowledged by all (their streams write the acks).
-                _publish(method, pool, tensors[i % 2], cpu, stream)
-                pool.drain(timeout=120)
-                if timed:
-                    times.append((time.perf_counter() - t0) * 1e6)
-                else:
-                    run.send(b"", sums[i % 2])
-                    run.wait()
-                continue
-            run.send(_publish(method, pool, tensors[i % 2], cpu, stream),
-                     NO_CHECK if timed or method == "channel" else sums[i % 2])
-            run.wait()
-            if timed:
-                times.append((time.perf_counter() - t0) * 1e6)
-        times.sort()
+            consumers.send(method, payload, expected)
+            consumers.wait()
+        if timed:
+            times.append((time.perf_counter() - t0) * 1e6)
+    return times
+
+
+def measure(args, consumers, method, size, cpu):
+    """Mean, p50, p99 round trip in microseconds over the timed items. The warm-up items
+    (verified) come first, as a plan of their own: how long they took decides how many timed
+    items fit in the row's budget (at least 5, at most --iterations)."""
+    import ferry
+    tensors, sums, stream = _sources(args, size, cpu)
+    pool = None
+    if method in RING or method in PUBLISH:
+        pool = ferry.Pool(max(64 << 20, 8 * size), len(consumers.chans),
+                          backend="host" if cpu else args.backend,
+                          device=-1 if cpu else args.producer_device, on_full="wait",
+                          drain_timeout=0)
+
+    def row(count, verified):
+        consumers.plan({"method": method, "size": size, "items": count, "verified": verified,
+                        "address": pool.address if pool is not None else None})
+        return _items(consumers, method, pool, tensors, sums, cpu, stream, count, verified)
+
+    try:
+        start = time.perf_counter()
+        row(args.warmup, set(range(args.warmup)))
+        each = (time.perf_counter() - start) / max(1, args.warmup)
+        n = max(5, min(args.iterations, int(args.row_budget / max(each, 1e-6))))
+        times = sorted(row(n + 1, {n}))
         return {"mean_us": statistics.fmean(times), "p50_us": times[len(times) // 2],
-                "p99_us": times[min(len(times) - 1, int(len(times) * 0.99))]}
+                "p99_us": times[min(len(times) - 1, int(len(times) * 0.99))],
+                "items": len(times)}
     finally:
-        run.close()
         if pool is not None:
             pool.close(drain=False)
 
 
-def plot(results, path, channel):
+def plot(results, path, channel, floor="floor"):
+    """Round trip p50 per method against size, one panel per consumer count; the floor dashed."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
-    for ax, n in zip(axes, sorted({r["consumers"] for r in results})):
-        for method in sorted({r["method"] for r in results}):
+    counts = sorted({r["consumers"] for r in results})
+    fig, axes = plt.subplots(1, len(counts), figsize=(6 * len(counts), 4.6), sharey=True,
+                             squeeze=False)
+    for ax, n in zip(axes[0], counts):
+        for method in [m for m in METHODS if any(r["method"] == m for r in results)]:
             rows = sorted((r for r in results if r["consumers"] == n and r["method"] == method),
                           key=lambda r: r["size"])
-            ax.plot([r["size"] for r in rows], [r["mean_us"] for r in rows], marker="o",
-                    label=method)
+            style = {"linestyle": "--", "color": "black"} if method == floor else {}
+            ax.plot([r["size"] for r in rows], [r["p50_us"] for r in rows], marker="o",
+                    label=method, **style)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("item size (bytes)")
         ax.set_title(f"{n} consumer{'s' if n > 1 else ''}")
         ax.grid(True, which="both", alpha=0.3)
-    axes[0].set_ylabel("round trip, mean (us)")
-    axes[0].legend()
-    fig.suptitle(f"one CUDA tensor to N consumers, {channel} channel")
+    axes[0][0].set_ylabel("round trip to the last reply, p50 (us)")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"one tensor to N consumers, every path against the floor ({channel} channel)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -469,8 +548,8 @@ def parser():
     ap = argparse.ArgumentParser(prog="python -m ferry.bench", description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="4KiB,1MiB,16MiB,64MiB")
     ap.add_argument("--consumers", default="1,4")
-    ap.add_argument("--methods",
-                    default="channel,ferry,ferry_channel,torch_mp,torch_ipc,cpu_pickle")
+    ap.add_argument("--methods", default=",".join(METHODS),
+                    help="comma-separated, from: " + ", ".join(METHODS))
     ap.add_argument("--channel", choices=("pipe", "spin"), default="pipe",
                     help="how items and replies travel (see above)")
     ap.add_argument("--backend", default="cuda_ipc")
@@ -478,31 +557,21 @@ def parser():
     ap.add_argument("--consumer-device", type=int, default=0)
     ap.add_argument("--iterations", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--row-budget", type=float, default=3.0,
+                    help="seconds a row may take; slower rows time fewer items (at least 5)")
     ap.add_argument("--cpu", action="store_true", help="NumPy over a host pool (no GPU)")
     ap.add_argument("--plot", default=None, help="write a PNG plot here")
     ap.add_argument("--json", default=None, help="write the results here")
     return ap
 
 
-def _speedups(results, counts, sizes, ours, channel):
-    """How many times slower each other method is than ours, by size and consumer count."""
-    lines = []
-    for n in counts:
-        for size in sizes:
-            base = {r["method"]: r["mean_us"] for r in results
-                    if r["size"] == size and r["consumers"] == n}
-            if ours not in base or len(base) < 2:
-                continue
-            parts = [f"{m} {base[m] / base[ours]:.1f}x" for m in base
-                     if m not in (ours, "channel")]
-            if ours == "ferry" and "channel" in base:
-                parts.append(f"(channel alone {base['channel']:.0f} us of ferry's "
-                             f"{base['ferry']:.0f} us)")
-            lines.append(f"  {human(size):>7s} x{n}: " + ", ".join(parts))
-    if lines:
-        how = "its rings" if ours == "ferry_channel" else f"the {channel} channel"
-        print(f"\nspeed-up of {ours} (mean round trip; {ours} through {how}):")
-        print("\n".join(lines))
+def _mps():
+    """Whether an MPS control daemon serves this machine's GPUs (ferry doctor's answer)."""
+    try:
+        import ferry
+        return bool(json.loads(ferry.doctor(json=True))["mps"]["active"])
+    except Exception:
+        return None
 
 
 def main(argv=None):
@@ -519,25 +588,43 @@ def main(argv=None):
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     counts = [int(c) for c in args.consumers.split(",")]
     methods = args.methods.split(",")
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        print(f"python -m ferry.bench: unknown method(s) {', '.join(unknown)}; known: "
+              f"{', '.join(METHODS)}", file=sys.stderr)
+        return 2
     if args.cpu:
         methods = [m for m in methods if not m.startswith("torch")]
+    mps = None if args.cpu else _mps()
+    print(f"# {'cpu (numpy, host pool)' if args.cpu else args.backend}, channel {args.channel}, "
+          f"producer GPU {args.producer_device}, consumer GPU {args.consumer_device}, "
+          f"MPS {'n/a' if mps is None else 'on' if mps else 'off'}", flush=True)
+    print(f"{'method':20s} {'size':>7s} {'consumers':>9s} {'mean us':>10s} {'p50 us':>10s} "
+          f"{'p99 us':>10s} {'x floor':>8s}", flush=True)
     results = []
-    print(f"{'method':13s} {'size':>7s} {'consumers':>9s} {'mean us':>11s} {'p50 us':>11s} "
-          f"{'p99 us':>11s}", flush=True)
     for n in counts:
-        for size in sizes:
-            for method in methods:
-                r = measure(args, method, size, n, args.cpu)
-                r.update(method=method, size=size, consumers=n)
-                results.append(r)
-                print(f"{method:13s} {human(size):>7s} {n:9d} {r['mean_us']:11.1f} "
-                      f"{r['p50_us']:11.1f} {r['p99_us']:11.1f}", flush=True)
-    for ours in ("ferry_channel", "ferry"):
-        _speedups(results, counts, sizes, ours, args.channel)
+        consumers = Consumers(args, n, args.cpu)
+        try:
+            for size in sizes:
+                floor = None
+                for method in methods:
+                    r = measure(args, consumers, method, size, args.cpu)
+                    r.update(method=method, size=size, consumers=n)
+                    if method == "floor":
+                        floor = r["p50_us"]
+                    r["x_floor"] = r["p50_us"] / floor if floor else None
+                    results.append(r)
+                    ratio = f"{r['x_floor']:8.2f}" if r["x_floor"] else f"{'':8s}"
+                    print(f"{method:20s} {human(size):>7s} {n:9d} {r['mean_us']:10.1f} "
+                          f"{r['p50_us']:10.1f} {r['p99_us']:10.1f} {ratio}", flush=True)
+        finally:
+            consumers.close()
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"consumer_device": args.consumer_device, "channel": args.channel,
-                       "results": results}, f, indent=1)
+            json.dump({"cpu": args.cpu, "backend": "host" if args.cpu else args.backend,
+                       "producer_device": args.producer_device,
+                       "consumer_device": args.consumer_device, "channel": args.channel,
+                       "mps": mps, "results": results}, f, indent=1)
     if args.plot:
         plot(results, args.plot, args.channel)
     return 0

@@ -1,7 +1,83 @@
 /* Argument conversions shared by the package's functions. */
 #include <math.h>
+#include <string.h>
 
 #include "ferry_py.h"
+
+static PyObject *names[FY_NAME_COUNT];
+
+int fy_names_init(void)
+{
+    static const char *const text[FY_NAME_COUNT] = {
+        [FY_NAME_DLPACK] = "__dlpack__",
+        [FY_NAME_DLPACK_DEVICE] = "__dlpack_device__",
+        [FY_NAME_STREAM] = "stream",
+        [FY_NAME_MAX_VERSION] = "max_version",
+        [FY_NAME_CUDA_STREAM] = "cuda_stream",
+        [FY_NAME_CUDA_STREAM_PROTOCOL] = "__cuda_stream__",
+        [FY_NAME_PTR] = "ptr",
+    };
+    for (int i = 0; i < FY_NAME_COUNT; i++)
+        if (!names[i] && !(names[i] = PyUnicode_InternFromString(text[i])))
+            return -1;
+    return 0;
+}
+
+PyObject *fy_name(fy_name_id id)
+{
+    return names[id];
+}
+
+/* Interns the names of kw once. 0, or -1 with the exception. */
+static int keywords_ready(fy_keywords *kw)
+{
+    Py_ssize_t n = 0;
+    if (kw->count)
+        return 0;
+    for (; n < FY_KWARGS_MAX && kw->names[n]; n++)
+        if (!kw->interned[n] && !(kw->interned[n] = PyUnicode_InternFromString(kw->names[n])))
+            return -1;
+    kw->count = n;
+    return 0;
+}
+
+/* The index of name among kw's names, or -1. */
+static Py_ssize_t keyword_index(const fy_keywords *kw, PyObject *name)
+{
+    for (Py_ssize_t i = 0; i < kw->count; i++)
+        if (name == kw->interned[i])
+            return i;
+    for (Py_ssize_t i = 0; i < kw->count; i++)
+        if (PyUnicode_Compare(name, kw->interned[i]) == 0)
+            return i;
+    return -1;
+}
+
+int fy_kwargs(fy_keywords *kw, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+              PyObject **values)
+{
+    if (keywords_ready(kw) < 0)
+        return -1;
+    Py_ssize_t n = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    if (nargs > kw->positional) {
+        PyErr_Format(PyExc_TypeError, "%s() takes at most %zd positional argument%s (%zd given)",
+                     kw->fn, kw->positional, kw->positional == 1 ? "" : "s", nargs);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        values[i] = args[i];
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *name = PyTuple_GET_ITEM(kwnames, k);
+        Py_ssize_t i = keyword_index(kw, name);
+        if (i < 0 || values[i]) {
+            PyErr_Format(PyExc_TypeError, "%s() %s keyword argument '%U'", kw->fn,
+                         i < 0 ? "got an unexpected" : "got multiple values for", name);
+            return -1;
+        }
+        values[i] = args[nargs + k];
+    }
+    return 0;
+}
 
 int fy_timeout_arg(PyObject *obj, uint64_t dflt, uint64_t *ns)
 {
@@ -39,16 +115,28 @@ static int stream_from_int(PyObject *value, void **stream)
     return 0;
 }
 
+/* obj.name, or NULL without an exception when obj has no such attribute (NULL with one for
+ * another error). */
+static PyObject *optional_attr(PyObject *obj, fy_name_id name)
+{
+    PyObject *v = PyObject_GetAttr(obj, fy_name(name));
+    if (!v && PyErr_ExceptionMatches(PyExc_AttributeError))
+        PyErr_Clear();
+    return v;
+}
+
 /* The handle of a stream object: cuda_stream (torch), ptr (cupy), __cuda_stream__(). */
 static PyObject *stream_handle(PyObject *obj)
 {
-    if (PyObject_HasAttrString(obj, "cuda_stream"))
-        return PyObject_GetAttrString(obj, "cuda_stream");
-    if (PyObject_HasAttrString(obj, "__cuda_stream__")) {
-        PyObject *pair = PyObject_CallMethod(obj, "__cuda_stream__", NULL);
+    PyObject *handle = optional_attr(obj, FY_NAME_CUDA_STREAM);
+    if (handle || PyErr_Occurred())
+        return handle;
+    PyObject *method = optional_attr(obj, FY_NAME_CUDA_STREAM_PROTOCOL);
+    if (method) {
+        PyObject *pair = PyObject_CallNoArgs(method);
+        Py_DECREF(method);
         if (!pair)
             return NULL;
-        PyObject *handle = NULL;
         if (PyTuple_Check(pair) && PyTuple_GET_SIZE(pair) == 2)
             handle = Py_NewRef(PyTuple_GET_ITEM(pair, 1));
         else
@@ -56,8 +144,8 @@ static PyObject *stream_handle(PyObject *obj)
         Py_DECREF(pair);
         return handle;
     }
-    if (PyObject_HasAttrString(obj, "ptr"))
-        return PyObject_GetAttrString(obj, "ptr");
+    if (PyErr_Occurred() || (handle = optional_attr(obj, FY_NAME_PTR)) || PyErr_Occurred())
+        return handle;
     PyErr_Format(PyExc_TypeError,
                  "stream must be None, an int handle or a stream object (cuda_stream, ptr or "
                  "__cuda_stream__), got %.100s",
@@ -91,6 +179,20 @@ uintptr_t fy_stream_key(void *stream)
 PyObject *fy_stream_for_dlpack(void *stream)
 {
     return PyLong_FromUnsignedLongLong((unsigned long long)fy_stream_key(stream));
+}
+
+int fy_int_pair(PyObject *obj, int *a, int *b)
+{
+    if (!PyTuple_CheckExact(obj) || PyTuple_GET_SIZE(obj) != 2)
+        return 0;
+    long x = PyLong_AsLong(PyTuple_GET_ITEM(obj, 0)), y = PyLong_AsLong(PyTuple_GET_ITEM(obj, 1));
+    if (PyErr_Occurred() || x < INT32_MIN || x > INT32_MAX || y < INT32_MIN || y > INT32_MAX) {
+        PyErr_Clear();
+        return 0;
+    }
+    *a = (int)x;
+    *b = (int)y;
+    return 1;
 }
 
 int fy_device_arg(PyObject *obj, int dflt, int *device)

@@ -2,14 +2,14 @@
  * is loaded at run time: the package builds and runs without CUDA). */
 #include "ferry_py.h"
 
-ferry_status fy_cuda_alloc(int device, uint64_t bytes, void **ptr)
+ferry_status fy_cuda_alloc_async(int device, uint64_t bytes, void *stream, void **ptr)
 {
-    return ferry_gpu_alloc(device, bytes, ptr);
+    return ferry_gpu_alloc_async(device, bytes, stream, ptr);
 }
 
-void fy_cuda_free(int device, void *ptr)
+void fy_cuda_free_async(int device, void *ptr, void *stream)
 {
-    ferry_gpu_free(device, ptr);
+    ferry_gpu_free_async(device, ptr, stream); /* freed either way; nobody to tell */
 }
 
 ferry_status fy_cuda_copy_async(int device, void *dst, const void *src, uint64_t n, void *stream)
@@ -25,6 +25,26 @@ ferry_status fy_cuda_event_record(int device, void *stream, void **event)
 ferry_status fy_cuda_stream_sync(int device, void *stream)
 {
     return ferry_gpu_stream_synchronize(device, stream);
+}
+
+ferry_status fy_cuda_order(int device, void *before, void *after)
+{
+    void *event = NULL;
+    ferry_status st = ferry_gpu_event_record(device, before, &event);
+    if (st == FERRY_OK)
+        st = ferry_gpu_stream_wait_event(device, after, event);
+    ferry_gpu_event_destroy(device, event); /* released once it has completed */
+    return st;
+}
+
+ferry_status fy_cuda_wait_stream(int device, void *stream)
+{
+    void *event = NULL;
+    ferry_status st = ferry_gpu_event_record(device, stream, &event);
+    if (st == FERRY_OK)
+        st = ferry_gpu_event_wait(device, event);
+    ferry_gpu_event_destroy(device, event);
+    return st;
 }
 
 ferry_status fy_cuda_event_wait(void *event, int device)

@@ -61,6 +61,28 @@ static PyObject *descriptor_tp_new(PyTypeObject *type, PyObject *args, PyObject 
     return from_wire(type, data);
 }
 
+/* Descriptor(data) through vectorcall: the call pickle.loads makes for every descriptor, with
+ * no tuple or keyword parsing; other spellings take tp_new's way. */
+static PyObject *descriptor_vectorcall(PyObject *type, PyObject *const *args, size_t nargsf,
+                                       PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs == 1 && !kwnames)
+        return from_wire((PyTypeObject *)type, args[0]);
+    PyObject *tuple = PyTuple_New(nargs), *kwargs = kwnames ? PyDict_New() : NULL;
+    PyObject *result = NULL;
+    int ok = tuple && (!kwnames || kwargs);
+    for (Py_ssize_t i = 0; ok && i < nargs; i++)
+        PyTuple_SET_ITEM(tuple, i, Py_NewRef(args[i]));
+    for (Py_ssize_t k = 0; ok && kwnames && k < PyTuple_GET_SIZE(kwnames); k++)
+        ok = PyDict_SetItem(kwargs, PyTuple_GET_ITEM(kwnames, k), args[nargs + k]) == 0;
+    if (ok)
+        result = descriptor_tp_new((PyTypeObject *)type, tuple, kwargs);
+    Py_XDECREF(tuple);
+    Py_XDECREF(kwargs);
+    return result;
+}
+
 static PyObject *descriptor_from_bytes(PyObject *cls, PyObject *data)
 {
     return from_wire((PyTypeObject *)cls, data);
@@ -227,6 +249,7 @@ PyTypeObject fy_DescriptorType = {
               "256-byte wire form, Descriptor(data) and Descriptor.from_bytes(data) decode it, "
               "and it pickles through it.",
     .tp_new = descriptor_tp_new,
+    .tp_vectorcall = descriptor_vectorcall,
     .tp_repr = descriptor_repr,
     .tp_hash = descriptor_hash,
     .tp_richcompare = descriptor_richcompare,

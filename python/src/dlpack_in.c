@@ -10,13 +10,17 @@ static int source_device(PyObject *obj, int32_t *type, int32_t *id)
 {
     *type = FY_DL_CPU;
     *id = 0;
-    if (!PyObject_HasAttrString(obj, "__dlpack_device__"))
+    PyObject *dev = PyObject_VectorcallMethod(fy_name(FY_NAME_DLPACK_DEVICE), &obj,
+                                              1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    if (!dev) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return -1;
+        PyErr_Clear(); /* no __dlpack_device__: host memory */
         return 0;
-    PyObject *dev = PyObject_CallMethod(obj, "__dlpack_device__", NULL);
-    if (!dev)
-        return -1;
-    int t = 0, i = 0;
-    int ok = PyArg_ParseTuple(dev, "ii:__dlpack_device__", &t, &i);
+    }
+    int t = 0, i = 0, ok = fy_int_pair(dev, &t, &i);
+    if (!ok)
+        ok = PyArg_ParseTuple(dev, "ii:__dlpack_device__", &t, &i); /* says what is wrong */
     Py_DECREF(dev);
     *type = t;
     *id = i;
@@ -50,30 +54,33 @@ static int check_device(int32_t type, int host_only)
 }
 
 /* obj.__dlpack__(stream=..., max_version=(1, 0)), or the legacy call for producers that do
- * not know max_version. */
+ * not know max_version (vectorcalls with interned keyword names: this runs at every publish
+ * and receive into out= of a tensor without torch's fast path). */
 static PyObject *call_dlpack(PyObject *obj, PyObject *stream)
 {
-    PyObject *method = PyObject_GetAttrString(obj, "__dlpack__");
-    if (!method) {
+    static PyObject *names_both, *names_stream, *version;
+    if (!names_both &&
+        (!(names_both = PyTuple_Pack(2, fy_name(FY_NAME_STREAM), fy_name(FY_NAME_MAX_VERSION))) ||
+         !(names_stream = PyTuple_Pack(1, fy_name(FY_NAME_STREAM))) ||
+         !(version = Py_BuildValue("(ii)", FY_DLPACK_MAJOR, FY_DLPACK_MINOR))))
+        return NULL;
+    PyObject *args[3] = {obj, stream, version};
+    PyObject *capsule = PyObject_VectorcallMethod(fy_name(FY_NAME_DLPACK), args,
+                                                  1 | PY_VECTORCALL_ARGUMENTS_OFFSET, names_both);
+    if (!capsule && PyErr_ExceptionMatches(PyExc_TypeError)) {
+        PyErr_Clear();
+        PyObject *legacy[2] = {obj, stream};
+        capsule = PyObject_VectorcallMethod(fy_name(FY_NAME_DLPACK), legacy,
+                                            1 | PY_VECTORCALL_ARGUMENTS_OFFSET, names_stream);
+    }
+    if (!capsule && PyErr_ExceptionMatches(PyExc_AttributeError) &&
+        !PyObject_HasAttr(obj, fy_name(FY_NAME_DLPACK))) {
         PyErr_Clear();
         return PyErr_Format(PyExc_TypeError,
                             "ferry publishes objects with __dlpack__ (numpy arrays, torch or "
                             "cupy tensors), got %.100s",
                             Py_TYPE(obj)->tp_name);
     }
-    PyObject *args = PyTuple_New(0);
-    PyObject *kwargs = args ? Py_BuildValue("{s:O,s:(ii)}", "stream", stream, "max_version",
-                                            FY_DLPACK_MAJOR, FY_DLPACK_MINOR)
-                            : NULL;
-    PyObject *capsule = kwargs ? PyObject_Call(method, args, kwargs) : NULL;
-    if (!capsule && PyErr_ExceptionMatches(PyExc_TypeError)) {
-        PyErr_Clear();
-        PyDict_DelItemString(kwargs, "max_version");
-        capsule = PyObject_Call(method, args, kwargs);
-    }
-    Py_XDECREF(kwargs);
-    Py_XDECREF(args);
-    Py_DECREF(method);
     return capsule;
 }
 
@@ -179,7 +186,9 @@ static int import_take(PyObject *obj, int host_only, int writable, void *stream,
         return -1;
     PyObject *stream_arg =
         type == FY_DL_CUDA ? dlpack_stream_arg(obj, id, stream) : Py_NewRef(Py_None);
+    int restore = type == FY_DL_CUDA ? fy_torch_device_enter(obj, id) : -1;
     PyObject *capsule = stream_arg ? call_dlpack(obj, stream_arg) : NULL;
+    fy_torch_device_exit(restore);
     Py_XDECREF(stream_arg);
     if (!capsule)
         return -1;

@@ -74,6 +74,42 @@ PyObject *fy_log_flush(PyObject *module, PyObject *unused);
 
 /* ---- args.c --------------------------------------------------------------------------- */
 
+/* Attribute and keyword names the hot paths look up, interned once at import (fy_names_init):
+ * a lookup by C string makes and hashes a new str every time. */
+typedef enum {
+    FY_NAME_DLPACK,               /* __dlpack__ */
+    FY_NAME_DLPACK_DEVICE,        /* __dlpack_device__ */
+    FY_NAME_STREAM,               /* stream */
+    FY_NAME_MAX_VERSION,          /* max_version */
+    FY_NAME_CUDA_STREAM,          /* cuda_stream (torch) */
+    FY_NAME_CUDA_STREAM_PROTOCOL, /* __cuda_stream__ */
+    FY_NAME_PTR,                  /* ptr (cupy) */
+    FY_NAME_COUNT
+} fy_name_id;
+
+int fy_names_init(void);
+/* The interned name (borrowed). */
+PyObject *fy_name(fy_name_id id);
+
+/* The parameters of a METH_FASTCALL | METH_KEYWORDS function, for fy_kwargs: the first
+ * `positional` may be passed by position, every one by name. A static table per function; its
+ * names are interned on first use. */
+#define FY_KWARGS_MAX 12
+typedef struct fy_keywords {
+    const char *fn;
+    Py_ssize_t positional;
+    const char *names[FY_KWARGS_MAX + 1]; /* NULL-terminated */
+    PyObject *interned[FY_KWARGS_MAX];
+    Py_ssize_t count; /* 0 until interned */
+} fy_keywords;
+
+/* Fills values[i] (borrowed; the caller zeroes the array, NULL: not given) from the positional
+ * arguments and the keywords, matched by identity first (Python passes interned names), then
+ * by value: a call spends no time building a dict. TypeError for too many positional
+ * arguments, an unknown keyword or one given twice. 0, or -1 with the exception. */
+int fy_kwargs(fy_keywords *kw, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+              PyObject **values);
+
 /* Seconds (None: dflt; inf: forever) to nanoseconds. 0, or -1 with ValueError/TypeError. */
 int fy_timeout_arg(PyObject *obj, uint64_t dflt, uint64_t *ns);
 
@@ -86,6 +122,10 @@ PyObject *fy_stream_for_dlpack(void *stream);
 
 /* The same stream whatever its spelling: NULL and 1 both name the legacy default stream. */
 uintptr_t fy_stream_key(void *stream);
+
+/* The two ints of a 2-tuple of ints (__dlpack_device__'s answer): 1, or 0 (no exception) for
+ * anything else, which the caller parses the slow way for its message. */
+int fy_int_pair(PyObject *obj, int *a, int *b);
 
 /* A device ordinal: None gives dflt. 0, or -1 with an exception. */
 int fy_device_arg(PyObject *obj, int dflt, int *device);
@@ -145,13 +185,21 @@ uint64_t fy_tensor_elements(const ferry_tensor *t);
 /* ferry's GPU helpers (ferry.h), each on device; the library keeps the calling thread's
  * current CUDA context across them and across every other ferry call, which frameworks read
  * their current device from. */
-ferry_status fy_cuda_alloc(int device, uint64_t bytes, void **ptr);
-void fy_cuda_free(int device, void *ptr); /* waits for the work that uses it (cuMemFree) */
+/* Received tensors' memory, stream-ordered (a CUDA memory pool per device: no driver
+ * allocation and no wait for the device once the pool holds the working set). */
+ferry_status fy_cuda_alloc_async(int device, uint64_t bytes, void *stream, void **ptr);
+void fy_cuda_free_async(int device, void *ptr, void *stream);
 ferry_status fy_cuda_copy_async(int device, void *dst, const void *src, uint64_t n,
                                 void *stream);
 /* An event recorded on stream, after the work enqueued there so far. */
 ferry_status fy_cuda_event_record(int device, void *stream, void **event);
 ferry_status fy_cuda_stream_sync(int device, void *stream);
+/* Orders the work enqueued on `after` from now on behind the work enqueued on `before` so far
+ * (an event recorded on before, waited for on after, then destroyed). */
+ferry_status fy_cuda_order(int device, void *before, void *after);
+/* Waits until the work enqueued on stream so far has run (an event, not the whole stream's
+ * later work). */
+ferry_status fy_cuda_wait_stream(int device, void *stream);
 
 ferry_status fy_cuda_event_wait(void *event, int device);
 int fy_cuda_event_done(void *event, int device); /* 1 when complete (or failed), 0 pending */
@@ -231,8 +279,20 @@ void fy_lease_drop(fy_lease *lease, void *const *stream);
 
 typedef enum { FY_HOST_COPY, FY_HOST_VIEW, FY_GPU_COPY, FY_GPU_VIEW } fy_kind;
 
+/* Host copies' memory: nbytes (64-byte aligned) from a few large buffers kept for reuse, or
+ * malloc; *size is what to give fy_host_buffer_free. NULL when out of memory. Any thread. */
+void *fy_host_buffer(uint64_t nbytes, uint64_t *size);
+void fy_host_buffer_free(void *p, uint64_t size);
+/* Frees the buffers kept for reuse (ferry.release_memory()); the bytes kept now. */
+void fy_host_buffers_release(void);
+uint64_t fy_host_buffers_kept(void);
+
 /* Memory that receive produced, and what must happen when its last user lets go: the
- * Received (or the DLPack tensor it was exported to), and a wait on its ready event. */
+ * Received (or the DLPack tensor it was exported to). GPU copies live in stream-ordered memory
+ * allocated on the receive's stream; the consumer's stream (named in __dlpack__) is ordered
+ * after the receive's copy, and the memory is freed in that stream's order (as torch's caching
+ * allocator frees a block in its stream's order): work on other streams must be done, or
+ * ordered before it, when the tensor is freed. */
 typedef struct fy_payload {
     long refs; /* atomic */
     fy_kind kind;
@@ -242,10 +302,11 @@ typedef struct fy_payload {
     uint64_t nbytes;
     fy_lease *lease;   /* views and GPU copies */
     void *buffer;      /* copies: memory the payload owns */
-    void *ready;       /* GPU: event recorded after the enqueued read, NULL if none */
+    uint64_t buffer_size; /* host copies: the size of buffer (fy_host_buffer) */
     void *recv_stream; /* GPU: the stream of the receive */
-    void *ack_stream;  /* GPU views: the stream the consumer uses the view on */
-    int has_ack_stream;
+    void *use_stream;  /* GPU: the stream the consumer uses the tensor on (views acknowledge on
+                        * it, copies are freed on it) */
+    int has_use_stream;
 } fy_payload;
 
 void fy_payload_ref(fy_payload *payload);
@@ -308,6 +369,22 @@ int fy_torch_on_stream(PyObject *obj, int32_t device_id, void *stream);
 int fy_torch_take(PyObject *obj, void *stream, fy_import *out);
 /* Remembers the DLPack dtype of obj's torch dtype (after a DLPack export of a CUDA tensor). */
 void fy_torch_learn(PyObject *obj, const ferry_tensor *t);
+/* torch's current stream on device (its raw handle), in *stream. 0, or -1 (no exception) when
+ * torch is not imported or cannot say. */
+int fy_torch_current_stream(int32_t device, void **stream);
+/* A new torch tensor for t from torch's allocator (torch.empty: on device, a GPU ordinal, or
+ * the CPU for -1; a CUDA tensor's memory belongs to torch's current stream), taken as *out
+ * (its owner the tensor) for a receive to write into. 1; 0 without an exception when torch
+ * has no dtype of that name (the caller takes another way); -1 with an exception. */
+int fy_torch_empty(const ferry_tensor *t, int32_t device, fy_import *out);
+/* torch.from_dlpack(obj) (new reference), or NULL with an exception. */
+PyObject *fy_torch_from_dlpack(PyObject *obj);
+/* Around the DLPack export of a torch CUDA tensor on device: torch exports a CUDA tensor only
+ * while its device is torch's current device. Makes it so and returns the device to put back
+ * (fy_torch_device_exit), or -1 when nothing changed (not torch, the device current already).
+ * Never raises; exit keeps the exception set. */
+int fy_torch_device_enter(PyObject *obj, int32_t device);
+void fy_torch_device_exit(int restore);
 
 /* ---- pool.c / publish.c / reservation.c --------------------------------------------- */
 
@@ -376,10 +453,11 @@ PyObject *fy_pool_failure(fy_pool *self, ferry_status st, uint64_t needed);
 /* ferry_pool_cancel without the GIL; 0, or -1 with the exception. */
 int fy_pool_cancel_lease(fy_pool *self, const ferry_descriptor *d);
 
-PyObject *fy_pool_publish(fy_pool *self, PyObject *args, PyObject *kwargs);
+PyObject *fy_pool_publish(fy_pool *self, PyObject *const *args, Py_ssize_t nargs,
+                          PyObject *kwnames);
 PyObject *fy_pool_publish_many(fy_pool *self, PyObject *args, PyObject *kwargs);
 /* Pool.send: publish_many into one lease, queued in the rings of the chosen ranks. */
-PyObject *fy_pool_send(fy_pool *self, PyObject *args, PyObject *kwargs);
+PyObject *fy_pool_send(fy_pool *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 /* Pool.metrics(labels=None) -> str (metrics.c). */
 PyObject *fy_pool_metrics(fy_pool *self, PyObject *args, PyObject *kwargs);
 /* Lets go of sources whose copies have run (all of them, waiting, with wait). */
@@ -394,20 +472,22 @@ PyObject *fy_pool_reserve(fy_pool *self, PyObject *args, PyObject *kwargs);
 
 extern PyTypeObject fy_ReceivedType;
 
-/* A Received that owns payload (new reference; on failure the payload is released). */
-PyObject *fy_received_new(fy_payload *payload, PyObject *descriptor);
+/* A Received that owns payload (new reference; on failure the payload is released), of
+ * descriptor d; descriptor (may be NULL: made when asked for) is its Descriptor object. */
+PyObject *fy_received_new(fy_payload *payload, const ferry_descriptor *d, PyObject *descriptor);
 
-PyObject *fy_receive(PyObject *module, PyObject *args, PyObject *kwargs);
-PyObject *fy_receive_many(PyObject *module, PyObject *args, PyObject *kwargs);
+PyObject *fy_receive(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
+PyObject *fy_receive_many(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                          PyObject *kwnames);
 
 /* The receive of a lease's count descriptors (one, or a packed lease's parts) through consumer,
  * as ferry.receive (single) or receive_many does it: the wait for the lease (timeout_ns, in
- * slices), then the copy (copy, stream, out) or view. On failure NULL with the exception, and
- * *status the library's status (STALE, TIMEOUT, ...), or FERRY_OK when an argument was refused
- * or a signal handler raised: nothing was read or acknowledged then. */
+ * slices), then the copy (copy, stream, out, torch) or view. On failure NULL with the
+ * exception, and *status the library's status (STALE, TIMEOUT, ...), or FERRY_OK when an
+ * argument was refused or a signal handler raised: nothing was read or acknowledged then. */
 PyObject *fy_receive_leased(fy_consumer *consumer, const ferry_descriptor *descs, size_t count,
-                            PyObject *copy, PyObject *stream, PyObject *out, uint64_t timeout_ns,
-                            int single, ferry_status *status);
+                            PyObject *copy, PyObject *stream, PyObject *out, int torch,
+                            uint64_t timeout_ns, int single, ferry_status *status);
 
 /* Whether out could take the tensor of desc in a receive through consumer (on stream): the
  * checks fy_receive_leased makes of out= (writable, dtype, element count), without waiting,

@@ -701,10 +701,11 @@ static PyGetSetDef pool_getset[] = {
     {NULL, NULL, NULL, NULL, NULL},
 };
 
-#define METH_KW(fn) (PyCFunction)(void (*)(void))(fn), METH_VARARGS | METH_KEYWORDS
+#define METH_KW(fn)   (PyCFunction)(void (*)(void))(fn), METH_VARARGS | METH_KEYWORDS
+#define METH_FAST(fn) (PyCFunction)(void (*)(void))(fn), METH_FASTCALL | METH_KEYWORDS
 
 static PyMethodDef pool_methods[] = {
-    {"publish", METH_KW(fy_pool_publish),
+    {"publish", METH_FAST(fy_pool_publish),
      "publish(x, stream=None, timeout=None) -> Descriptor | None\n\n"
      "Copies x (any object with __dlpack__: numpy arrays, torch and cupy tensors; "
      "C-contiguous) into a new lease and returns its Descriptor. GPU pools copy on stream "
@@ -748,7 +749,7 @@ static PyMethodDef pool_methods[] = {
     {"reclaim", pool_reclaim, METH_NOARGS,
      "reclaim() -> int\n\nFrees every acknowledged lease now (the background reclaimer does it "
      "too) and returns how many."},
-    {"send", METH_KW(fy_pool_send),
+    {"send", METH_FAST(fy_pool_send),
      "send(x, ranks=None, stream=None, timeout=None) -> Descriptor | list[Descriptor] | None\n\n"
      "Publishes x (one tensor, or a list or tuple of them packed into one lease) as publish "
      "and publish_many do, and queues its descriptors in the descriptor ring of every rank "

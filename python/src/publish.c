@@ -275,20 +275,50 @@ static int prepare(publish_call *c, fy_pool *self, PyObject *stream, PyObject *t
     return fy_stream_arg(stream, &c->stream);
 }
 
-PyObject *fy_pool_publish(fy_pool *self, PyObject *args, PyObject *kwargs)
+/* Whether x is a numpy array of an ml_dtypes dtype (float8_*, bfloat16, ...), which numpy
+ * cannot export through DLPack: asked of the package (ferry._ml_dtypes_array) once numpy has
+ * refused it, so that other publishes pay nothing. */
+static int ml_dtypes_array(PyObject *x)
 {
-    static char *keywords[] = {"x", "stream", "timeout", NULL};
-    PyObject *x, *stream = Py_None, *timeout = Py_None;
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback); /* the publish's, kept unless this says yes */
+    PyObject *ferry = PyImport_ImportModule("ferry");
+    PyObject *check = ferry ? PyObject_GetAttrString(ferry, "_ml_dtypes_array") : NULL;
+    PyObject *answer = check ? PyObject_CallOneArg(check, x) : NULL;
+    int yes = answer ? PyObject_IsTrue(answer) > 0 : 0;
+    Py_XDECREF(ferry);
+    Py_XDECREF(check);
+    Py_XDECREF(answer);
+    PyErr_Clear();
+    PyErr_Restore(type, value, traceback);
+    return yes;
+}
+
+PyObject *fy_pool_publish(fy_pool *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static fy_keywords kw = {
+        .fn = "publish", .positional = 3, .names = {"x", "stream", "timeout", NULL}};
+    PyObject *v[3] = {NULL};
     publish_call c;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|OO:publish", keywords, &x, &stream,
-                                     &timeout) ||
-        prepare(&c, self, stream, timeout) < 0)
+    if (fy_kwargs(&kw, args, nargs, kwnames, v) < 0)
+        return NULL;
+    if (!v[0]) {
+        PyErr_SetString(PyExc_TypeError, "publish() missing its required argument 'x'");
+        return NULL;
+    }
+    PyObject *x = v[0], *timeout = v[2] ? v[2] : Py_None;
+    if (prepare(&c, self, v[1] ? v[1] : Py_None, timeout) < 0)
         return NULL;
     c.count = 1;
     fy_log_hold hold;
     fy_log_hold_begin(&hold);
     PyObject *result = publish_items(&c, &x, 1);
-    fy_log_hold_end(&hold, !result && PyErr_ExceptionMatches(fy_PoolFull));
+    int full = !result && PyErr_ExceptionMatches(fy_PoolFull);
+    fy_log_hold_end(&hold, full);
+    if (!result && !full && ml_dtypes_array(x)) {
+        PyErr_Clear(); /* numpy refused the export: the bytes go through a reservation */
+        result = PyObject_CallMethod((PyObject *)self, "_publish_bytes", "OO", x, timeout);
+    }
     return result;
 }
 
@@ -363,16 +393,22 @@ static int ranks_arg(PyObject *obj, ferry_ranks *ranks, uint32_t **list)
     return rc;
 }
 
-PyObject *fy_pool_send(fy_pool *self, PyObject *args, PyObject *kwargs)
+PyObject *fy_pool_send(fy_pool *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    static char *keywords[] = {"x", "ranks", "stream", "timeout", NULL};
-    PyObject *x, *ranks_obj = Py_None, *stream = Py_None, *timeout = Py_None;
+    static fy_keywords kw = {
+        .fn = "send", .positional = 4, .names = {"x", "ranks", "stream", "timeout", NULL}};
+    PyObject *v[4] = {NULL};
     publish_call c;
     ferry_ranks ranks;
     uint32_t *list = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|OOO:send", keywords, &x, &ranks_obj, &stream,
-                                     &timeout) ||
-        prepare(&c, self, stream, timeout) < 0)
+    if (fy_kwargs(&kw, args, nargs, kwnames, v) < 0)
+        return NULL;
+    if (!v[0]) {
+        PyErr_SetString(PyExc_TypeError, "send() missing its required argument 'x'");
+        return NULL;
+    }
+    PyObject *x = v[0], *ranks_obj = v[1] ? v[1] : Py_None;
+    if (prepare(&c, self, v[2] ? v[2] : Py_None, v[3] ? v[3] : Py_None) < 0)
         return NULL;
     if (ranks_obj != Py_None && ranks_arg(ranks_obj, &ranks, &list) < 0) {
         PyMem_Free(list);

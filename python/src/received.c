@@ -8,7 +8,8 @@
 typedef struct {
     PyObject_HEAD
     fy_payload *payload; /* NULL once exported */
-    PyObject *descriptor;
+    PyObject *descriptor; /* NULL until asked for (made from desc) */
+    ferry_descriptor desc;
     Py_ssize_t buffers; /* live buffer-protocol exports */
     DLDevice device;
     ferry_tensor tensor;
@@ -29,12 +30,12 @@ static void release_payload(fy_payload *p)
         fy_payload_release(p);
         return;
     }
-    Py_BEGIN_ALLOW_THREADS /* cuMemFree and acknowledgements may wait on the GPU */
+    Py_BEGIN_ALLOW_THREADS /* acknowledgements (and a free whose stream is gone) may wait */
         fy_payload_release(p);
     Py_END_ALLOW_THREADS
 }
 
-PyObject *fy_received_new(fy_payload *payload, PyObject *descriptor)
+PyObject *fy_received_new(fy_payload *payload, const ferry_descriptor *d, PyObject *descriptor)
 {
     fy_received *r = PyObject_GC_New(fy_received, &fy_ReceivedType);
     if (!r) {
@@ -42,7 +43,8 @@ PyObject *fy_received_new(fy_payload *payload, PyObject *descriptor)
         return NULL;
     }
     r->payload = payload;
-    r->descriptor = Py_NewRef(descriptor);
+    r->descriptor = Py_XNewRef(descriptor);
+    r->desc = *d;
     r->buffers = 0;
     r->device = payload->device;
     r->tensor = payload->tensor;
@@ -84,27 +86,25 @@ static uintptr_t consumer_stream(const fy_export_args *a)
     return a->stream_is_none ? 1u : 0u;
 }
 
-/* Makes GPU data safe on the consumer's stream, and notes where views acknowledge. ferry's
- * driver table has no cuStreamWaitEvent: the host waits for the receive's event instead. The
- * caller owns p (taken from the Received); its fields are read with the GIL. */
+/* Makes GPU data safe on the consumer's stream without waiting on the host: a copy's stream
+ * waits for the receive's stream (an event recorded there now, after the copy); views need
+ * nothing (the CPU saw the lease ready before handing them out). Notes the stream the tensor is
+ * used on: views acknowledge there, copies are freed there. The caller owns p (taken from the
+ * Received); its fields are read with the GIL. */
 static int order_gpu(fy_payload *p, uintptr_t stream)
 {
-    void *ready = p->ready;
-    int device = p->device.device_id;
-    if (stream && stream != fy_stream_key(p->recv_stream) && ready) {
-        ferry_status st;
-        Py_BEGIN_ALLOW_THREADS st = fy_cuda_event_wait(ready, device);
-        Py_END_ALLOW_THREADS if (st != FERRY_OK)
-        {
+    uintptr_t recv = fy_stream_key(p->recv_stream);
+    if (p->kind == FY_GPU_COPY && stream && stream != recv) {
+        ferry_status st = fy_cuda_order(p->device.device_id, p->recv_stream,
+                                        stream == 1u ? NULL : (void *)stream);
+        if (st != FERRY_OK) {
             fy_raise(st);
             return -1;
         }
     }
-    if (p->kind == FY_GPU_VIEW) {
-        uintptr_t use = stream ? stream : fy_stream_key(p->recv_stream);
-        p->ack_stream = use == 1u ? NULL : (void *)use;
-        p->has_ack_stream = 1;
-    }
+    uintptr_t use = stream ? stream : recv;
+    p->use_stream = use == 1u ? NULL : (void *)use;
+    p->has_use_stream = 1;
     return 0;
 }
 
@@ -138,13 +138,13 @@ static PyObject *received_synchronize(PyObject *obj, PyObject *unused)
     fy_received *r = (fy_received *)obj;
     (void)unused;
     fy_payload *p = r->payload;
-    if (!p || !p->ready)
-        Py_RETURN_NONE;
-    void *ready = p->ready;
+    if (!p || p->kind != FY_GPU_COPY)
+        Py_RETURN_NONE; /* views were ready when handed out; host copies are done */
+    void *stream = p->recv_stream;
     int device = r->device.device_id;
     ferry_status st;
-    fy_payload_ref(p); /* the event lives while this waits, even if p is exported and freed */
-    Py_BEGIN_ALLOW_THREADS st = fy_cuda_event_wait(ready, device);
+    fy_payload_ref(p); /* the memory lives while this waits, even if p is exported and freed */
+    Py_BEGIN_ALLOW_THREADS st = fy_cuda_wait_stream(device, stream);
     fy_payload_release(p);
     Py_END_ALLOW_THREADS if (st != FERRY_OK) return fy_raise(st);
     Py_RETURN_NONE;
@@ -184,9 +184,11 @@ static PyBufferProcs received_buffer = {received_getbuffer, received_releasebuff
 
 static PyObject *get_descriptor(PyObject *obj, void *closure)
 {
-    PyObject *d = ((fy_received *)obj)->descriptor; /* NULL only once the collector cleared it */
+    fy_received *r = (fy_received *)obj;
     (void)closure;
-    return Py_NewRef(d ? d : Py_None);
+    if (!r->descriptor && !(r->descriptor = fy_descriptor_new(&r->desc)))
+        return NULL;
+    return Py_NewRef(r->descriptor);
 }
 
 static PyObject *get_shape(PyObject *obj, void *closure)
@@ -270,9 +272,9 @@ static PyMethodDef received_methods[] = {
      "made safe on it first. Once only: the capsule's consumer then owns the memory."},
     {"__dlpack_device__", received_dlpack_device, METH_NOARGS, "(device_type, device_id)"},
     {"synchronize", received_synchronize, METH_NOARGS,
-     "synchronize()\n\nBlocks until the work that receive enqueued (GPU pools) has run: the "
-     "data can then be read from any stream or by the host. A no-op for host pools and once "
-     "exported."},
+     "synchronize()\n\nBlocks until the work enqueued on the receive's stream (GPU pools) up "
+     "to this call has run, the receive's copy included: the data can then be read from any "
+     "stream or by the host. A no-op for host pools, views and once exported."},
     {NULL, NULL, 0, NULL},
 };
 

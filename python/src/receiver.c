@@ -22,7 +22,8 @@ typedef struct {
     PyObject *address;
     uint32_t rank;
     int32_t device;
-    int fd; /* -1 until fileno() */
+    int fd;    /* -1 until fileno() */
+    int torch; /* recv's default for torch= */
     pending_lease *pending;
 } fy_receiver;
 
@@ -68,17 +69,17 @@ static int address_whole(PyObject *address, const char *text, Py_ssize_t size)
 
 static int receiver_init(PyObject *obj, PyObject *args, PyObject *kwargs)
 {
-    static char *keywords[] = {"address", "rank", "device", NULL};
+    static char *keywords[] = {"address", "rank", "device", "torch", NULL};
     fy_receiver *self = (fy_receiver *)obj;
     PyObject *address, *rank_obj, *device_obj = Py_None;
     uint32_t rank;
-    int device = -1;
+    int device = -1, torch = 0;
     if (self->address) {
         PyErr_SetString(PyExc_RuntimeError, "Receiver.__init__ called twice");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "UO|O:Receiver", keywords, &address, &rank_obj,
-                                     &device_obj) ||
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "UO|O$p:Receiver", keywords, &address, &rank_obj,
+                                     &device_obj, &torch) ||
         fy_rank_arg(rank_obj, &rank) < 0 || fy_device_arg(device_obj, -1, &device) < 0)
         return -1;
     Py_ssize_t size = 0;
@@ -103,6 +104,7 @@ static int receiver_init(PyObject *obj, PyObject *args, PyObject *kwargs)
     self->rank = rank;
     self->device = device;
     self->fd = -1;
+    self->torch = torch;
     return 0;
 }
 
@@ -254,8 +256,8 @@ static int check_outs(fy_consumer *c, const ferry_descriptor *descs, size_t coun
  * a list or tuple with one tensor per part). NULL with the exception and *status as
  * fy_receive_leased says; *from gets the first part not read. */
 static PyObject *read_lease(fy_consumer *c, const ferry_descriptor *descs, size_t count,
-                            PyObject *copy, PyObject *stream, PyObject *out, uint64_t wait_ns,
-                            ferry_status *status, size_t *from)
+                            PyObject *copy, PyObject *stream, PyObject *out, int torch,
+                            uint64_t wait_ns, ferry_status *status, size_t *from)
 {
     int packed = descs[0].part_count != 0;
     *status = FERRY_OK;
@@ -272,7 +274,8 @@ static PyObject *read_lease(fy_consumer *c, const ferry_descriptor *descs, size_
         return NULL;
     }
     if (!out_list)
-        return fy_receive_leased(c, descs, count, copy, stream, out, wait_ns, !packed, status);
+        return fy_receive_leased(c, descs, count, copy, stream, out, torch, wait_ns, !packed,
+                                 status);
     PyObject *outs = fy_tuple_arg(out, "out= takes a list of tensors");
     if (!outs)
         return NULL;
@@ -286,7 +289,7 @@ static PyObject *read_lease(fy_consumer *c, const ferry_descriptor *descs, size_
         for (i = 0; i < count; i++) {
             PyObject *r =
                 fy_receive_leased(c, &descs[i], 1, copy, stream,
-                                  PyTuple_GET_ITEM(outs, (Py_ssize_t)i), wait_ns, 1, status);
+                                  PyTuple_GET_ITEM(outs, (Py_ssize_t)i), 0, wait_ns, 1, status);
             if (!r)
                 break;
             Py_DECREF(r);
@@ -299,15 +302,22 @@ static PyObject *read_lease(fy_consumer *c, const ferry_descriptor *descs, size_
     return result;
 }
 
-static PyObject *receiver_recv(PyObject *obj, PyObject *args, PyObject *kwargs)
+static PyObject *receiver_recv(PyObject *obj, PyObject *const *args, Py_ssize_t nargs,
+                               PyObject *kwnames)
 {
-    static char *keywords[] = {"timeout", "copy", "out", "stream", NULL};
+    static fy_keywords kw = {.fn = "recv",
+                             .positional = 5,
+                             .names = {"timeout", "copy", "out", "stream", "torch", NULL}};
     fy_receiver *self = (fy_receiver *)obj;
-    PyObject *timeout = Py_None, *copy = Py_True, *out = Py_None, *stream = Py_None;
+    PyObject *v[5] = {NULL};
     uint64_t ns;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|OOOO:recv", keywords, &timeout, &copy, &out,
-                                     &stream) ||
-        fy_timeout_arg(timeout, FERRY_WAIT_FOREVER, &ns) < 0)
+    if (fy_kwargs(&kw, args, nargs, kwnames, v) < 0 ||
+        fy_timeout_arg(v[0], FERRY_WAIT_FOREVER, &ns) < 0)
+        return NULL;
+    PyObject *copy = v[1] ? v[1] : Py_True, *out = v[2] ? v[2] : Py_None;
+    PyObject *stream = v[3] ? v[3] : Py_None;
+    int torch = v[4] && v[4] != Py_None ? PyObject_IsTrue(v[4]) : self->torch;
+    if (torch < 0)
         return NULL;
     fy_consumer *c = open_consumer(self);
     if (!c)
@@ -321,7 +331,7 @@ static PyObject *receiver_recv(PyObject *obj, PyObject *args, PyObject *kwargs)
         if (next_lease(self, c, &w, &descs, &count) < 0)
             break;
         ferry_status st;
-        result = read_lease(c, descs, count, copy, stream, out, ready_wait(&w), &st, &from);
+        result = read_lease(c, descs, count, copy, stream, out, torch, ready_wait(&w), &st, &from);
         if (result) {
             free(descs);
             break;
@@ -350,9 +360,7 @@ static PyObject *receiver_recv(PyObject *obj, PyObject *args, PyObject *kwargs)
 
 static PyObject *receiver_iternext(PyObject *obj)
 {
-    PyObject *args = PyTuple_New(0);
-    PyObject *r = args ? receiver_recv(obj, args, NULL) : NULL;
-    Py_XDECREF(args);
+    PyObject *r = receiver_recv(obj, NULL, 0, NULL);
     if (!r && PyErr_ExceptionMatches(fy_ProducerGone))
         PyErr_Clear(); /* StopIteration */
     return r;
@@ -431,18 +439,21 @@ static PyGetSetDef receiver_getset[] = {
     {NULL, NULL, NULL, NULL, NULL},
 };
 
-#define METH_KW(fn) (PyCFunction)(void (*)(void))(fn), METH_VARARGS | METH_KEYWORDS
+#define METH_FAST(fn) (PyCFunction)(void (*)(void))(fn), METH_FASTCALL | METH_KEYWORDS
 
 static PyMethodDef receiver_methods[] = {
-    {"recv", METH_KW(receiver_recv),
-     "recv(timeout=None, copy=True, out=None, stream=None) -> Received | list[Received] | out\n\n"
+    {"recv", METH_FAST(receiver_recv),
+     "recv(timeout=None, copy=True, out=None, stream=None, torch=None) -> Received | "
+     "list[Received] | out | torch.Tensor\n\n"
      "Takes the next lease sent to this rank and reads it as ferry.receive does: a copy "
      "(acknowledged at once; on GPU pools in stream order), a read-only view with copy=False "
      "(acknowledged when freed), or into out= (a packed lease: a list with one tensor per "
      "part). A packed lease (a list sent) gives a list. timeout: seconds (None: forever); "
      "Ctrl-C ends the wait. Timeout when nothing came, ProducerGone once the producer closed "
      "the pool or died. Leases acknowledged on this rank's behalf are skipped; a lease not "
-     "read (out= refused, Ctrl-C) comes first at the next recv."},
+     "read (out= refused, Ctrl-C) comes first at the next recv. torch=True (None: the "
+     "receiver's torch=): torch tensors, from torch's allocator as ferry.receive's torch= "
+     "makes them; out= comes back as it is."},
     {"fileno", receiver_fileno, METH_NOARGS,
      "fileno() -> int\n\nA file descriptor that becomes readable when a lease may have come "
      "(or the producer closed the pool or died): for select, selectors and event loops. Get "
@@ -461,7 +472,7 @@ PyTypeObject fy_ReceiverType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ferry._ferry.Receiver",
     .tp_basicsize = sizeof(fy_receiver),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-    .tp_doc = "Receiver(address, rank, device=None)\n--\n\n"
+    .tp_doc = "Receiver(address, rank, device=None, *, torch=False)\n--\n\n"
               "A consumer connected to the pool at address as rank (ferry.connect).",
     .tp_new = PyType_GenericNew,
     .tp_init = receiver_init,

@@ -9,6 +9,7 @@ way a framework would and returns what it saw.
 
 import ctypes
 import gc
+import os
 import threading
 import weakref
 
@@ -131,6 +132,62 @@ class CudaLike:
         managed.dl_tensor.device.device_type = 2
         managed.dl_tensor.device.device_id = self.device
         return capsule
+
+
+# ---- the fake driver itself (the library ferry loaded: FERRY_CUDA_DRIVER) -----------------
+
+_DRIVER = []
+
+
+def driver():
+    """The fake driver (the same library ferry dlopened), with its control functions."""
+    if not _DRIVER:
+        lib = ctypes.CDLL(os.environ["FERRY_CUDA_DRIVER"])
+        lib.ferry_fake_cuda_calls.restype = ctypes.c_ulong
+        lib.ferry_fake_cuda_calls.argtypes = [ctypes.c_char_p]
+        lib.ferry_fake_cuda_pool_bytes.restype = ctypes.c_ulonglong
+        lib.ferry_fake_cuda_live_allocations.restype = ctypes.c_int
+        _DRIVER.append(lib)
+    return _DRIVER[0]
+
+
+def calls(*names):
+    """The fake driver's count of this process's calls of each entry point."""
+    return {n: driver().ferry_fake_cuda_calls(n.encode()) for n in names}
+
+
+def entry(name, *argtypes):
+    """A driver entry point, as ferry resolves them (cuGetProcAddress_v2)."""
+    fn = ctypes.c_void_p()
+    status = ctypes.c_int()
+    rc = driver().cuGetProcAddress_v2(name.encode(), ctypes.byref(fn), 13000, 1,
+                                      ctypes.byref(status))
+    assert rc == 0 and fn.value, name
+    return ctypes.CFUNCTYPE(ctypes.c_int, *argtypes)(fn.value)
+
+
+def use_device(device=0):
+    """Makes device's primary context current on this thread, as a framework would (ferry
+    may not have initialised the driver yet)."""
+    assert entry("cuInit", ctypes.c_uint)(0) == 0
+    ctx = ctypes.c_void_p()
+    assert entry("cuDevicePrimaryCtxRetain", ctypes.c_void_p, ctypes.c_int)(
+        ctypes.byref(ctx), device) == 0
+    assert entry("cuCtxSetCurrent", ctypes.c_void_p)(ctx) == 0
+
+
+def new_stream(device=0):
+    """A non-blocking stream of the fake on device, as an int handle."""
+    use_device(device)
+    s = ctypes.c_void_p()
+    assert entry("cuStreamCreate", ctypes.c_void_p, ctypes.c_uint)(ctypes.byref(s), 1) == 0
+    return s.value
+
+
+def sync_stream(handle, device=0):
+    use_device(device)
+    rc = entry("cuStreamSynchronize", ctypes.c_void_p)(handle)
+    assert rc == 0, f"cuStreamSynchronize: {rc}"
 
 
 # ---- operations for the worker processes (workers.serve adds them to its OPS) -------------
@@ -267,6 +324,23 @@ def fake_torch_publish(arrays, current_stream=0, **kwargs):
     return ds, [t.dlpack_streams for t in tensors]
 
 
+def fake_torch_publish_elsewhere(array, current_device):
+    """Publishes a fake torch tensor of device 0 through DLPack (on the legacy stream while
+    torch's current stream is another: no fast path) while torch's current device is
+    current_device: torch's current device at the export, and after the publish."""
+    import faketorch
+
+    faketorch.install()
+    faketorch.CURRENT_STREAM[0] = 5
+    faketorch.CURRENT_DEVICE[0] = current_device
+    t = faketorch.make(array)
+    try:
+        POOLS["pool"].publish(t)
+    finally:
+        faketorch.CURRENT_STREAM[0] = 0
+    return t.export_devices, faketorch.CURRENT_DEVICE[0]
+
+
 def fake_torch_receive_into(d, rank):
     """receive(out=) into a fake torch tensor; its bytes once the lease is acknowledged, and
     the stream argument of each __dlpack__ call."""
@@ -329,6 +403,99 @@ def fake_race_exports(ds, rank, exporters=2, synchronizers=2):
         gc.collect()
         wins.append(len(got))
     return wins
+
+
+ALLOC_CALLS = ("cuMemAlloc", "cuMemFree", "cuMemAllocFromPoolAsync", "cuMemFreeAsync",
+               "cuStreamSynchronize", "cuEventSynchronize", "cuStreamWaitEvent")
+
+
+def fake_receive_counts(ds, rank, export=True, **kwargs):
+    """Receives copies of ds one after the other, reads each (exported to this "framework",
+    or only synchronised), frees it: the bytes, the driver calls the whole run made, and the
+    bytes the memory pools held after the second and after the last item."""
+    before = calls(*ALLOC_CALLS)
+    got, held = [], []
+    for d in ds:
+        r = ferry.receive(d, rank=rank, **kwargs)
+        r.synchronize()
+        got.append(read_dlpack(r, max_version=(1, 0))["data"] if export else bytes(0))
+        del r
+        held.append(driver().ferry_fake_cuda_pool_bytes())
+    after = calls(*ALLOC_CALLS)
+    return got, {k: after[k] - before[k] for k in ALLOC_CALLS}, held[1], held[-1]
+
+
+def fake_release_memory(device=0):
+    """ferry.release_memory: the bytes the pools held before and after (once the frees queued
+    on the legacy stream ran)."""
+    sync_stream(0)
+    before = driver().ferry_fake_cuda_pool_bytes()
+    ferry.release_memory(device)
+    return before, driver().ferry_fake_cuda_pool_bytes()
+
+
+def fake_receive_on_stream(d, rank):
+    """A copy received on the legacy stream, exported for another stream of the fake: the bytes
+    as read there, and the driver calls the export made."""
+    s = new_stream()
+    r = ferry.receive(d, rank=rank)
+    before = calls(*ALLOC_CALLS)
+    capsule = r.__dlpack__(stream=s, max_version=(1, 0))
+    after = calls(*ALLOC_CALLS)
+    sync_stream(s)
+    managed, name = managed_of(capsule)
+    info = describe(managed)
+    _api.PyCapsule_SetName(capsule, USED[name])
+    DELETER(managed.deleter)(ctypes.addressof(managed))  # freed on s
+    del capsule, r
+    frees = calls("cuMemFreeAsync")["cuMemFreeAsync"] - after["cuMemFreeAsync"]
+    sync_stream(s)
+    return info["data"], {k: after[k] - before[k] for k in ALLOC_CALLS}, frees
+
+
+def fake_torch_receive(d, rank, current=None, recv_stream=None, host=False, many=False,
+                       **kwargs):
+    """ferry.receive(torch=True) (receive_many with many) with torch's current stream set to a
+    stream of the fake (current="new") or the legacy one, and stream= a new one
+    (recv_stream="new") or None: what torch.empty made, the tensors' types and bytes, and the
+    stream waits the receive enqueued."""
+    import faketorch
+
+    faketorch.install()
+    faketorch.EMPTIES.clear()
+    device = None if host else 0
+    faketorch.CURRENT_STREAM[0] = new_stream() if current == "new" else 0
+    stream = new_stream() if recv_stream == "new" else None
+    before = calls(*ALLOC_CALLS)
+    call = ferry.receive_many if many else ferry.receive
+    t = call(d, rank=rank, torch=True, stream=stream, **kwargs)
+    after = calls(*ALLOC_CALLS)
+    if not host:
+        sync_stream(faketorch.CURRENT_STREAM[0])
+    tensors = t if isinstance(t, list) else [t]
+    return ([type(x).__name__ for x in tensors], [x.array.tobytes() for x in tensors],
+            [x.device_index for x in tensors], list(faketorch.EMPTIES),
+            {k: after[k] - before[k] for k in ALLOC_CALLS},
+            faketorch.CURRENT_STREAM[0], device)
+
+
+def fake_torch_receive_many(ds, rank, **kwargs):
+    return fake_torch_receive(ds, rank, many=True, **kwargs)
+
+
+def fake_torch_recv(address, rank, **kwargs):
+    """connect(torch=True) + recv: the tensors' types and bytes, and what torch.empty made."""
+    import faketorch
+
+    faketorch.install()
+    faketorch.EMPTIES.clear()
+    faketorch.CURRENT_STREAM[0] = 0
+    with ferry.connect(address, rank, device=0, torch=True) as rx:
+        got = rx.recv(timeout=5, **kwargs)
+        tensors = got if isinstance(got, list) else [got]
+        sync_stream(0)
+        return ([type(x).__name__ for x in tensors], [x.array.tobytes() for x in tensors],
+                len(faketorch.EMPTIES))
 
 
 def fake_pool_cycle(backend):

@@ -52,6 +52,38 @@ def test_host_bench():
     assert [r[0] for r in rows] == ["4KiB", "64KiB"] and all(len(r) == 5 for r in rows)
 
 
+def test_python_bench_on_the_cpu(tmp_path):
+    # python -m ferry.bench --cpu: every method but torch's, from the same consumer processes,
+    # each row against the floor of its size, every warm-up item verified by the consumers.
+    out_json = tmp_path / "bench.json"
+    done = subprocess.run([sys.executable, "-m", "ferry.bench", "--cpu", "--sizes", "4KiB,96KiB",
+                           "--consumers", "1,2", "--iterations", "20", "--warmup", "2",
+                           "--row-budget", "120", "--json", str(out_json)],
+                          capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    from ferry.bench import METHODS
+
+    cpu_methods = [m for m in METHODS if not m.startswith("torch")]
+    results = json.loads(out_json.read_text())["results"]
+    assert [(r["method"], r["size"], r["consumers"]) for r in results] == [
+        (m, size, n) for n in (1, 2) for size in (4096, 96 << 10) for m in cpu_methods]
+    assert all(r["items"] == 20 and 0 < r["p50_us"] <= r["p99_us"] for r in results)
+    assert all(r["x_floor"] == r["p50_us"] / next(
+        f["p50_us"] for f in results if f["method"] == "floor" and f["size"] == r["size"] and
+        f["consumers"] == r["consumers"]) for r in results)
+    assert "x floor" in done.stdout and "ferry_channel_drain" in done.stdout
+    # A row past its budget times fewer items, 5 at least.
+    done = subprocess.run([sys.executable, "-m", "ferry.bench", "--cpu", "--sizes", "4KiB",
+                           "--consumers", "1", "--methods", "floor,ferry_out", "--row-budget",
+                           "0", "--json", str(out_json)], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert [r["items"] for r in json.loads(out_json.read_text())["results"]] == [5, 5]
+    bad = subprocess.run([sys.executable, "-m", "ferry.bench", "--cpu", "--methods", "nope"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "unknown method(s) nope" in bad.stderr
+
+
 def test_bench_help():
     rc, out, err = run("bench", "--help")
     assert rc == 0, err

@@ -123,6 +123,44 @@ def test_receive_arguments():
         assert np.array_equal(np.from_dlpack(got), np.arange(3))
 
 
+def test_receive_keywords():
+    # receive, receive_many and recv parse their keywords themselves (no dict per call): the
+    # same refusals as Python's own parsing, nothing read or acknowledged.
+    with ferry.Pool(1 << 20, 1) as pool:
+        d = pool.publish(np.arange(3))
+        cases = [
+            (lambda: ferry.receive(), "receive() missing its required argument 'descriptor'"),
+            (lambda: ferry.receive(d, 0), "receive() takes at most 1 positional argument (2 "
+                                          "given)"),
+            (lambda: ferry.receive(d, rank=0, bogus=1), "receive() got an unexpected keyword "
+                                                        "argument 'bogus'"),
+            (lambda: ferry.receive(descriptor=d, rank=0, **{"descriptor": d}), None),
+            (lambda: ferry.receive_many([d], rank=0, out=np.empty(3)),
+             "receive_many() got an unexpected keyword argument 'out'"),
+            (lambda: ferry.receive_many(rank=0), "receive_many() missing its required "
+                                                 "argument 'descriptors'"),
+        ]
+        for call, message in cases:
+            with pytest.raises(TypeError) as info:
+                call()
+            if message:
+                assert str(info.value) == message
+        with pytest.raises(TypeError, match="got multiple values for keyword argument 'rank'"):
+            ferry.receive(d, **{"rank": 0}, **{"ra" + "nk": 0})
+        out = np.empty(3, np.int64)
+        key = "".join(["o", "u", "t"])  # a keyword name that is not the interned one
+        assert ferry.receive(descriptor=d, rank=0, **{key: out}) is out
+        assert out.tolist() == [0, 1, 2]
+        pool.drain(timeout=5)  # read and acknowledged once, the refusals took nothing
+        with ferry.connect(pool.address, 0) as rx:
+            pool.send(np.arange(2))
+            with pytest.raises(TypeError, match="recv\\(\\) got an unexpected keyword"):
+                rx.recv(timeout=1, nope=True)
+            with pytest.raises(TypeError, match="at most 5 positional"):
+                rx.recv(1, True, None, None, None, 6)
+            assert np.from_dlpack(rx.recv(1)).tolist() == [0, 1]
+
+
 def test_closing():
     pool = ferry.Pool(1 << 20, 1)
     d = pool.publish(np.arange(3))

@@ -97,12 +97,86 @@ def test_export_arguments(gpu, copy, export):
 
 
 def test_copy_used_on_another_stream(gpu):
-    # The consumer names a stream other than the receive's: the host waits for the receive's
-    # event (ferry's driver table has no cuStreamWaitEvent). The handle itself is not used.
+    # The consumer names a stream other than the receive's: that stream waits for the
+    # receive's copy on the GPU (cuStreamWaitEvent), not the host, and the memory is freed in
+    # that stream's order once the consumer lets go.
     producer, consumer = gpu
     a = np.arange(8, dtype=np.int64)
     (d,), _ = producer.call("fake_publish", [a])
-    expect(consumer.call("fake_receive", d, 0, export={"max_version": (1, 0), "stream": 99}), a)
+    data, made, frees = consumer.call("fake_receive_on_stream", d, 0)
+    assert data == a.tobytes()
+    assert made["cuStreamWaitEvent"] == 1
+    assert made["cuEventSynchronize"] == made["cuStreamSynchronize"] == 0
+    assert frees == 1
+
+
+@pytest.mark.parametrize("export", [True, False], ids=["exported", "dropped"])
+def test_copies_come_from_a_stream_ordered_pool(gpu, export):
+    # A copy's memory comes from the stream-ordered pool and goes back to it in stream order:
+    # no cuMemAlloc / cuMemFree (which waits for the device) per item, and the pool holds as
+    # much after the last of twelve items as after the second.
+    producer, consumer = gpu
+    arrays = [np.full(3000, i, np.int32) for i in range(12)]
+    ds, _ = producer.call("fake_publish", arrays)
+    got, made, second, last = consumer.call("fake_receive_counts", ds, 0, export=export)
+    if export:
+        assert got == [a.tobytes() for a in arrays]
+    assert made["cuMemAlloc"] == made["cuMemFree"] == 0
+    assert made["cuMemAllocFromPoolAsync"] == made["cuMemFreeAsync"] == 12
+    assert made["cuEventSynchronize"] == 12  # synchronize(): the copy, not a whole stream
+    assert second == last > 0
+    wait_until(lambda: drained(producer))
+    before, after = consumer.call("fake_release_memory")
+    assert before > 0 and after == 0
+
+
+@pytest.mark.parametrize("current, recv_stream, waits",
+                         [(None, None, 0), ("new", None, 0), ("new", "new", 2)],
+                         ids=["legacy", "torch-stream", "other-stream"])
+def test_torch_receive_uses_torchs_allocator(gpu, current, recv_stream, waits):
+    # torch=True: the tensor comes from torch.empty (torch's allocator, on torch's current
+    # stream) and is read into as out= is: ferry allocates nothing. On a stream= other than
+    # torch's current one, that stream first waits for torch's (the memory's last users) and
+    # torch's then waits for the copy.
+    producer, consumer = gpu
+    a = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    (d,), _ = producer.call("fake_publish", [a])
+    types, data, devices, empties, made, current_stream, device = consumer.call(
+        "fake_torch_receive", d, 0, current=current, recv_stream=recv_stream)
+    assert types == ["Tensor"] and data == [a.tobytes()] and devices == [0]
+    assert empties == [((2, 3, 4), "float32", 0, current_stream)]
+    assert made["cuMemAllocFromPoolAsync"] == made["cuMemAlloc"] == 0
+    assert made["cuStreamWaitEvent"] == waits
+    wait_until(lambda: drained(producer))
+
+
+def test_torch_receive_from_a_host_pool(fake_pair):
+    # torch=True on a host pool: a CPU tensor from torch.empty, copied into on the CPU.
+    producer, consumer = fake_pair
+    producer.call("fake_make_pool", "host", 4 << 20, 1)
+    try:
+        a = np.arange(10, dtype=np.int32)
+        (d,), _ = producer.call("fake_publish", [a])
+        types, data, devices, empties, made, _, _ = consumer.call("fake_torch_receive", d, 0,
+                                                                  host=True)
+        assert types == ["Tensor"] and data == [a.tobytes()] and devices == [None]
+        assert empties == [((10,), "int32", None, 0)] and made["cuMemAllocFromPoolAsync"] == 0
+        wait_until(lambda: drained(producer))
+    finally:
+        producer.call("fake_close")
+
+
+def test_torch_receive_many_and_views(gpu):
+    producer, consumer = gpu
+    arrays = [np.arange(6, dtype=np.int64), np.ones((2, 2), np.uint8)]
+    ds, _ = producer.call("fake_publish", arrays, many=True)
+    types, data, _, empties, made, _, _ = consumer.call("fake_torch_receive_many", ds, 0)
+    assert types == ["Tensor", "Tensor"] and data == [a.tobytes() for a in arrays]
+    assert [e[:2] for e in empties] == [((6,), "int64"), ((2, 2), "uint8")]
+    (d,), _ = producer.call("fake_publish", [arrays[0]])
+    types, data, _, empties, _, _, _ = consumer.call("fake_torch_receive", d, 0, copy=False)
+    assert types == ["Tensor"] and data == [arrays[0].tobytes()] and empties == []
+    wait_until(lambda: drained(producer))
 
 
 @pytest.mark.parametrize("copy", [True, False], ids=["copy", "view"])
@@ -197,6 +271,18 @@ def test_torch_fast_path(gpu, request):
     assert streams == [[-1]]  # DLPack's strides decide (here C-contiguous after all)
     wait_until(lambda: consumer.call("fake_receive", ds[0], 0) is not None)
     wait_until(lambda: drained(producer))
+
+
+def test_torch_export_on_the_tensors_device(gpu):
+    # torch exports a CUDA tensor only while its device is torch's current one: a publish
+    # through DLPack makes it so for the export, then puts torch's current device back.
+    producer, _ = gpu
+    exported, after = producer.call("fake_torch_publish_elsewhere",
+                                    np.arange(5, dtype=np.int16), 1)
+    assert exported == [0] and after == 1
+    exported, after = producer.call("fake_torch_publish_elsewhere",
+                                    np.arange(5, dtype=np.int16), 0)
+    assert exported == [0] and after == 0
 
 
 def test_torch_fast_path_into_out(gpu, request):

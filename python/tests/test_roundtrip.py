@@ -196,6 +196,35 @@ def test_received_object(pool):
         memoryview(r)
 
 
+def test_large_host_copies_reuse_their_memory():
+    # Host copies of 1 MiB and more reuse buffers kept when the last copy was freed (malloc
+    # maps fresh memory for large sizes, whose page faults cost more than the copy), a few and
+    # 256 MiB at most; release_memory() frees them.
+    ferry.release_memory()
+    assert ferry._ferry._host_buffers_kept() == 0
+    x = np.arange(3 << 18, dtype=np.int32)  # 3 MiB
+    with ferry.Pool(32 << 20, 1, drain_timeout=0) as pool, ferry.connect(pool.address, 0) as rx:
+        sent = pool.send(x)
+        r = rx.recv()
+        assert r.descriptor == sent  # made when asked for
+        a = np.from_dlpack(r)
+        first = a.__array_interface__["data"][0]
+        assert np.array_equal(a, x)
+        del a, r
+        assert ferry._ferry._host_buffers_kept() >= x.nbytes
+        pool.send(x[: len(x) * 2 // 3])  # two thirds: served by the kept buffer
+        b = np.from_dlpack(rx.recv())
+        assert b.__array_interface__["data"][0] == first
+        assert ferry._ferry._host_buffers_kept() == 0 and np.array_equal(b, x[: len(b)])
+        pool.send(np.zeros(1 << 10, np.int32))  # small copies come from malloc
+        c = np.from_dlpack(rx.recv())
+        del b, c
+        kept = ferry._ferry._host_buffers_kept()
+        assert kept >= x.nbytes
+        ferry.release_memory()
+        assert ferry._ferry._host_buffers_kept() == 0
+
+
 def test_received_legacy_capsule(pool):
     d = pool.publish(sample((5,), "uint16"))
     capsule = ferry.receive(d, rank=0).__dlpack__()  # no max_version: legacy "dltensor"

@@ -14,6 +14,7 @@ typedef struct CUctx_st *CUcontext;
 typedef struct CUstream_st *CUstream;
 typedef struct CUevent_st *CUevent;
 typedef unsigned long long CUmemGenericAllocationHandle;
+typedef struct CUmemPoolHandle_st *CUmemoryPool;
 
 #define FERRY_CU_IPC_HANDLE_SIZE 64
 typedef struct CUipcMemHandle {
@@ -45,6 +46,7 @@ enum {
     CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1 = 92,
     CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 102,
     CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED = 103,
+    CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED = 115,
     CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS = 122,
     CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED = 128,
 };
@@ -96,5 +98,18 @@ typedef struct CUmemAccessDesc {
     CUmemLocation location;
     int flags;
 } CUmemAccessDesc;
+
+/* Stream-ordered memory pools (cuMemPoolCreate, cuMemAllocFromPoolAsync). */
+#define CU_MEMPOOL_ATTR_RELEASE_THRESHOLD 4
+
+typedef struct CUmemPoolProps {
+    int allocType; /* CU_MEM_ALLOCATION_TYPE_PINNED */
+    int handleTypes;
+    CUmemLocation location;
+    void *win32SecurityAttributes;
+    size_t maxSize; /* 0: the driver's default */
+    unsigned short usage;
+    unsigned char reserved[54];
+} CUmemPoolProps;
 
 #endif

@@ -55,6 +55,12 @@
     X(cuEventQuery, 2000, 1, (CUevent))                                                            \
     X(cuEventSynchronize, 2000, 1, (CUevent))                                                      \
     X(cuEventDestroy, 4000, 1, (CUevent))                                                          \
+    X(cuStreamWaitEvent, 3020, 1, (CUstream, CUevent, unsigned int))                               \
+    X(cuMemPoolCreate, 11020, 0, (CUmemoryPool *, const CUmemPoolProps *))                         \
+    X(cuMemPoolSetAttribute, 11020, 0, (CUmemoryPool, int, void *))                                \
+    X(cuMemPoolTrimTo, 11020, 0, (CUmemoryPool, size_t))                                           \
+    X(cuMemAllocFromPoolAsync, 11020, 0, (CUdeviceptr *, size_t, CUmemoryPool, CUstream))          \
+    X(cuMemFreeAsync, 11020, 0, (CUdeviceptr, CUstream))                                           \
     X(cuMemGetAllocationGranularity, 10020, 0, (size_t *, const CUmemAllocationProp *, int))       \
     X(cuMemCreate, 10020, 0,                                                                       \
       (CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long))   \

@@ -240,6 +240,7 @@ static void setup(void)
     fake_register_mem(entry_fn);
     fake_register_stream(entry_fn);
     fake_register_vmm(entry_fn);
+    fake_register_pool(entry_fn);
     pthread_atfork(atfork_prepare, atfork_release, atfork_release);
 }
 
@@ -451,6 +452,7 @@ static CUresult cuDeviceGetAttribute(int *pi, int attrib, CUdevice dev)
     case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
     /* Claimed as on the real H200 machine, whose cuMemCreate then refuses FABRIC. */
     case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED:
+    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
         *pi = 1;
         break;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR:

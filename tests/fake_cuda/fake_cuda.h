@@ -52,6 +52,7 @@ typedef void (*fake_generic_fn)(void);
 void fake_register_mem(fake_generic_fn *table);
 void fake_register_stream(fake_generic_fn *table);
 void fake_register_vmm(fake_generic_fn *table);
+void fake_register_pool(fake_generic_fn *table);
 
 /* The first thing every entry point does: counts the call, answers a failure injected for
  * it, and refuses every call in a fork()ed child of a process that initialised the driver
@@ -84,15 +85,17 @@ extern pthread_cond_t fake_progress;
 /* ---- memory regions (fake_mem.c), all under fake_lock ---------------------------------- */
 
 enum fake_kind {
-    FAKE_ALLOC = 1,    /* cuMemAlloc: a memfd of this process */
-    FAKE_IPC = 2,      /* cuIpcOpenMemHandle: another process's allocation */
-    FAKE_HOSTREG = 4,  /* cuMemHostRegister: the caller's host memory */
-    FAKE_VMM = 8,      /* cuMemMap: a mapped allocation handle */
-    FAKE_RESERVED = 16 /* cuMemAddressReserve: address space, mapped or not */
+    FAKE_ALLOC = 1,     /* cuMemAlloc: a memfd of this process */
+    FAKE_IPC = 2,       /* cuIpcOpenMemHandle: another process's allocation */
+    FAKE_HOSTREG = 4,   /* cuMemHostRegister: the caller's host memory */
+    FAKE_VMM = 8,       /* cuMemMap: a mapped allocation handle */
+    FAKE_RESERVED = 16, /* cuMemAddressReserve: address space, mapped or not */
+    FAKE_POOLED = 32    /* cuMemAllocFromPoolAsync: a block of a memory pool */
 };
-#define FAKE_DEVICE_MEMORY (FAKE_ALLOC | FAKE_IPC | FAKE_VMM)
+#define FAKE_DEVICE_MEMORY (FAKE_ALLOC | FAKE_IPC | FAKE_VMM | FAKE_POOLED)
 
 struct fake_vmm_handle;
+struct CUmemPoolHandle_st;
 
 struct fake_region {
     struct fake_region *next;
@@ -111,13 +114,20 @@ struct fake_region {
     int ipc_fd;
     uint64_t ipc_ino;
     unsigned ipc_refs;
-    struct fake_vmm_handle *handle; /* FAKE_VMM */
+    struct fake_vmm_handle *handle;  /* FAKE_VMM */
+    struct CUmemPoolHandle_st *pool; /* FAKE_POOLED: its pool */
+    int pool_free;                   /* FAKE_POOLED: freed; the pool may hand it out again */
+    uint64_t free_token;             /* FAKE_POOLED: names the latest cuMemFreeAsync */
+    uint64_t free_stream;            /* FAKE_POOLED: the stream of that free */
+    unsigned free_calls;             /* FAKE_POOLED: frees queued and not run yet */
 };
 
 /* The region of one of kinds that contains address p, or NULL. */
 struct fake_region *fake_region_at(uintptr_t p, unsigned kinds);
 /* A region of one of kinds that overlaps [p, p + n), or NULL. */
 struct fake_region *fake_region_overlapping(uintptr_t p, size_t n, unsigned kinds);
+/* The region after r (NULL: the first) of one of kinds, or NULL. */
+struct fake_region *fake_region_next(struct fake_region *r, unsigned kinds);
 /* A new region, zeroed but for kind, base and size, linked into the registry; NULL when out
  * of memory. */
 struct fake_region *fake_region_add(enum fake_kind kind, void *base, size_t size);
@@ -130,8 +140,17 @@ void fake_region_drain(struct fake_region *r, const char *call);
  * span that runs out of its region or lies in unmapped reserved address space;
  * CUDA_ERROR_ILLEGAL_ADDRESS for a VMM mapping without access. */
 CUresult fake_check_span(uintptr_t p, size_t n, struct fake_region **region);
-/* Counts live resources, for ferry_fake_cuda_live_allocations (under fake_lock). */
+/* Counts live resources, for ferry_fake_cuda_live_allocations (under fake_lock): blocks a
+ * memory pool holds count while allocated, until their stream-ordered free has run. */
 int fake_live_regions(void);
 int fake_live_vmm_handles(void);
+
+/* ---- streams (fake_stream.c) ----------------------------------------------------------- */
+
+/* Enqueues fn(arg) on stream h (NULL: the legacy stream), run by its worker under fake_lock
+ * after the work queued before it (also when that work is given up: the stream destroyed). A
+ * NULL fn checks that h names a stream and enqueues nothing. *id (may be NULL) gets the
+ * stream's identity. */
+CUresult fake_stream_call(CUstream h, void (*fn)(void *arg), void *arg, uint64_t *id);
 
 #endif

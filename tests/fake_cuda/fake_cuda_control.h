@@ -37,6 +37,10 @@ __attribute__((visibility("default"))) void ferry_fake_cuda_reset(void);
  * mappings and address reservations. 0 after an exact rollback. */
 __attribute__((visibility("default"))) int ferry_fake_cuda_live_allocations(void);
 
+/* Bytes that the process's memory pools hold (cuMemAllocFromPoolAsync blocks, allocated or
+ * free, until cuMemPoolTrimTo releases the free ones). */
+__attribute__((visibility("default"))) unsigned long long ferry_fake_cuda_pool_bytes(void);
+
 #ifdef __cplusplus
 }
 #endif

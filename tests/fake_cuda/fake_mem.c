@@ -42,6 +42,14 @@ struct fake_region *fake_region_overlapping(uintptr_t p, size_t n, unsigned kind
     return NULL;
 }
 
+struct fake_region *fake_region_next(struct fake_region *r, unsigned kinds)
+{
+    for (r = r ? r->next : regions; r; r = r->next)
+        if (r->kind & kinds)
+            return r;
+    return NULL;
+}
+
 struct fake_region *fake_region_add(enum fake_kind kind, void *base, size_t size)
 {
     struct fake_region *r = calloc(1, sizeof(*r));
@@ -94,7 +102,7 @@ CUresult fake_check_span(uintptr_t p, size_t n, struct fake_region **region)
         return CUDA_ERROR_INVALID_VALUE;
     struct fake_region *r = fake_region_at(p, FAKE_DEVICE_MEMORY | FAKE_HOSTREG);
     if (r) {
-        if (r->dying || n > r->size - (p - (uintptr_t)r->base))
+        if (r->dying || r->pool_free || n > r->size - (p - (uintptr_t)r->base))
             return CUDA_ERROR_INVALID_VALUE;
         if (r->kind == FAKE_VMM && !r->accessible)
             return FAKE_CUDA_ERROR_ILLEGAL_ADDRESS;
@@ -112,7 +120,7 @@ int fake_live_regions(void)
 {
     int n = 0;
     for (struct fake_region *r = regions; r; r = r->next)
-        n += r->kind == FAKE_IPC ? (int)r->ipc_refs : 1;
+        n += r->kind == FAKE_IPC ? (int)r->ipc_refs : r->kind == FAKE_POOLED ? !r->pool_free : 1;
     return n;
 }
 
@@ -168,13 +176,19 @@ static CUresult cuMemFree(CUdeviceptr dptr)
     if (rc != CUDA_SUCCESS)
         return rc;
     pthread_mutex_lock(&fake_lock);
-    struct fake_region *r = fake_region_at((uintptr_t)dptr, FAKE_ALLOC);
-    if (!r || r->dying || (uintptr_t)r->base != dptr) {
+    struct fake_region *r = fake_region_at((uintptr_t)dptr, FAKE_ALLOC | FAKE_POOLED);
+    if (!r || r->dying || r->pool_free || (uintptr_t)r->base != dptr) {
         pthread_mutex_unlock(&fake_lock);
         return CUDA_ERROR_INVALID_VALUE;
     }
     r->dying = 1;
     fake_region_drain(r, "cuMemFree");
+    if (r->kind == FAKE_POOLED) { /* back to its pool, as CUDA's cuMemFree takes it */
+        r->dying = 0;
+        r->pool_free = 1;
+        pthread_mutex_unlock(&fake_lock);
+        return CUDA_SUCCESS;
+    }
     munmap(r->base, r->size);
     close(r->fd);
     fake_unreserve_bytes(r->device, r->size);
@@ -266,7 +280,7 @@ static CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr ptr
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&fake_lock);
     struct fake_region *r = fake_region_at((uintptr_t)ptr, FAKE_DEVICE_MEMORY | FAKE_HOSTREG);
-    if (!r || r->dying)
+    if (!r || r->dying || r->pool_free)
         rc = CUDA_ERROR_INVALID_VALUE;
     else if (attribute == CU_POINTER_ATTRIBUTE_MEMORY_TYPE) {
         unsigned int type = r->kind == FAKE_HOSTREG ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;

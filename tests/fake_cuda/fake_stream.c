@@ -17,12 +17,13 @@
 #include "fake_cuda.h"
 
 #define FAKE_CU_STREAM_LEGACY                        ((CUstream)(uintptr_t)1)
+#define FAKE_CU_STREAM_PER_THREAD                    ((CUstream)(uintptr_t)2)
 #define FAKE_CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER 0x1u
 #define FAKE_CU_EVENT_BLOCKING_SYNC                  0x1u
 #define FAKE_CU_EVENT_INTERPROCESS                   0x4u
 #define FAKE_WAIT_POLL_NS                            20000
 
-enum op_kind { OP_COPY, OP_SET32, OP_WRITE, OP_WAIT, OP_EVENT };
+enum op_kind { OP_COPY, OP_SET32, OP_WRITE, OP_WAIT, OP_EVENT, OP_CALL };
 
 /* Implicit synchronization: the stream with this id must have completed target operations. */
 struct dep {
@@ -41,6 +42,9 @@ struct op {
     struct fake_region *pin[2];
     struct CUevent_st *event; /* EVENT */
     uint64_t seq;             /* EVENT: which record of the event */
+    void (*call)(void *);     /* CALL, with call_arg */
+    void *call_arg;
+    struct dep after; /* cuStreamWaitEvent: the event's marker (stream 0: none) */
     size_t ndeps;
     struct dep *deps;
 };
@@ -65,6 +69,7 @@ struct CUevent_st {
     int done;          /* the marker of the latest record ran */
     int lost;          /* the marker of the latest record was dropped (its stream destroyed) */
     unsigned refs;     /* the handle and the markers in flight */
+    struct dep marker; /* where the latest record's marker is: its stream and ticket */
 };
 
 static struct CUstream_st *streams;
@@ -89,6 +94,8 @@ static void event_unref(struct CUevent_st *e)
 /* Releases what a run or dropped operation holds (under fake_lock). */
 static void finish(struct op *op, int lost)
 {
+    if (lost && op->kind == OP_CALL) /* a free behind a wait given up still happens */
+        op->call(op->call_arg);
     for (int i = 0; i < 2; i++)
         if (op->pin[i])
             op->pin[i]->pending--;
@@ -155,18 +162,27 @@ static void engine_copy(char *dst, const char *src, size_t n, int dst_fake, int 
 
 /* Runs op on s's worker (under fake_lock, which it releases while copying or polling).
  * Returns 1 if it gave the operation up because s is being destroyed. */
+/* Waits (under fake_lock) until the stream of dep ran its target or is gone: 1 if s is being
+ * destroyed and that stream is blocked in a wait (the dependency would never be met). */
+static int wait_dep(struct CUstream_st *s, const struct dep *dep)
+{
+    for (;;) {
+        struct CUstream_st *t = stream_by_id(dep->stream);
+        if (!t || t->completed >= dep->target)
+            return 0;
+        if (s->dying && t->waiting)
+            return 1;
+        pthread_cond_wait(&fake_progress, &fake_lock);
+    }
+}
+
 static int run(struct CUstream_st *s, struct op *op)
 {
-    for (size_t i = 0; i < op->ndeps; i++) {
-        for (;;) {
-            struct CUstream_st *t = stream_by_id(op->deps[i].stream);
-            if (!t || t->completed >= op->deps[i].target)
-                break;
-            if (s->dying && t->waiting)
-                return 1;
-            pthread_cond_wait(&fake_progress, &fake_lock);
-        }
-    }
+    for (size_t i = 0; i < op->ndeps; i++)
+        if (wait_dep(s, &op->deps[i]))
+            return 1;
+    if (op->after.stream && wait_dep(s, &op->after))
+        return 1;
     switch (op->kind) {
     case OP_COPY:
         pthread_mutex_unlock(&fake_lock);
@@ -200,6 +216,9 @@ static int run(struct CUstream_st *s, struct op *op)
         return gave_up;
     }
     case OP_EVENT:
+        break;
+    case OP_CALL:
+        op->call(op->call_arg);
         break;
     }
     return 0;
@@ -256,8 +275,13 @@ static struct CUstream_st *stream_new(unsigned flags, int legacy)
     return s;
 }
 
+/* The calling thread's per-thread default stream (CU_STREAM_PER_THREAD), made on first use:
+ * a blocking stream (it synchronises with the legacy stream), never destroyed. */
+static _Thread_local struct CUstream_st *per_thread_stream;
+
 /* The stream a handle names (under fake_lock): NULL and CU_STREAM_LEGACY name the legacy
- * stream, created on first use when create is set (else *out = NULL). */
+ * stream, created on first use when create is set (else *out = NULL); CU_STREAM_PER_THREAD
+ * the calling thread's own. */
 static CUresult stream_resolve(CUstream h, int create, struct CUstream_st **out)
 {
     *out = NULL;
@@ -265,6 +289,12 @@ static CUresult stream_resolve(CUstream h, int create, struct CUstream_st **out)
         if (!legacy_stream && create && !(legacy_stream = stream_new(0, 1)))
             return CUDA_ERROR_OUT_OF_MEMORY;
         *out = legacy_stream;
+        return CUDA_SUCCESS;
+    }
+    if (h == FAKE_CU_STREAM_PER_THREAD) {
+        if (!per_thread_stream && !(per_thread_stream = stream_new(0, 0)))
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        *out = per_thread_stream;
         return CUDA_SUCCESS;
     }
     for (struct CUstream_st *s = streams; s; s = s->next)
@@ -454,7 +484,7 @@ static CUresult cuStreamDestroy(CUstream hStream)
     struct CUstream_st *s;
     pthread_mutex_lock(&fake_lock);
     rc = stream_resolve(hStream, 0, &s);
-    if (rc == CUDA_SUCCESS && (!s || s->legacy))
+    if (rc == CUDA_SUCCESS && (!s || s->legacy || hStream == FAKE_CU_STREAM_PER_THREAD))
         rc = FAKE_CUDA_ERROR_INVALID_HANDLE;
     if (rc != CUDA_SUCCESS) {
         pthread_mutex_unlock(&fake_lock);
@@ -630,6 +660,7 @@ static CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
             e->recorded++;
             e->done = 0;
             e->lost = 0;
+            e->marker = (struct dep){s->id, ticket};
         }
     }
     pthread_mutex_unlock(&fake_lock);
@@ -701,6 +732,55 @@ static CUresult cuEventDestroy(CUevent hEvent)
     return rc;
 }
 
+FAKE_DECLARE(cuStreamWaitEvent);
+static CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
+{
+    FAKE_ENTER(cuStreamWaitEvent);
+    CUresult rc = fake_need_context(NULL);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (Flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUstream_st *s;
+    uint64_t ticket;
+    pthread_mutex_lock(&fake_lock);
+    struct CUevent_st *e = event_resolve(hEvent);
+    rc = e ? stream_resolve(hStream, 1, &s) : FAKE_CUDA_ERROR_INVALID_HANDLE;
+    if (rc == CUDA_SUCCESS && e->recorded) { /* an event never recorded is complete */
+        struct op *op = op_new(OP_EVENT);
+        if (!op)
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        else {
+            op->after = e->marker;
+            rc = submit(s, op, &ticket);
+        }
+    }
+    pthread_mutex_unlock(&fake_lock);
+    return rc;
+}
+
+CUresult fake_stream_call(CUstream h, void (*fn)(void *arg), void *arg, uint64_t *id)
+{
+    struct CUstream_st *s;
+    uint64_t ticket;
+    pthread_mutex_lock(&fake_lock);
+    CUresult rc = stream_resolve(h, 1, &s);
+    if (rc == CUDA_SUCCESS && id)
+        *id = s->id;
+    if (rc == CUDA_SUCCESS && fn) {
+        struct op *op = op_new(OP_CALL);
+        if (!op)
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        else {
+            op->call = fn;
+            op->call_arg = arg;
+            rc = submit(s, op, &ticket);
+        }
+    }
+    pthread_mutex_unlock(&fake_lock);
+    return rc;
+}
+
 void fake_register_stream(fake_generic_fn *table)
 {
     FAKE_REGISTER(table, cuMemcpy);
@@ -717,4 +797,5 @@ void fake_register_stream(fake_generic_fn *table)
     FAKE_REGISTER(table, cuEventQuery);
     FAKE_REGISTER(table, cuEventSynchronize);
     FAKE_REGISTER(table, cuEventDestroy);
+    FAKE_REGISTER(table, cuStreamWaitEvent);
 }
