@@ -483,8 +483,13 @@ typedef struct ferry_pool_stats {
     /* version 4: consumers on other hosts (cfg.listen) */
     uint64_t remote_connected;    /* ranks held by remote consumers now */
     uint64_t remote_admitted;     /* remote consumers admitted so far */
-    uint64_t remote_refused;      /* remote connections refused: junk, wrong secret, rank in
-                                   * use, silent, too many at once (metrics give the reasons) */
+    uint64_t remote_refused;      /* remote connections refused, for every reason below */
+    uint64_t remote_refused_malformed; /* not a well-formed hello (junk, wrong version, size) */
+    uint64_t remote_refused_secret;    /* a wrong secret or another pool's identity */
+    uint64_t remote_refused_rank;      /* a rank out of range or held by a live holder */
+    uint64_t remote_refused_silent;    /* no whole hello within 1 s */
+    uint64_t remote_refused_flood;     /* 64 connections were already waiting for theirs */
+    uint64_t remote_refused_error;     /* admitting failed on the producer's side (UCX, memory) */
     uint64_t remote_emulated;     /* remote consumers admitted whose reads are emulated over
                                    * active messages (tcp; logged once per pool) */
     uint64_t remote_forwarded;    /* descriptors sent to remote consumers */

@@ -38,7 +38,18 @@ _COUNTERS = (
      "Acknowledgements written on behalf of consumers whose process died."),
     ("ferry_broker_refused", "broker_refused",
      "Broker connections refused (another uid, a bad message)."),
+    ("ferry_remote_admitted", "remote_admitted", "Remote consumers admitted so far."),
+    ("ferry_remote_forwarded", "remote_forwarded",
+     "Descriptors sent to consumers on other hosts."),
+    ("ferry_remote_bad_messages", "remote_bad_messages",
+     "Active messages from remote consumers dropped as malformed, forged or stale."),
 )  # fmt: skip
+
+# The remote refusals: one family, a sample per reason (stats key remote_refused_<reason>).
+_REFUSED = ("ferry_remote_refused",
+            "Remote connections refused, by reason (malformed, secret, rank, silent, flood, "
+            "error).")
+_REFUSED_REASONS = ("malformed", "secret", "rank", "silent", "flood", "error")
 
 _GAUGES = (
     ("ferry_capacity_bytes", "capacity", "Bytes of pool memory: control table and data."),
@@ -51,6 +62,9 @@ _GAUGES = (
     ("ferry_high_water_leases", "high_water_leases", "Most leases in flight at once so far."),
     ("ferry_consumers_attached", "consumers_attached", "Ranks that attached at least once."),
     ("ferry_consumers_alive", "consumers_alive", "Attached ranks whose process is alive."),
+    ("ferry_remote_connected", "remote_connected", "Ranks held by consumers on other hosts now."),
+    ("ferry_remote_emulated", "remote_emulated",
+     "Remote consumers admitted whose reads are emulated over active messages (tcp)."),
 )  # fmt: skip
 
 # (name, value of a consumer_info(rank) dict, help)
@@ -130,6 +144,8 @@ class FerryCollector:
         pool_families += [(gauge(n, h, labels=names), key) for n, key, h in _GAUGES]
         rank_families = [(gauge(n, h, labels=names + ["rank"]), value)
                          for n, value, h in _RANK_GAUGES]  # fmt: skip
+        refused = counter(_REFUSED[0], _REFUSED[1], labels=names + ["reason"])
+        rank_families.append((refused, None))
         return pool_families, rank_families
 
     def describe(self):
@@ -158,5 +174,9 @@ class FerryCollector:
         for family, key in pool_families:
             family.add_metric(base, stats[key])
         for family, value in rank_families:
+            if value is None:  # the remote refusals, by reason
+                for reason in _REFUSED_REASONS:
+                    family.add_metric(base + [reason], stats["remote_refused_" + reason])
+                continue
             for rank, info in enumerate(infos):
                 family.add_metric(base + [str(rank)], value(info))

@@ -503,6 +503,9 @@ static const struct stat_field {
     FY_STAT_(too_large),         FY_STAT_(pool_full_waits),    FY_STAT_(pool_full_timeouts),
     FY_STAT_(remote_connected),  FY_STAT_(remote_admitted),    FY_STAT_(remote_refused),
     FY_STAT_(remote_emulated),   FY_STAT_(remote_forwarded),   FY_STAT_(remote_bad_messages),
+    FY_STAT_(remote_refused_malformed), FY_STAT_(remote_refused_secret),
+    FY_STAT_(remote_refused_rank),      FY_STAT_(remote_refused_silent),
+    FY_STAT_(remote_refused_flood),     FY_STAT_(remote_refused_error),
 };
 #undef FY_STAT_
 
@@ -731,8 +734,10 @@ static PyMethodDef pool_methods[] = {
      "consumers_attached, consumers_alive, too_large (publishes and reserves refused because "
      "they can never fit), pool_full_waits (publishes that waited for space), "
      "pool_full_timeouts (that waited and gave up), and for consumers on other hosts "
-     "remote_connected, remote_admitted, remote_refused, remote_emulated (reading over "
-     "emulated RMA), remote_forwarded (descriptors sent) and remote_bad_messages."},
+     "remote_connected, remote_admitted, remote_refused (and by reason: "
+     "remote_refused_malformed, _secret, _rank, _silent, _flood, _error), remote_emulated "
+     "(reading over emulated RMA), remote_forwarded (descriptors sent) and "
+     "remote_bad_messages."},
     {"metrics", METH_KW(fy_pool_metrics),
      "metrics(labels=None) -> str\n\nThe pool's statistics and ranks in the Prometheus text "
      "format; labels (a dict) are added to every sample (ferry.prometheus has a collector)."},

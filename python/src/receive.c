@@ -551,8 +551,8 @@ static int recv_kwargs(fy_keywords *kw, PyObject *const *args, Py_ssize_t nargs,
         PyErr_Format(PyExc_TypeError, "%s() needs rank= (this consumer's rank)", kw->fn);
         return -1;
     }
-    *a = (recv_args){v[K_RANK],  v[K_DEVICE], v[K_COPY], v[K_STREAM], v[K_TIMEOUT], v[K_OUT],
-                     v[K_TORCH], 0,           0};
+    *a = (recv_args){v[K_RANK], v[K_DEVICE], v[K_COPY], v[K_STREAM], v[K_TIMEOUT], v[K_OUT],
+                     v[K_TORCH], 0,          0,        0};
     *first = v[K_DESC];
     return 0;
 }

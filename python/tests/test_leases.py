@@ -231,7 +231,10 @@ def test_stats_and_consumer_info_fields(worker):
             "high_water_bytes", "high_water_leases", "publishes", "pool_full_events",
             "reclaimed", "cancelled", "acked_for_dead", "broker_refused",
             "consumers_attached", "consumers_alive", "too_large", "pool_full_waits",
-            "pool_full_timeouts",
+            "pool_full_timeouts", "remote_connected", "remote_admitted", "remote_refused",
+            "remote_emulated", "remote_forwarded", "remote_bad_messages",
+            "remote_refused_malformed", "remote_refused_secret", "remote_refused_rank",
+            "remote_refused_silent", "remote_refused_flood", "remote_refused_error",
         }  # fmt: skip
         d = pool.publish(np.arange(4))
         worker.call("receive_array", d, 1)

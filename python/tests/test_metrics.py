@@ -93,7 +93,14 @@ POOL_METRICS = {
     "ferry_high_water_leases": ("gauge", "high_water_leases"),
     "ferry_consumers_attached": ("gauge", "consumers_attached"),
     "ferry_consumers_alive": ("gauge", "consumers_alive"),
+    "ferry_remote_connected": ("gauge", "remote_connected"),
+    "ferry_remote_admitted_total": ("counter", "remote_admitted"),
+    "ferry_remote_emulated": ("gauge", "remote_emulated"),
+    "ferry_remote_forwarded_total": ("counter", "remote_forwarded"),
+    "ferry_remote_bad_messages_total": ("counter", "remote_bad_messages"),
 }
+REFUSED = "ferry_remote_refused_total"
+REASONS = ("malformed", "secret", "rank", "silent", "flood", "error")
 RANK_METRICS = {
     "ferry_rank_attached": lambda i: float(i["attached"]),
     "ferry_rank_alive": lambda i: float(i["alive"]),
@@ -122,7 +129,12 @@ def check(samples, types, pool, extra=()):
             assert samples[(name, labels)] == value(info), (name, r)
         assert types[AGE] == "gauge"
         assert 0 <= samples[(AGE, labels)] < 60
-    assert len(samples) == len(POOL_METRICS) + consumers * (len(RANK_METRICS) + 1)
+    assert types[REFUSED] == "counter"
+    for reason in REASONS:
+        labels = key_of(base + (("reason", reason),))
+        assert samples[(REFUSED, labels)] == stats["remote_refused_" + reason], reason
+    assert len(samples) == (len(POOL_METRICS) + len(REASONS) +
+                            consumers * (len(RANK_METRICS) + 1))
 
 
 def test_text_matches_stats_and_consumer_info():
@@ -134,7 +146,8 @@ def test_text_matches_stats_and_consumer_info():
         ferry.ack(ds[0], ranks=range(0, 2))
         pool.reclaim()
         samples, types, helps = parse(pool.metrics())
-        assert set(helps) == set(types) == set(POOL_METRICS) | set(RANK_METRICS) | {AGE}
+        assert set(helps) == set(types) == (set(POOL_METRICS) | set(RANK_METRICS) |
+                                            {AGE, REFUSED})
         check(samples, types, pool)
         base = (("pool", pool.describe().pool_id.hex()), ("backend", "host"))
         assert samples[("ferry_reclaimed_total", key_of(base))] == 1

@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -60,6 +61,9 @@ def test_local_and_remote_receivers():
             w.start()
         for i in range(5):
             pool.send(np.full(1000, i, np.float32))
+        deadline = time.monotonic() + 30
+        while pool.stats()["remote_admitted"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
         stats = pool.stats()
     results = [queue.get(timeout=60) for _ in workers]
     for w in workers:

@@ -191,12 +191,16 @@ static void render(text *t, const ferry__pool_snapshot *snap, const char *labels
         text_add(t, "ferry_%s{%s%s%s} %llu\n", m->name, base, sep, labels,
                  (unsigned long long)value);
     }
+    const uint64_t by[FERRY_REMOTE_REFUSED_REASONS] = {
+        snap->stats.remote_refused_malformed, snap->stats.remote_refused_secret,
+        snap->stats.remote_refused_rank,      snap->stats.remote_refused_silent,
+        snap->stats.remote_refused_flood,     snap->stats.remote_refused_error};
     family_head(t, "remote_refused_total", "counter",
                 "Remote connections refused, by reason (malformed, secret, rank, silent, flood, "
                 "error).");
     for (int r = 0; r < FERRY_REMOTE_REFUSED_REASONS; r++)
         text_add(t, "ferry_remote_refused_total{%s%s%s,reason=\"%s\"} %llu\n", base, sep, labels,
-                 ferry__remote_refused_names[r], (unsigned long long)snap->refused_by[r]);
+                 ferry__remote_refused_names[r], (unsigned long long)by[r]);
     for (size_t i = 0; i < sizeof(rank_metrics) / sizeof(rank_metrics[0]); i++) {
         const rank_metric *m = &rank_metrics[i];
         family_head(t, m->name, "gauge", m->help);

@@ -1042,6 +1042,11 @@ static void stats_fill_locked(ferry_pool *pool, ferry_pool_stats *s)
         s->remote_connected = rc.connected;
         s->remote_admitted = rc.admitted;
         s->remote_refused = rc.refused;
+        uint64_t *by[FERRY_REMOTE_REFUSED_REASONS] = {
+            &s->remote_refused_malformed, &s->remote_refused_secret, &s->remote_refused_rank,
+            &s->remote_refused_silent,    &s->remote_refused_flood,  &s->remote_refused_error};
+        for (int i = 0; i < FERRY_REMOTE_REFUSED_REASONS; i++)
+            *by[i] = rc.refused_by[i];
         s->remote_emulated = rc.emulated;
         s->remote_forwarded = rc.forwarded;
         s->remote_bad_messages = rc.bad_messages;
@@ -1161,13 +1166,6 @@ ferry_status ferry__pool_snapshot_take(ferry_pool *pool, ferry__pool_snapshot *s
         return closing_error(pool);
     }
     stats_fill_locked(pool, &snap->stats);
-    memset(snap->refused_by, 0, sizeof(snap->refused_by));
-    snap->remote = pool->remote != NULL;
-    if (pool->remote) {
-        ferry__remote_counts rc;
-        ferry__remote_server_counts(pool->remote, &rc);
-        memcpy(snap->refused_by, rc.refused_by, sizeof(snap->refused_by));
-    }
     snap->stats.struct_size = sizeof(snap->stats);
     snap->stats.version = FERRY_POOL_STATS_VERSION;
     for (uint32_t r = 0; r < pool->consumers; r++)

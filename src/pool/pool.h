@@ -102,8 +102,6 @@ typedef struct ferry__pool_snapshot {
     ferry_pool_stats stats;     /* every field of the current version */
     uint32_t consumers;         /* entries of ranks */
     ferry_consumer_info *ranks; /* rank r's info at [r]; the caller frees it (free) */
-    int remote;                 /* the pool serves remote consumers */
-    uint64_t refused_by[8];     /* remote refusals by reason (remote/remote.h) */
 } ferry__pool_snapshot;
 
 /* Takes a snapshot of the pool's identity, statistics and every rank's info; on failure
