@@ -934,13 +934,14 @@ static void test_gpu_pool(void **state)
         fprintf(stderr, "test_remote: no GPU: %s\n", ferry_last_error());
         skip();
     }
-    ferry__ucx_report_get(&r);
+    setenv("UCX_TLS", "tcp,cuda_copy", 1); /* as pip's libucx-cu13 has them */
+    ferry__ucx_report_get(&r);             /* with the transports the pool's UCX will have */
     if (!r.cuda) {
         fprintf(stderr, "test_remote: this UCX (%s) has no CUDA support\n", r.path);
         ferry_gpu_free(0, src);
+        setenv("UCX_TLS", "tcp", 1);
         skip();
     }
-    setenv("UCX_TLS", "tcp,cuda_copy", 1); /* as pip's libucx-cu13 has them */
     char listen[64];
     snprintf(listen, sizeof(listen), "%s:0", net.ip[0]);
     ferry_pool_config cfg = FERRY_POOL_CONFIG_INIT;

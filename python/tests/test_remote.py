@@ -138,6 +138,8 @@ class _Hosts:
         return all(subprocess.run(c.split(), capture_output=True).returncode == 0 for c in cmds)
 
     def down(self):
+        if not self.netns:
+            return
         for ns in self.ns:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
