@@ -931,7 +931,7 @@ static int floor_take(bench_worker *w, floor_item *it)
 static int floor_read(bench_worker *w, void *dst, uint64_t size, int mem)
 {
     remote_worker *s = w->state;
-    floor_item it;
+    floor_item it = {0, 0, 0};
     if (floor_take(w, &it) != 0)
         return -1;
     if (it.item != s->done[K_FLOOR] || it.size != size || it.offset > s->bytes ||
