@@ -332,6 +332,28 @@ static int send_floor(bench_run *run, uint64_t item, uint64_t nth)
     return floor_announce(run, &it);
 }
 
+/* Spins (yielding) until every consumer's progress word of kind k reaches need: the latency
+ * rows time the hand-over, not how soon a sleeping producer is woken. */
+static int spin_done(bench_run *run, int k, uint64_t need)
+{
+    uint64_t start = ferry_now_ns();
+    for (;;) {
+        uint32_t r = 0;
+        while (r < run->consumers &&
+               __atomic_load_n(&run->region.ranks[r].progress[k], __ATOMIC_ACQUIRE) >= need)
+            r++;
+        if (r == run->consumers)
+            return 0;
+        if (run_check_often(run) != 0)
+            return -1;
+        if (ferry_now_ns() - start >= run->params.timeout_ns)
+            return run_fail(run, "consumer rank %u was not done with %s item %llu within %llu ms",
+                            r, kind_names[k], (unsigned long long)need - 1,
+                            (unsigned long long)(run->params.timeout_ns / 1000000));
+        sched_yield();
+    }
+}
+
 /* n items of kind k of the current row; the consumers loop over them (one LOOP message).
  * lat (latency rows): each one's round trip, the next sent only once every consumer is done
  * with it; otherwise they go as fast as the pool (the floor's ring) takes them, and *ns gets
@@ -357,7 +379,7 @@ static int hand(bench_run *run, int k, uint64_t n, uint64_t *lat, uint64_t *ns)
         if ((k == K_FERRY ? send_ferry(run, item) : send_floor(run, item, i)) != 0)
             return -1;
         s->done[k] = item + 1;
-        if (lat && run_wait(run, k, run->consumers, item + 1, NULL) != 0)
+        if (lat && spin_done(run, k, item + 1) != 0)
             return -1;
         if (lat)
             lat[i] = ferry_now_ns() - t1;
@@ -546,6 +568,7 @@ static int prepare(bench_run *run)
         return run_fail(run, "out of memory");
     s->wake_fd = -1;
     s->gpu = ferry_backend_uses_gpu(o->backend);
+    run->log_muted = o->quiet || o->json; /* before the pool's threads may log */
     ferry_pool_config cfg = run_pool_config(o);
     cfg.device = s->gpu ? (int32_t)o->producer_device : cfg.device;
     cfg.listen = o->listen ? o->listen : "127.0.0.1:0";
@@ -567,7 +590,6 @@ static int prepare(bench_run *run)
     snprintf(p->netns, sizeof(p->netns), "%s", o->worker_netns ? o->worker_netns : "");
     snprintf(p->net_devices, sizeof(p->net_devices), "%s", o->net_devices ? o->net_devices : "");
     p->table_bytes = PRODUCER_AREA + (uint64_t)run->consumers * RANK_AREA;
-    run->log_muted = o->quiet || o->json;
     return 0;
 }
 
