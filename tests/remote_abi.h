@@ -135,6 +135,8 @@
     X(UCP_MEM_MAP_PROT_LOCAL_READ)                                                                 \
     X(UCP_MEM_MAP_PROT_LOCAL_WRITE)                                                                \
     X(UCP_MEM_MAP_PROT_REMOTE_READ)                                                                \
+    X(UCP_OP_ATTR_FIELD_CALLBACK)                                                                  \
+    X(UCP_OP_ATTR_FIELD_USER_DATA)                                                                 \
     X(UCP_OP_ATTR_FIELD_FLAGS)                                                                     \
     X(UCP_OP_ATTR_FIELD_MEMORY_TYPE)                                                               \
     X(UCP_AM_SEND_FLAG_EAGER)                                                                      \

@@ -4,11 +4,11 @@
  *
  * ferry: ferry_pool_send to every consumer; each consumer's ferry_consumer_recv, _read (into
  * host or GPU memory) and _ack. The floor: the producer copies the same bytes into a ring in
- * memory it registered with UCX once (a worker of its own, progressed by a thread of its own,
- * as the pool's server thread progresses the pool's) and sends each consumer an active message
- * with the item's place; the consumer gets the bytes (ucp_get_nbx) into the same buffer and
- * answers with an active message, after which the producer may reuse the place. An item is
- * handed over when every consumer's progress word says so, for both. */
+ * memory it registered with UCX once and queues the item's place for a thread of its own,
+ * the only caller of its UCX worker as the pool's server thread is of the pool's, which sends
+ * each consumer an active message with the place; the consumer gets the bytes (ucp_get_nbx)
+ * into the same buffer and answers with an active message, after which the producer may reuse
+ * the place. An item is handed over when every consumer's progress word says so, for both. */
 #include <errno.h>
 #include <ifaddrs.h>
 #include <math.h>
@@ -162,6 +162,11 @@ typedef struct remote_run {
     ucp_ep_h eps[BENCH_MAX_RANKS];
     pthread_t thread;
     int thread_running, wake_fd, stop;
+    /* items the thread is to announce, [queued_head, queued_tail) (atomic; it alone sends, as
+     * the pool's server thread alone forwards descriptors), and whether it may be asleep */
+    floor_item *queue;
+    uint64_t queued_head, queued_tail, queue_cap;
+    uint32_t sleeping, send_failed;
     uint32_t acked[BENCH_MAX_RANKS]; /* floor items each consumer answered (atomic) */
     uint32_t ack_seq, ack_waiting;   /* futex word: bumped by every answer */
     /* the row being measured */
@@ -213,8 +218,24 @@ static ucs_status_t on_ack(void *arg, const void *header, size_t header_len, voi
     return UCS_OK;
 }
 
-/* The floor's progress thread: the producer's worker served whenever something arrives (a
- * get emulated over active messages needs it, as the pool's server thread does for ferry). */
+/* Announces the queued items to every consumer, without waiting for the sends (UCX frees
+ * what it is done with while the thread progresses). */
+static void announce_queued(bench_run *run)
+{
+    remote_run *s = RS(run);
+    uint64_t tail = __atomic_load_n(&s->queued_tail, __ATOMIC_ACQUIRE);
+    for (uint64_t h = s->queued_head; h != tail; h++) {
+        const floor_item *it = &s->queue[h % s->queue_cap];
+        for (uint32_t r = 0; r < run->consumers; r++)
+            if (ucx_am_post(s->eps[r], AM_ITEM, it, sizeof(*it)))
+                __atomic_store_n(&s->send_failed, 1, __ATOMIC_RELEASE);
+    }
+    __atomic_store_n(&s->queued_head, tail, __ATOMIC_RELEASE);
+}
+
+/* The floor's thread, the only caller of its worker (SERIALIZED), as the pool's server thread
+ * is of the pool's: progress (the gets emulated over active messages are served here), the
+ * queued announcements, then a sleep until the worker or the producer has something. */
 static void *floor_main(void *arg)
 {
     bench_run *run = arg;
@@ -224,26 +245,38 @@ static void *floor_main(void *arg)
     while (!__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE)) {
         while (ucx.ucp_worker_progress(s->node.worker)) {
         }
-        ucs_status_t armed = ucx.ucp_worker_arm(s->node.worker);
-        if (armed == UCS_ERR_BUSY)
+        announce_queued(run);
+        if (ucx.ucp_worker_arm(s->node.worker) == UCS_ERR_BUSY)
             continue;
-        struct pollfd p[2] = {{.fd = s->node.efd, .events = POLLIN},
-                              {.fd = s->wake_fd, .events = POLLIN}};
-        poll(p, 2, 100);
+        /* Dekker with floor_announce: its tail store, then its look at sleeping. */
+        __atomic_store_n(&s->sleeping, 1, __ATOMIC_SEQ_CST);
+        if (__atomic_load_n(&s->queued_tail, __ATOMIC_SEQ_CST) == s->queued_head) {
+            struct pollfd p[2] = {{.fd = s->node.efd, .events = POLLIN},
+                                  {.fd = s->wake_fd, .events = POLLIN}};
+            uint64_t v;
+            poll(p, 2, 100);
+            if (read(s->wake_fd, &v, sizeof(v)) < 0) {
+                /* nothing was written: the worker woke it */
+            }
+        }
+        __atomic_store_n(&s->sleeping, 0, __ATOMIC_SEQ_CST);
     }
     return NULL;
 }
 
-/* Sends the floor's item to every consumer, from this thread: the worker is MULTI-threaded
- * (UCX keeps this call and the progress thread's apart). */
+/* Queues the floor's item for the thread to announce, waking it if it may be asleep (as
+ * ferry_pool_send queues a descriptor and signals the server thread's notify fd). */
 static int floor_announce(bench_run *run, const floor_item *it)
 {
     remote_run *s = RS(run);
-    const char *why = NULL;
-    for (uint32_t r = 0; r < run->consumers && !why; r++)
-        why = ucx_wait(&s->node, ucx_am_send(s->eps[r], AM_ITEM, it, sizeof(*it)), -1,
-                       run->params.timeout_ns, "ucp_am_send_nbx");
-    return why ? run_fail(run, "floor item %llu: %s", (unsigned long long)it->item, why) : 0;
+    uint64_t tail = s->queued_tail, one = 1;
+    if (__atomic_load_n(&s->send_failed, __ATOMIC_ACQUIRE))
+        return run_fail(run, "the floor's thread could not send an active message");
+    s->queue[tail % s->queue_cap] = *it;
+    __atomic_store_n(&s->queued_tail, tail + 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&s->sleeping, __ATOMIC_SEQ_CST) && write(s->wake_fd, &one, sizeof(one)) < 0)
+        return run_fail(run, "waking the floor's thread: %s", strerror(errno));
+    return 0;
 }
 
 /* Waits until every consumer answered need floor items. */
@@ -535,7 +568,7 @@ static int make_ring(bench_run *run)
     } else {
         return run_fail(run, "out of memory for the floor's ring");
     }
-    const char *why = ucx_node_open(&s->node, UCS_THREAD_MODE_MULTI, AM_ACK, on_ack, s);
+    const char *why = ucx_node_open(&s->node, UCS_THREAD_MODE_SERIALIZED, AM_ACK, on_ack, s);
     if (!why && s->gpu && !ucx_node_cuda(&s->node))
         why = "a GPU pool's remote reads need a UCX with CUDA support (pip's libucx-cu12 or "
               "libucx-cu13, UCX_TLS with cuda_copy): this one has none (ferry doctor says which "
@@ -582,6 +615,9 @@ static int prepare(bench_run *run)
     s->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (s->wake_fd < 0)
         return run_fail(run, "eventfd: %s", strerror(errno));
+    s->queue_cap = (uint64_t)o->max_inflight; /* the ring never holds more unanswered items */
+    if (!(s->queue = calloc(s->queue_cap, sizeof(*s->queue))))
+        return run_fail(run, "out of memory");
     p->max_item = max_size(o);
     p->floor_bytes = s->ring_bytes;
     p->items = (uint64_t)o->max_inflight; /* the most floor items a consumer has queued */
@@ -682,6 +718,7 @@ static void release(bench_run *run, int failed)
     free(s->src);
     if (s->wake_fd >= 0)
         close(s->wake_fd);
+    free(s->queue);
     free(s);
     run->state = NULL;
 }

@@ -173,6 +173,31 @@ void *ucx_am_send(ucp_ep_h ep, unsigned id, const void *header, size_t n)
     return ucx.ucp_am_send_nbx(ep, id, header, n, NULL, 0, &p);
 }
 
+static void on_posted(void *request, ucs_status_t status, void *user_data)
+{
+    (void)status; /* a failed send fails its endpoint, and the waits that follow say so */
+    free(user_data);
+    ucx.ucp_request_free(request);
+}
+
+const char *ucx_am_post(ucp_ep_h ep, unsigned id, const void *header, size_t n)
+{
+    void *copy = malloc(n);
+    if (!copy)
+        return "out of memory for an active message";
+    memcpy(copy, header, n);
+    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                             UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
+                             .flags = UCP_AM_SEND_FLAG_EAGER,
+                             .cb.send = on_posted,
+                             .user_data = copy};
+    void *req = ucx.ucp_am_send_nbx(ep, id, copy, n, NULL, 0, &p);
+    if (req && !UCS_PTR_IS_ERR_(req))
+        return NULL; /* on_posted frees both */
+    free(copy);
+    return req ? ucx_error("ucp_am_send_nbx", (ucs_status_t)(intptr_t)req) : NULL;
+}
+
 /* How reads on ep go, from UCX's description of its lanes ("lane[0]:  0:tcp/lo.0 md[0] ->
  * ... am am_bw#0 rma_bw#0 ..."): "native RMA over <transports>", or "emulated over active
  * messages (<transports>)" when no lane carries remote memory access. */

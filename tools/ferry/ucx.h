@@ -99,15 +99,22 @@ typedef struct ucp_mem_map_params {
     ucs_memory_type_t memory_type;
 } ucp_mem_map_params_t;
 
+#define UCP_OP_ATTR_FIELD_CALLBACK    (1u << 1)
+#define UCP_OP_ATTR_FIELD_USER_DATA   (1u << 2)
 #define UCP_OP_ATTR_FIELD_FLAGS       (1u << 4)
 #define UCP_OP_ATTR_FIELD_MEMORY_TYPE (1u << 6)
 #define UCP_AM_SEND_FLAG_EAGER        (1u << 1)
+
+typedef void (*ucp_send_nbx_callback_t)(void *request, ucs_status_t status, void *user_data);
 
 typedef struct {
     uint32_t op_attr_mask;
     uint32_t flags;
     void *request;
-    void *cb;
+    union {
+        ucp_send_nbx_callback_t send;
+        void *other;
+    } cb;
     uint64_t datatype;
     void *user_data;
     void *reply_buffer;
@@ -212,6 +219,9 @@ const char *ucx_wait(ucx_node *n, void *req, int efd, uint64_t timeout_ns, const
 
 /* Sends an active message of a header alone, eagerly: a request, NULL or an error. */
 void *ucx_am_send(ucp_ep_h ep, unsigned id, const void *header, size_t n);
+/* The same without waiting for it: the header is copied, and freed with the request by
+ * whichever thread progresses the worker when UCX is done with it. NULL, or why not. */
+const char *ucx_am_post(ucp_ep_h ep, unsigned id, const void *header, size_t n);
 
 /* How reads on ep go, from its lanes: "native RMA over <transports>", or "emulated over active
  * messages (<transports>)" when no lane carries remote memory access. */
