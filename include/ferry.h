@@ -432,6 +432,13 @@ FERRY_API ferry_status ferry_pool_address(ferry_pool *pool, char *buf, size_t si
  * "Security"). INVALID_ARGUMENT for a pool made without cfg.listen. */
 FERRY_API ferry_status ferry_pool_remote_address(ferry_pool *pool, char *buf, size_t size);
 
+/* The entry point `name` (a UCP or UCS function, e.g. "ucp_get_nbx") of the UCX ferry loaded
+ * for remote pools (FERRY_UCX_LIBRARY, else libucp.so.0), for programs that make UCX calls of
+ * their own beside ferry's, on the same UCX (the ferry CLI's remote benchmark). Raw: what the
+ * caller makes with it is the caller's. NOT_SUPPORTED, with the reason, where there is no
+ * usable UCX or it has no such entry point. */
+FERRY_API ferry_status ferry_ucx_symbol(const char *name, void **fn);
+
 /* The ranks a send goes to: the list of count ranks, or when list is NULL the range
  * [first, first + count). A NULL ferry_ranks pointer means every rank. */
 typedef struct ferry_ranks {

@@ -55,7 +55,7 @@ for want in '"backend": "host"' '"verified_items": 200,' '"errors": 0' '"floor":
 done
 
 # --mode channel: send/recv, the floor and the socket hand-over, every item verified.
-expect_fail "invalid --mode 'rtt': expected handover or channel" bench --mode rtt
+expect_fail "invalid --mode 'rtt': expected handover, channel or remote" bench --mode rtt
 expect_fail "--mode channel takes one --item-size" bench --mode channel --item-size 1KiB-4KiB
 json=$("$ferry" bench --mode channel --consumers 2 --items 300 --item-size 1KiB --rounds 3 \
     --json 2>/dev/null)
@@ -67,6 +67,26 @@ for want in '"mode": "channel"' '"channel": {"mean_us": ' '"floor": {' '"socket"
         fails=$((fails + 1))
     fi
 done
+
+# --mode remote takes options of its own (any backend), refused elsewhere, and refuses others'.
+expect_fail "--listen does not apply to --backend host (it is an option of --mode remote)" \
+    bench --listen 127.0.0.1:0
+expect_fail "--worker-netns does not apply to --backend cuda_ipc (it is an option of --mode remote)" \
+    bench --backend cuda_ipc --worker-netns x
+expect_fail "--reclaim-rounds does not apply to --mode remote (it is an option of --backend host)" \
+    bench --mode remote --reclaim-rounds 3
+expect_fail "--control does not apply to --mode remote (it is an option of --backend cuda_ipc and cuda_vmm)" \
+    bench --mode remote --control device
+expect_fail "--consumer-memory device needs a GPU backend" bench --mode remote --consumer-memory device
+expect_fail "--consumer-memory must be host, device or both" bench --mode remote --consumer-memory disk
+expect_fail "--latency-size must be 16 bytes or more" bench --mode remote --latency-size 8
+expect_fail "--rounds between 1 and --iterations and --items" bench --mode remote --items 2 --rounds 3
+expect_fail "--producer-device and --consumer-device need a GPU backend" \
+    bench --mode remote --consumer-device 1
+out=$("$ferry" bench --help)
+[[ "$out" == *"--listen HOST:PORT"*"[remote] where the pool listens"* ]] &&
+    [[ "$out" == *"--iterations N"*"[GPU, remote] "* ]] ||
+    { echo "FAIL: bench --help lacks the remote options: $out"; fails=$((fails + 1)); }
 
 [ $fails -eq 0 ] && echo "cli tests passed"
 exit $((fails > 0))

@@ -466,6 +466,16 @@ static int producer_main(const char *ip)
     return 0;
 }
 
+/* "symbol NAME -": ferry_ucx_symbol(NAME) in a process of its own (FERRY_UCX_LIBRARY as the
+ * test set it); reports its status and message. */
+static int symbol_main(const char *name)
+{
+    void *fn = NULL;
+    ferry_status st = ferry_ucx_symbol(name, &fn);
+    th_report(st, fn != NULL);
+    return 0;
+}
+
 static int helper_main(int argc, char **argv)
 {
     prctl(PR_SET_PDEATHSIG, SIGKILL); /* a test that dies takes its helpers along */
@@ -479,6 +489,8 @@ static int helper_main(int argc, char **argv)
         setenv("UCX_NET_DEVICES", dev, 1);
     if (argc < 5)
         return 2;
+    if (strcmp(argv[2], "symbol") == 0)
+        return symbol_main(argv[3]);
     if (strcmp(argv[2], "producer") == 0)
         return producer_main(argv[3]);
     if (strcmp(argv[2], "gone") == 0)
@@ -1011,6 +1023,44 @@ static void test_addresses_and_config(void **state)
     ferry_pool_destroy(pool);
 }
 
+/* ferry_ucx_symbol hands out the entry points of the UCX ferry loaded (libucs's too, which
+ * come with libucp), refuses names UCX does not have, and says why where there is no UCX. */
+static void test_ucx_symbol(void **state)
+{
+    (void)state;
+    const ferry__ucx *ucx;
+    assert_int_equal(ferry__ucx_get(&ucx), FERRY_OK);
+    void *fn = NULL;
+    assert_int_equal(ferry_ucx_symbol("ucp_get_version", &fn), FERRY_OK);
+    void (*version)(unsigned *, unsigned *, unsigned *);
+    memcpy(&version, &fn, sizeof(fn));
+    unsigned major = 0, minor = 0, release = 0;
+    version(&major, &minor, &release);
+    assert_int_equal(major, ucx->major);
+    assert_int_equal(minor, ucx->minor);
+    assert_int_equal(release, ucx->release);
+    assert_int_equal(ferry_ucx_symbol("ucs_status_string", &fn), FERRY_OK);
+    const char *(*text)(ucs_status_t);
+    memcpy(&text, &fn, sizeof(fn));
+    assert_string_equal(text(UCS_ERR_NO_MEMORY), ucx->ucs_status_string(UCS_ERR_NO_MEMORY));
+
+    fn = (void *)0x1;
+    assert_int_equal(ferry_ucx_symbol("ucp_no_such_call", &fn), FERRY_NOT_SUPPORTED);
+    assert_non_null(strstr(ferry_last_error(), "has no ucp_no_such_call"));
+    assert_ptr_equal(fn, (void *)0x1);
+    assert_int_equal(ferry_ucx_symbol(NULL, &fn), FERRY_INVALID_ARGUMENT);
+    assert_int_equal(ferry_ucx_symbol("ucp_get_version", NULL), FERRY_INVALID_ARGUMENT);
+
+    /* No UCX: the load's reason, and no entry point. */
+    setenv("FERRY_UCX_LIBRARY", "/nonexistent/libucp.so.0", 1);
+    th_helper h = th_spawn_helper("symbol", "ucp_get_version", "-");
+    unsetenv("FERRY_UCX_LIBRARY");
+    th_msg m = th_finish_helper(&h, 10000);
+    assert_int_equal(m.status, FERRY_NOT_SUPPORTED);
+    assert_int_equal(m.seed, 0);
+    assert_non_null(strstr(m.text, "remote pools need UCX: /nonexistent/libucp.so.0"));
+}
+
 static int group_setup(void **state)
 {
     (void)state;
@@ -1051,6 +1101,7 @@ int main(int argc, char **argv)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_addresses_and_config),
+        cmocka_unit_test(test_ucx_symbol),
         cmocka_unit_test(test_local_and_remote_ranks),
         cmocka_unit_test(test_rank_in_use),
         cmocka_unit_test(test_consumer_killed),

@@ -89,6 +89,23 @@ ferry_status ferry__ucx_get(const ferry__ucx **ucx)
     return FERRY_OK;
 }
 
+ferry_status ferry_ucx_symbol(const char *name, void **fn)
+{
+    const ferry__ucx *u;
+    if (!name || !fn)
+        return ferry__fail(FERRY_INVALID_ARGUMENT, "name or output pointer is NULL");
+    ferry_status st = ferry__ucx_get(&u);
+    if (st != FERRY_OK)
+        return st;
+    /* The handle's dependencies are searched too: libucs's functions come with libucp. */
+    void *p = dlsym(u->library, name);
+    if (!p)
+        return ferry__fail(FERRY_NOT_SUPPORTED, "UCX %.200s has no %.100s", u->path, name);
+    *fn = p;
+    ferry__clear_error();
+    return FERRY_OK;
+}
+
 ferry_status ferry__ucx_fail(const ferry__ucx *ucx, const char *call, ucs_status_t status)
 {
     const char *text = ucx->ucs_status_string(status);

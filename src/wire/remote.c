@@ -142,7 +142,7 @@ ferry_status ferry__remote_peek(const uint8_t *buf, size_t len, uint32_t *type, 
 
 static ferry_status expect(const uint8_t *buf, size_t len, uint32_t want)
 {
-    uint32_t type, size;
+    uint32_t type = 0, size = 0; /* gcc -O3 cannot see that peek sets them when it succeeds */
     ferry_status st = ferry__remote_peek(buf, len, &type, &size);
     if (st != FERRY_OK)
         return st;

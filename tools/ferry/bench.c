@@ -8,8 +8,8 @@
 
 #include "bench.h"
 
-static const bench_mode *const modes[] = {&handover_mode, &channel_mode, &rtt_mode, &stream_mode,
-                                          &cpu_mode};
+static const bench_mode *const modes[] = {&handover_mode, &channel_mode, &rtt_mode,
+                                          &stream_mode,   &cpu_mode,     &remote_mode};
 #define NMODES (sizeof(modes) / sizeof(modes[0]))
 
 /* Exit status after a complete run: something verified, nothing failed verification. */

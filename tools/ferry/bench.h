@@ -1,7 +1,8 @@
 /* The ferry command-line tool, a client of ferry.h alone: its helpers (util.c) and `ferry
  * bench`: one harness (harness.c) for every mode, a bench_mode ops table: handover and
- * channel (host), rtt, stream, cpu. The producer re-executes itself once per consumer rank and
- * shares a channel and a results region with each (docs/cli.md). */
+ * channel (host), rtt, stream, cpu (GPU), remote (any backend). The producer re-executes
+ * itself once per consumer rank and shares a channel and a results region with each
+ * (docs/cli.md). */
 #ifndef FERRY_TOOL_BENCH_H
 #define FERRY_TOOL_BENCH_H
 
@@ -68,7 +69,8 @@ int cmd_bench_worker(int argc, char **argv);
 /* The defaults every mode shares (bench_mode.defaults). */
 #define BENCH_DEFAULTS .timeout_ms = 10000, .rounds = 4
 
-enum { FAMILY_HOST = 1, FAMILY_GPU = 2 };
+/* Which options apply: the backend's family, or remote for --mode remote (any backend). */
+enum { FAMILY_HOST = 1, FAMILY_GPU = 2, FAMILY_REMOTE = 4 };
 
 typedef struct bench_opts {
     ferry_backend backend;
@@ -85,6 +87,9 @@ typedef struct bench_opts {
     int placements[2]; /* --control */
     uint32_t nplacements;
     int json, quiet, no_floor;
+    /* remote */
+    int64_t latency_size;
+    const char *listen, *worker_netns, *net_devices, *memory_name;
 } bench_opts;
 
 typedef struct bench_params {
@@ -100,7 +105,14 @@ typedef struct bench_params {
     int32_t devices[BENCH_MAX_RANKS];
     uint32_t has_floor;
     uint8_t floor_handle[64];
-    char address[FERRY_ADDRESS_SIZE];                       /* channel: the pool's */
+    char address[FERRY_ADDRESS_SIZE]; /* channel: the pool's */
+    /* remote: the pool's remote address; the workers' network namespace ("": the producer's)
+     * and UCX_NET_DEVICES ("": the namespace's own devices, or as inherited); items checked in
+     * full; the consumers' GPU (-1: host) */
+    char remote_address[FERRY_REMOTE_ADDRESS_SIZE];
+    char netns[64], net_devices[192];
+    uint64_t verify_every;
+    int32_t consumer_device;
     uint32_t producer_waiting __attribute__((aligned(64))); /* the producer sleeps on progress */
 } bench_params;
 
@@ -243,7 +255,7 @@ struct bench_mode {
     void (*worker_release)(bench_worker *w, int clean);
 };
 
-extern const bench_mode handover_mode, channel_mode, rtt_mode, stream_mode, cpu_mode;
+extern const bench_mode handover_mode, channel_mode, rtt_mode, stream_mode, cpu_mode, remote_mode;
 
 /* options.c */
 int bench_parse_options(int argc, char **argv, const bench_mode *const *modes, size_t nmodes,

@@ -43,7 +43,7 @@ static int load(void)
 }
 
 /* Loads the driver the first time: NULL, or why it could not be loaded. */
-static const char *cu_load(void)
+const char *gpu_driver_load(void)
 {
     static int state; /* 0: not tried, 1: loaded, -1: failed */
     if (!state)
@@ -64,7 +64,7 @@ const char *cu_error(const char *call, CUresult rc)
     return text;
 }
 
-static CUresult cu_use_device(int device)
+CUresult gpu_use_device(int device)
 {
     static CUcontext primary[BENCH_MAX_RANKS];
     CUdevice dev;
@@ -249,7 +249,7 @@ static int create_pool(bench_run *run, int placement)
 static int load_driver(bench_run *run)
 {
     const bench_opts *o = run->opt;
-    const char *why = cu_load();
+    const char *why = gpu_driver_load();
     if (why)
         return run_fail(run, "%s", why);
     for (int64_t r = 0; r < o->consumers; r++)
@@ -257,7 +257,7 @@ static int load_driver(bench_run *run)
             return run_fail(run, "consumer device %lld does not exist (%d devices)",
                             (long long)o->devices[r], cu->device_count);
     if (gpu_cu(run, "making the producer's device current", "cuCtxSetCurrent",
-               cu_use_device((int)o->producer_device)) ||
+               gpu_use_device((int)o->producer_device)) ||
         RUN_CU(run, "the producer's stream", cuStreamCreate, &GPU(run)->stream,
                CU_STREAM_NON_BLOCKING))
         return -1;
@@ -265,7 +265,7 @@ static int load_driver(bench_run *run)
 }
 
 /* Fills a device buffer with pattern key, through a host staging buffer. */
-static CUresult fill_device(CUdeviceptr dst, uint64_t bytes, uint64_t seed, uint64_t key)
+CUresult gpu_fill_device(CUdeviceptr dst, uint64_t bytes, uint64_t seed, uint64_t key)
 {
     uint64_t stage = bytes < FILL_STAGE ? bytes : FILL_STAGE;
     uint8_t *buf = malloc(stage ? stage : 1);
@@ -290,7 +290,7 @@ static int device_buffers(bench_run *run, unsigned needs)
     CUipcMemHandle h;
     for (uint32_t k = 0; k < GPU_KEYS; k++)
         if (RUN_CU(run, sources, cuMemAlloc, &g->src[k], bytes) ||
-            gpu_cu(run, sources, "cuMemcpy", fill_device(g->src[k], bytes, run->opt->seed, k)))
+            gpu_cu(run, sources, "cuMemcpy", gpu_fill_device(g->src[k], bytes, run->opt->seed, k)))
             return -1;
     if (((needs & NEED_AUX) &&
          RUN_CU(run, "the floor's device buffer", cuMemAlloc, &g->aux, bytes)) ||
@@ -422,7 +422,7 @@ static void gpu_release(bench_run *run, int failed)
         return;
     ferry_pool_destroy(g->pool);
     /* After a failure a stream may wait for a word nobody writes: leave it to the exit. */
-    if (!failed && cu && cu_use_device((int)run->opt->producer_device) == CUDA_SUCCESS) {
+    if (!failed && cu && gpu_use_device((int)run->opt->producer_device) == CUDA_SUCCESS) {
         if (g->stream)
             cu->cuStreamDestroy(g->stream);
         CUdeviceptr bufs[] = {g->src[0], g->src[1], g->src[2], g->src[3], g->aux, g->word};
@@ -540,9 +540,9 @@ static int gpu_worker_init(bench_worker *w)
     if (!(w->state = g))
         return worker_fail(w, "out of memory");
     g->device = w->p.devices[w->rank];
-    if ((why = cu_load()))
+    if ((why = gpu_driver_load()))
         return worker_fail(w, "device %d: %s", g->device, why);
-    if (gpu_worker_cu(w, "cuCtxSetCurrent", cu_use_device(g->device)) ||
+    if (gpu_worker_cu(w, "cuCtxSetCurrent", gpu_use_device(g->device)) ||
         WORKER_CU(w, cuStreamCreate, &g->stream, CU_STREAM_NON_BLOCKING) ||
         WORKER_CU(w, cuMemAlloc, &g->dst, w->p.max_item))
         return -1;

@@ -63,6 +63,14 @@ const char *cu_error(const char *call, CUresult rc);
 
 extern const cu_api *cu;
 
+/* Loads the driver the first time (the library's, through ferry_gpu_driver_symbol): NULL, or
+ * why it could not be loaded. */
+const char *gpu_driver_load(void);
+/* Makes device's primary context current on the calling thread. */
+CUresult gpu_use_device(int device);
+/* Fills bytes of device memory at dst with pattern (seed, key), through host staging. */
+CUresult gpu_fill_device(CUdeviceptr dst, uint64_t bytes, uint64_t seed, uint64_t key);
+
 #define GPU_KEYS 4 /* pre-filled source buffers, each with its own pattern */
 
 /* A timed run of copies: the stream's floors. */

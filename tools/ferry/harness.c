@@ -99,13 +99,37 @@ static int region_create(bench_run *run)
     return 0;
 }
 
+/* The worker command: this binary as `ferry bench-worker` (rank, channel 3, region 4), or,
+ * for workers in a network namespace of their own, the same wrapped in `ip netns exec NAME`
+ * (which then executes it: the worker is still this process's child). */
+static int worker_argv(bench_run *run, char *exe, size_t exe_size, char *rank_text, char **argv)
+{
+    char *tail[] = {"bench-worker", "--rank", rank_text, "--fd", "3", "--results-fd", "4", NULL};
+    int n = 0;
+    if (run->params.netns[0]) {
+        ssize_t len = readlink("/proc/self/exe", exe, exe_size - 1);
+        if (len <= 0)
+            return run_fail(run, "finding this program for ip netns exec failed: %s",
+                            strerror(errno));
+        exe[len] = '\0';
+        argv[n++] = "ip";
+        argv[n++] = "netns";
+        argv[n++] = "exec";
+        argv[n++] = run->params.netns;
+    }
+    argv[n++] = run->params.netns[0] ? exe : "ferry";
+    memcpy(argv + n, tail, sizeof(tail));
+    return 0;
+}
+
 /* Every consumer gets a SOCK_SEQPACKET channel; its end and the region become descriptors 3
  * and 4 of `ferry bench-worker`. */
 static int spawn_workers(bench_run *run)
 {
-    char rank_text[16];
-    char *argv[] = {"ferry", "bench-worker", "--rank", rank_text, "--fd",
-                    "3",     "--results-fd", "4",      NULL};
+    char rank_text[16], exe[4096], *argv[16];
+    const char *ns = run->params.netns;
+    if (worker_argv(run, exe, sizeof(exe), rank_text, argv) != 0)
+        return -1;
     for (uint32_t r = 0; r < run->consumers; r++) {
         bench_child *c = &run->children[r];
         int sv[2] = {-1, -1}, err;
@@ -125,11 +149,13 @@ static int spawn_workers(bench_run *run)
         posix_spawn_file_actions_adddup2(&fa, sv[1], 3);
         posix_spawn_file_actions_adddup2(&fa, run->region.fd, 4);
         snprintf(rank_text, sizeof(rank_text), "%u", r);
-        err = posix_spawn(&c->pid, "/proc/self/exe", &fa, NULL, argv, environ);
+        err = ns[0] ? posix_spawnp(&c->pid, "ip", &fa, NULL, argv, environ)
+                    : posix_spawn(&c->pid, "/proc/self/exe", &fa, NULL, argv, environ);
         posix_spawn_file_actions_destroy(&fa);
         close(sv[1]);
         if (err)
-            return run_fail(run, "starting consumer rank %u failed: %s", r, strerror(err));
+            return run_fail(run, "starting consumer rank %u%s%s failed: %s", r,
+                            ns[0] ? " with ip netns exec " : "", ns, strerror(err));
         c->running = 1;
     }
     return 0;

@@ -1,6 +1,7 @@
 /* The options of `ferry bench`: one table for every mode. --backend picks the family (host:
- * the handover; cuda_ipc, cuda_vmm: the GPU modes, --mode), the family says which options
- * apply, the mode fills the defaults and checks its limits. */
+ * the handover; cuda_ipc, cuda_vmm: the GPU modes, --mode), --mode remote a family of its own
+ * (any backend); the family says which options apply, the mode fills the defaults and checks
+ * its limits. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -18,70 +19,100 @@ typedef struct spec {
     const char *help;
 } spec;
 
-#define BOTH (FAMILY_HOST | FAMILY_GPU)
+#define BOTH   (FAMILY_HOST | FAMILY_GPU)
+#define ALL    (FAMILY_HOST | FAMILY_GPU | FAMILY_REMOTE)
+#define REMOTE FAMILY_REMOTE
+#define GPU_R  (FAMILY_GPU | FAMILY_REMOTE)
 #define O(name, arg, k, field, fam, help)                                                          \
     {                                                                                              \
         name, arg, k, offsetof(bench_opts, field), fam, help                                       \
     }
 
 static const spec specs[] = {
-    O("--backend", "NAME", K_STR, backend_name, BOTH,
+    O("--backend", "NAME", K_STR, backend_name, ALL,
       "host (default): the handover; cuda_ipc, cuda_vmm: the GPU modes"),
-    O("--mode", "MODE", K_STR, mode_name, BOTH,
+    O("--mode", "MODE", K_STR, mode_name, ALL,
       "host: handover (default), channel: send/recv round trip; GPU: rtt (default): round "
-      "trip, stream: throughput, cpu: CPU cost per call"),
-    O("--consumers", "N", K_INT, consumers, BOTH,
-      "consumer processes (host 4; GPU 1 or one per --consumer-devices entry)"),
-    O("--items", "N", K_INT, items, BOTH,
+      "trip, stream: throughput, cpu: CPU cost per call; any backend: remote: consumers over "
+      "UCX"),
+    O("--consumers", "N", K_INT, consumers, ALL,
+      "consumer processes (host 4; GPU 1 or one per --consumer-devices entry; remote 1)"),
+    O("--items", "N", K_INT, items, ALL,
       "items handed over (host 2000; channel: timed round trips of each kind, 2000, after a "
-      "tenth as many untimed; stream 200)"),
-    O("--item-size", "SIZE", K_SIZES, sizes, BOTH,
-      "host: SIZE or LO-HI, log-uniform (256KiB-4MiB); GPU: SIZE[,SIZE...] (rtt 4KiB,1MiB; "
-      "stream 64MiB; cpu 4KiB)"),
-    O("--pool-size", "SIZE", K_SIZE, pool_size, BOTH,
-      "pool memory, control table included (host 256MiB; rtt, cpu 64MiB; stream 1GiB)"),
-    O("--max-inflight", "N", K_INT, max_inflight, BOTH,
-      "rows of the control table (host 4096; rtt, stream 64; cpu 1024)"),
-    O("--reclaim-interval-us", "N", K_INT, reclaim_interval_us, BOTH,
+      "tenth as many untimed; stream 200; remote: of the largest --item-size, as many bytes "
+      "of each smaller one, 16)"),
+    O("--item-size", "SIZE", K_SIZES, sizes, ALL,
+      "host: SIZE or LO-HI, log-uniform (256KiB-4MiB); GPU, remote: SIZE[,SIZE...] (rtt "
+      "4KiB,1MiB; stream 64MiB; cpu 4KiB; remote 1MiB,4MiB,16MiB,64MiB)"),
+    O("--pool-size", "SIZE", K_SIZE, pool_size, ALL,
+      "pool memory, control table included (host, remote 256MiB; rtt, cpu 64MiB; stream "
+      "1GiB)"),
+    O("--max-inflight", "N", K_INT, max_inflight, ALL,
+      "rows of the control table (host 4096; rtt, stream, remote 64; cpu 1024)"),
+    O("--reclaim-interval-us", "N", K_INT, reclaim_interval_us, ALL,
       "background reclaim period (1000; rtt 1000000)"),
-    O("--seed", "S", K_U64, seed, BOTH, "seed of sizes and payloads (1)"),
-    O("--timeout-ms", "N", K_INT, timeout_ms, BOTH, "limit of every single wait (10000)"),
-    O("--rounds", "N", K_INT, rounds, BOTH, "host, rtt: ferry and floor alternate in N chunks (4)"),
+    O("--seed", "S", K_U64, seed, ALL, "seed of sizes and payloads (1)"),
+    O("--timeout-ms", "N", K_INT, timeout_ms, ALL, "limit of every single wait (10000)"),
+    O("--rounds", "N", K_INT, rounds, ALL,
+      "host, rtt, remote: ferry and floor alternate in N chunks (4)"),
     O("--reclaim-rounds", "N", K_INT, reclaim_rounds, FAMILY_HOST,
       "rounds of the reclaim-delay phase, 0 to skip (300)"),
     O("--no-floor", NULL, K_FLAG, no_floor, FAMILY_HOST, "skip the floor"),
-    O("--iterations", "N", K_INT, iterations, FAMILY_GPU,
-      "rtt: timed round trips (1000); cpu: calls (10000)"),
-    O("--warmup", "N", K_INT, warmup, FAMILY_GPU,
-      "untimed round trips (rtt 100) or items (stream 8)"),
-    O("--verify-every", "N", K_INT, verify_every, FAMILY_GPU,
-      "check every Nth item (rtt 100; stream, cpu 1)"),
+    O("--iterations", "N", K_INT, iterations, GPU_R,
+      "rtt, remote: timed round trips (1000); cpu: calls (10000)"),
+    O("--warmup", "N", K_INT, warmup, GPU_R,
+      "untimed round trips (rtt, remote 100) or items (stream 8)"),
+    O("--verify-every", "N", K_INT, verify_every, GPU_R,
+      "check every Nth item (rtt 100; stream, cpu 1); remote: every Nth in full (10)"),
     O("--floor-copies", "N", K_INT, floor_copies, FAMILY_GPU,
       "stream: copies each floor times (0: about 4 GiB worth)"),
     O("--control", "WHERE", K_CONTROL, placements, FAMILY_GPU,
       "host (default), device or both: where the pool keeps its control words"),
-    O("--producer-device", "P", K_INT, producer_device, FAMILY_GPU, "the pool's GPU (0)"),
-    O("--consumer-device", "D", K_INT, consumer_device, FAMILY_GPU, "the consumers' GPU (0)"),
+    O("--producer-device", "P", K_INT, producer_device, GPU_R, "the pool's GPU (0)"),
+    O("--consumer-device", "D", K_INT, consumer_device, GPU_R, "the consumers' GPU (0)"),
     O("--consumer-devices", "D[,D...]", K_DEVICES, devices, FAMILY_GPU,
       "one GPU for all consumers, or one per consumer"),
-    O("--json", NULL, K_FLAG, json, BOTH, "one JSON object on stdout, nothing else"),
-    O("--quiet", NULL, K_FLAG, quiet, BOTH, "no progress lines, no library warnings"),
+    O("--latency-size", "SIZE", K_SIZE, latency_size, REMOTE,
+      "the items of the latency rows (4KiB)"),
+    O("--listen", "HOST:PORT", K_STR, listen, REMOTE,
+      "where the pool listens for its consumers (127.0.0.1:0)"),
+    O("--worker-netns", "NAME", K_STR, worker_netns, REMOTE,
+      "the consumers run in that network namespace (ip netns exec; as root)"),
+    O("--worker-net-devices", "DEV[,DEV...]", K_STR, net_devices, REMOTE,
+      "the consumers' UCX_NET_DEVICES (with --worker-netns: the namespace's own devices)"),
+    O("--consumer-memory", "WHERE", K_STR, memory_name, REMOTE,
+      "host, device or both: where consumers read into (host; GPU backends both)"),
+    O("--json", NULL, K_FLAG, json, ALL, "one JSON object on stdout, nothing else"),
+    O("--quiet", NULL, K_FLAG, quiet, ALL, "no progress lines, no library warnings"),
 };
 #define NSPECS (sizeof(specs) / sizeof(specs[0]))
 
+/* "[host] ", "[GPU, remote] ", or "" for an option of every family. */
+static void family_tag(unsigned families, char *buf, size_t size)
+{
+    static const char *const names[] = {"host", "GPU", "remote"};
+    size_t used = 0;
+    buf[0] = '\0';
+    if (families == ALL)
+        return;
+    for (unsigned i = 0; i < 3; i++)
+        if (families & (1u << i))
+            used += (size_t)snprintf(buf + used, size - used, "%s%s", used ? ", " : "[", names[i]);
+    snprintf(buf + used, size - used, "] ");
+}
+
 void bench_help(void)
 {
-    static const char *const tags[] = {
-        [FAMILY_HOST] = "[host] ", [FAMILY_GPU] = "[GPU] ", [BOTH] = ""};
     printf("usage: ferry bench [OPTIONS]\n\n"
            "Hands items from one producer to consumer processes through a ferry pool, checks\n"
            "the data, and measures ferry against a floor without pool logic in the same run.\n"
            "Defaults in parentheses (docs/cli.md); sizes take B, KiB, MiB, GiB, KB, MB, GB.\n\n");
     for (size_t i = 0; i < NSPECS; i++) {
-        char left[64];
+        char left[64], tag[32];
         snprintf(left, sizeof(left), "%s%s%s", specs[i].name, specs[i].arg ? " " : "",
                  specs[i].arg ? specs[i].arg : "");
-        printf("  %-30s %s%s\n", left, tags[specs[i].families], specs[i].help);
+        family_tag(specs[i].families, tag, sizeof(tag));
+        printf("  %-30s %s%s\n", left, tag, specs[i].help);
     }
 }
 
@@ -120,12 +151,12 @@ static int split_list(const char *opt, const char *text, char items[][64], uint3
     }
 }
 
-/* host: SIZE or LO-HI, the range's ends (a lone SIZE is both, parsed twice); GPU:
+/* host: SIZE or LO-HI, the range's ends (a lone SIZE is both, parsed twice); GPU, remote:
  * SIZE[,SIZE...]. Positive sizes. */
 static int parse_sizes(const char *text, unsigned family, bench_opts *o)
 {
     char items[BENCH_MAX_SIZES][64];
-    if (family == FAMILY_GPU) {
+    if (family != FAMILY_HOST) {
         if (split_list("--item-size", text, items, BENCH_MAX_SIZES, &o->nsizes) != 0)
             return -1;
     } else {
@@ -203,6 +234,19 @@ static int store(const spec *s, const char *value, unsigned family, bench_opts *
     return -1;
 }
 
+/* "--backend host", "--backend cuda_ipc and cuda_vmm, and of --mode remote", ... */
+static void families_text(unsigned families, char *buf, size_t size)
+{
+    static const char *const names[] = {"--backend host", "--backend cuda_ipc and cuda_vmm",
+                                        "--mode remote"};
+    size_t used = 0;
+    buf[0] = '\0';
+    for (unsigned i = 0; i < 3; i++)
+        if (families & (1u << i))
+            used += (size_t)snprintf(buf + used, size - used, "%s%s", used ? ", and of " : "",
+                                     names[i]);
+}
+
 /* argv[*i]; advances *i past a separate value. */
 static int parse_one(int argc, char **argv, int *i, unsigned family, bench_opts *o)
 {
@@ -213,10 +257,15 @@ static int parse_one(int argc, char **argv, int *i, unsigned family, bench_opts 
         s++;
     if (s == specs + NSPECS)
         return usage("unknown option '%s'", arg);
-    if (!(s->families & family))
-        return usage("%s does not apply to --backend %s (it is an option of --backend %s)", s->name,
-                     o->backend_name,
-                     s->families == FAMILY_HOST ? "host" : "cuda_ipc and cuda_vmm");
+    if (!(s->families & family)) {
+        char owners[128];
+        families_text(s->families, owners, sizeof(owners));
+        if (family == FAMILY_REMOTE)
+            return usage("%s does not apply to --mode remote (it is an option of %s)", s->name,
+                         owners);
+        return usage("%s does not apply to --backend %s (it is an option of %s)", s->name,
+                     o->backend_name, owners);
+    }
     if (s->kind == K_FLAG && eq)
         return usage("%s takes no value", s->name);
     if (s->kind != K_FLAG && !eq && *i + 1 >= argc)
@@ -247,7 +296,8 @@ static int pick_mode(bench_opts *o, unsigned family, const bench_mode *const *mo
             return 0;
         }
     return usage("invalid --mode '%s': expected %s", want,
-                 family == FAMILY_HOST ? "handover or channel" : "rtt, stream or cpu");
+                 family == FAMILY_HOST ? "handover, channel or remote"
+                                       : "rtt, stream, cpu or remote");
 }
 
 /* The options every mode hands to the library, named as the user typed them. */
@@ -307,7 +357,9 @@ int bench_parse_options(int argc, char **argv, const bench_mode *const *modes, s
         usage("--backend %s: %s", o->backend_name, ferry_last_error());
         goto usage_error;
     }
-    unsigned family = ferry_backend_uses_gpu(o->backend) ? FAMILY_GPU : FAMILY_HOST;
+    unsigned family = o->mode_name && strcmp(o->mode_name, "remote") == 0 ? FAMILY_REMOTE
+                      : ferry_backend_uses_gpu(o->backend)                ? FAMILY_GPU
+                                                                          : FAMILY_HOST;
     for (int i = 1; i < argc; i++)
         if (parse_one(argc, argv, &i, family, o) != 0)
             goto usage_error;
