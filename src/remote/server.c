@@ -1020,7 +1020,8 @@ ferry_status ferry__remote_start(const ferry__remote_config *config, ferry__remo
     pthread_mutex_init(&s->lock, NULL);
     s->cfg.listen = config->listen;
     s->by_rank = calloc(config->consumers, sizeof(*s->by_rank));
-    ferry_status st = s->by_rank
+    s->entries = malloc((size_t)config->ring_depth * FERRY_DESCRIPTOR_SIZE);
+    ferry_status st = s->by_rank && s->entries
                           ? start_steps(s)
                           : ferry__fail(FERRY_NO_MEMORY, "out of memory for the remote server");
     s->cfg.listen = NULL; /* the caller's string is not kept */
