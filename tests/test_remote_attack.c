@@ -1,0 +1,430 @@
+/* Remote consumers under attack: peers that break the protocol on the producer's listener
+ * and its UCX worker, producers that lie to a consumer, and the lifecycle races of both
+ * sides. On loopback (what is attacked is the protocol, not the network path: tests/
+ * test_remote.c runs the same code across network namespaces), UCX over tcp, with real
+ * processes where a side must die or be a separate host's process. The fake peers speak the
+ * wire format with ferry's own encoders (src/wire/remote.h) and real UCX (src/remote/ucx.h).
+ * Skips (77) where UCX cannot be loaded. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ferry.h"
+#include "helpers.h"
+#include "procs.h"
+#include "remote/remote.h"
+#include "remote/ucx.h"
+#include "wire/remote.h"
+
+#define MS 1000000ull
+/* UCP_AM_SEND_FLAG_RNDV (ucp.h): the test forces a rendezvous to see it refused. */
+#define TEST_AM_SEND_FLAG_RNDV (1u << 2)
+
+/* ---- pools -------------------------------------------------------------------------------- */
+
+static ferry_pool *make_pool(uint32_t consumers, int64_t memory)
+{
+    ferry_pool_config c = FERRY_POOL_CONFIG_INIT;
+    c.backend = FERRY_BACKEND_HOST;
+    c.memory_size = memory;
+    c.consumer_count = consumers;
+    c.max_inflight_slices = 64;
+    c.channel_depth = 16;
+    c.listen = "127.0.0.1:0";
+    c.remote_timeout_us = 5000000;
+    ferry_pool *pool = NULL;
+    if (ferry_pool_create(&c, &pool) != FERRY_OK)
+        fail_msg("pool: %s", ferry_last_error());
+    return pool;
+}
+
+static void address_of(ferry_pool *pool, char *addr, ferry__remote_address *a)
+{
+    assert_int_equal(ferry_pool_remote_address(pool, addr, FERRY_REMOTE_ADDRESS_SIZE), FERRY_OK);
+    assert_int_equal(ferry__remote_parse(addr, a), FERRY_OK);
+}
+
+static ferry_status send_stamped(ferry_pool *pool, size_t n, uint64_t seed,
+                                 const ferry_ranks *ranks, ferry_descriptor *out)
+{
+    uint8_t *buf = malloc(n ? n : 1);
+    th_stamp(buf, n, seed);
+    ferry_tensor t = ferry_tensor_bytes(n);
+    const void *src = buf;
+    ferry_status st = ferry_pool_send(pool, &t, &src, 1, ranks, NULL, 5000 * MS, out);
+    free(buf);
+    return st;
+}
+
+static uint64_t ms_since(uint64_t t0)
+{
+    return (ferry_now_ns() - t0) / MS;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Waits up to ms for a statistic to reach want; its last value. */
+#define WAIT_STAT(pool, field, want, ms)                                                           \
+    ({                                                                                             \
+        uint64_t t0_ = ferry_now_ns(), v_;                                                         \
+        while ((v_ = th_stats(pool).field) != (uint64_t)(want) && ms_since(t0_) < (ms))            \
+            sleep_ms(2);                                                                           \
+        v_;                                                                                        \
+    })
+
+/* ---- raw TCP ------------------------------------------------------------------------------ */
+
+static int dial(uint16_t port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    return fd;
+}
+
+/* Reads exactly n bytes within ms: 0, or -1 (the peer closed, an error, or too slow). */
+static int read_exactly(int fd, uint8_t *buf, size_t n, int ms)
+{
+    uint64_t t0 = ferry_now_ns();
+    while (n) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        int left = ms - (int)ms_since(t0);
+        if (left <= 0 || poll(&p, 1, left) != 1)
+            return -1;
+        ssize_t k = recv(fd, buf, n, 0);
+        if (k <= 0)
+            return -1;
+        buf += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+/* ---- a fake consumer: the bootstrap by hand, a UCX worker of its own, messages of its
+ * choosing ----------------------------------------------------------------------------------- */
+
+typedef struct fake {
+    ferry__ucx_node node;
+    int sock;
+    ucp_ep_h ep;
+    uint8_t answer[FERRY_REMOTE_MAX_MESSAGE];
+    ferry__welcome w;                    /* admitted */
+    ferry__refuse r;                     /* refused */
+    uint32_t descs;                      /* DESC messages received */
+    uint8_t desc[FERRY_DESCRIPTOR_SIZE]; /* the last one's first descriptor */
+} fake;
+
+static ucs_status_t fake_on_am(void *arg, const void *header, size_t header_len, void *data,
+                               size_t len, const ucp_am_recv_param_t *param)
+{
+    (void)param;
+    fake *f = arg;
+    ferry__am m;
+    if (ferry__am_decode(header, header_len, len, &m) == FERRY_OK && m.type == FERRY_AM_DESC) {
+        f->descs++;
+        memcpy(f->desc, data, FERRY_DESCRIPTOR_SIZE);
+    }
+    return UCS_OK;
+}
+
+static void fake_open(fake *f)
+{
+    memset(f, 0, sizeof(*f));
+    f->sock = -1;
+    assert_int_equal(ferry__ucx_node_open(&f->node, "fake-consumer"), FERRY_OK);
+    ucp_am_handler_param_t hp = {
+        .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                      UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG,
+        .id = FERRY_AM_ID,
+        .flags = UCP_AM_FLAG_WHOLE_MSG,
+        .cb = fake_on_am,
+        .arg = f,
+    };
+    assert_int_equal(f->node.ucx->ucp_worker_set_am_recv_handler(f->node.worker, &hp), UCS_OK);
+}
+
+static void fake_progress(fake *f, int ms)
+{
+    uint64_t t0 = ferry_now_ns();
+    do {
+        while (f->node.ucx->ucp_worker_progress(f->node.worker)) {
+        }
+        sleep_ms(1);
+    } while (ms_since(t0) < (uint64_t)ms);
+}
+
+/* Says hello as rank with worker (the fake's own address when NULL) and reads the answer:
+ * 0 admitted (f->w), 1 refused (f->r), -1 closed without an answer. */
+static int fake_hello(fake *f, const ferry__remote_address *a, uint32_t rank, const uint8_t *worker,
+                      size_t worker_len)
+{
+    ferry__hello h = {.rank = rank, .pid = (uint32_t)getpid()};
+    memcpy(h.secret, a->secret, 16);
+    memcpy(h.pool_id, a->pool_id, 16);
+    strcpy(h.host, "fake");
+    h.worker = worker ? worker : (const uint8_t *)f->node.address;
+    h.worker_len = (uint32_t)(worker ? worker_len : f->node.address_len);
+    uint8_t msg[FERRY_REMOTE_MAX_MESSAGE];
+    assert_int_equal(ferry__hello_encode(&h, msg, sizeof(msg)), FERRY_OK);
+    size_t n = ferry__hello_size(&h);
+    f->sock = dial(a->port);
+    assert_int_equal(send(f->sock, msg, n, MSG_NOSIGNAL), (ssize_t)n);
+    uint32_t type, size;
+    if (read_exactly(f->sock, f->answer, FERRY_REMOTE_HEADER, 5000) != 0)
+        return -1;
+    assert_int_equal(ferry__remote_peek(f->answer, FERRY_REMOTE_HEADER, &type, &size), FERRY_OK);
+    assert_int_equal(
+        read_exactly(f->sock, f->answer + FERRY_REMOTE_HEADER, size - FERRY_REMOTE_HEADER, 5000),
+        0);
+    if (type == FERRY_REMOTE_REFUSE) {
+        assert_int_equal(ferry__refuse_decode(f->answer, size, &f->r), FERRY_OK);
+        return 1;
+    }
+    assert_int_equal(ferry__welcome_decode(f->answer, size, &f->w), FERRY_OK);
+    return 0;
+}
+
+static void fake_on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    (void)arg;
+    (void)ep;
+    (void)status;
+}
+
+static void fake_ep(fake *f)
+{
+    ucp_ep_params_t ep = {
+        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER,
+        .address = (const ucp_address_t *)f->w.worker,
+        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+        .err_handler = {fake_on_ep_error, f},
+    };
+    assert_int_equal(f->node.ucx->ucp_ep_create(f->node.worker, &ep, &f->ep), UCS_OK);
+}
+
+/* Sends one active message of the fake's making and waits until UCX has sent it. */
+static void fake_send(fake *f, const ferry__am *m, const void *payload, size_t n, unsigned flags)
+{
+    const ferry__ucx *u = f->node.ucx;
+    uint8_t hdr[FERRY_AM_HEADER];
+    ferry__am_encode(m, hdr);
+    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = flags};
+    void *req = u->ucp_am_send_nbx(f->ep, FERRY_AM_ID, hdr, sizeof(hdr), payload, n, &p);
+    assert_false(FERRY_UCS_PTR_IS_ERR(req));
+    uint64_t t0 = ferry_now_ns();
+    while (req && u->ucp_request_check_status(req) == UCS_INPROGRESS && ms_since(t0) < 5000)
+        u->ucp_worker_progress(f->node.worker);
+    if (req) {
+        assert_int_equal(u->ucp_request_check_status(req), UCS_OK);
+        u->ucp_request_free(req);
+    }
+}
+
+/* A message of this connection (its id and token), of a type, with a body. */
+static ferry__am fake_am(const fake *f, uint16_t type)
+{
+    ferry__am m = {.type = type, .conn_id = f->w.conn_id, .token = f->w.token};
+    return m;
+}
+
+static void fake_close(fake *f)
+{
+    const ferry__ucx *u = f->node.ucx;
+    if (f->ep) {
+        ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                                 .flags = UCP_EP_CLOSE_FLAG_FORCE};
+        void *req = u->ucp_ep_close_nbx(f->ep, &p);
+        while (req && !FERRY_UCS_PTR_IS_ERR(req) &&
+               u->ucp_request_check_status(req) == UCS_INPROGRESS)
+            u->ucp_worker_progress(f->node.worker);
+        if (req && !FERRY_UCS_PTR_IS_ERR(req))
+            u->ucp_request_free(req);
+    }
+    ferry__ucx_node_close(&f->node);
+    if (f->sock >= 0)
+        close(f->sock);
+    f->sock = -1;
+}
+
+/* ---- tests: peers on the producer's listener ----------------------------------------------- */
+
+/* Waits up to ms for the fake to have received want DESC messages. */
+static void fake_wait_descs(fake *f, uint32_t want, int ms)
+{
+    uint64_t t0 = ferry_now_ns();
+    while (f->descs < want && ms_since(t0) < (uint64_t)ms)
+        fake_progress(f, 1);
+    assert_int_equal(f->descs, want);
+}
+
+/* An admitted peer's forged and broken active messages: another connection's id, a wrong
+ * token, a rank out of range in the id, a DESC (only the producer sends those), a rendezvous,
+ * acknowledgements out of range (slot, ranks, a count that wraps, none), a TAKEN count beyond
+ * what was sent: each dropped and counted, and nothing of the pool changes. An
+ * acknowledgement of another generation changes nothing either; the real one then settles
+ * the lease, and the peer is still served. */
+static void test_forged_messages(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(2, 1 << 20);
+    char addr[FERRY_REMOTE_ADDRESS_SIZE];
+    ferry__remote_address a;
+    address_of(pool, addr, &a);
+    fake f;
+    fake_open(&f);
+    assert_int_equal(fake_hello(&f, &a, 1, NULL, 0), 0);
+    fake_ep(&f);
+    ferry_ranks one = {NULL, 1, 1};
+    ferry_descriptor d;
+    assert_int_equal(send_stamped(pool, 4096, 1, &one, &d), FERRY_OK);
+    fake_wait_descs(&f, 1, 3000);
+    assert_int_equal(th_stats(pool).remote_bad_messages, 0);
+    ferry__am acks[7];
+    for (int i = 0; i < 7; i++) {
+        acks[i] = fake_am(&f, FERRY_AM_ACK);
+        acks[i].u.ack.slot = d.slot;
+        acks[i].u.ack.generation = d.generation;
+        acks[i].u.ack.first = 1;
+        acks[i].u.ack.count = 1;
+    }
+    acks[0].token ^= 1;
+    acks[1].conn_id ^= 1u << 16;
+    acks[2].conn_id = (acks[2].conn_id & ~0xffffu) | 7u;
+    acks[3].u.ack.slot = 64;
+    acks[4].u.ack.count = 0xffffffffu;
+    acks[5].u.ack.count = 0;
+    acks[6].u.ack.first = 2;
+    for (int i = 0; i < 7; i++)
+        fake_send(&f, &acks[i], NULL, 0, UCP_AM_SEND_FLAG_EAGER);
+    ferry__am desc = fake_am(&f, FERRY_AM_DESC);
+    desc.u.desc.length = 4096;
+    fake_send(&f, &desc, f.desc, sizeof(f.desc), UCP_AM_SEND_FLAG_EAGER);
+    ferry__am taken = fake_am(&f, FERRY_AM_TAKEN);
+    taken.u.taken.taken = 2; /* one was sent */
+    fake_send(&f, &taken, NULL, 0, UCP_AM_SEND_FLAG_EAGER);
+    ferry__am ack = acks[5];
+    ack.u.ack.count = 1;
+    static uint8_t big[1 << 16];
+    ferry__am info = fake_am(&f, FERRY_AM_INFO);
+    fake_send(&f, &info, big, 200, TEST_AM_SEND_FLAG_RNDV); /* by rendezvous */
+    uint64_t bad = WAIT_STAT(pool, remote_bad_messages, 10, 3000);
+    assert_int_equal(bad, 10);
+    assert_int_equal(th_stats(pool).leases_in_flight, 1);
+    /* another generation of the slot: nothing (and not a forgery) */
+    ack.u.ack.generation = d.generation + 1;
+    fake_send(&f, &ack, NULL, 0, UCP_AM_SEND_FLAG_EAGER);
+    fake_progress(&f, 50);
+    assert_int_equal(th_stats(pool).leases_in_flight, 1);
+    /* the real one */
+    ack.u.ack.generation = d.generation;
+    fake_send(&f, &ack, NULL, 0, UCP_AM_SEND_FLAG_EAGER);
+    assert_int_equal(WAIT_STAT(pool, leases_in_flight, 0, 3000), 0);
+    assert_int_equal(th_stats(pool).remote_connected, 1);
+    assert_int_equal(send_stamped(pool, 4096, 2, &one, &d), FERRY_OK);
+    fake_wait_descs(&f, 2, 3000);
+    assert_int_equal(th_stats(pool).remote_bad_messages, 10);
+    fake_close(&f);
+    assert_int_equal(WAIT_STAT(pool, remote_connected, 0, 3000), 0);
+    ferry_pool_destroy(pool);
+}
+
+/* A consumer that acknowledges and leaves at once: its last acknowledgements are its own, not
+ * forgeries, and not acknowledgements on a dead consumer's behalf. */
+static void test_last_acks_before_close(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(1, 1 << 20);
+    char addr[FERRY_REMOTE_ADDRESS_SIZE];
+    ferry__remote_address a;
+    address_of(pool, addr, &a);
+    uint8_t buf[4096];
+    for (int i = 0; i < 30; i++) {
+        ferry_consumer *c = NULL;
+        assert_int_equal(ferry_consumer_connect(addr, 0, -1, &c), FERRY_OK);
+        ferry_descriptor d;
+        size_t k;
+        assert_int_equal(send_stamped(pool, sizeof(buf), 10 + i, NULL, NULL), FERRY_OK);
+        assert_int_equal(ferry_consumer_recv(c, 5000 * MS, &d, 1, &k), FERRY_OK);
+        assert_int_equal(ferry_consumer_read(c, &d, buf, sizeof(buf), 5000 * MS), FERRY_OK);
+        assert_int_equal(ferry_consumer_ack(c, &d), FERRY_OK);
+        ferry_consumer_destroy(c);
+        assert_int_equal(WAIT_STAT(pool, remote_connected, 0, 3000), 0);
+    }
+    assert_int_equal(WAIT_STAT(pool, leases_in_flight, 0, 3000), 0);
+    ferry_pool_stats s = th_stats(pool);
+    fprintf(stderr,
+            "test_remote_attack: 30 consumers acknowledged and left: %llu bad messages, %llu "
+            "leases acknowledged for them as dead\n",
+            (unsigned long long)s.remote_bad_messages, (unsigned long long)s.acked_for_dead);
+    assert_int_equal(s.remote_bad_messages, 0);
+    assert_int_equal(s.acked_for_dead, 0);
+    ferry_pool_destroy(pool);
+}
+
+static int group_setup(void **state)
+{
+    (void)state;
+    setenv("UCX_TLS", "tcp", 0);
+    setenv("UCX_NET_DEVICES", "lo", 1);
+    return 0;
+}
+
+/* UCX's memory hooks run inside glibc's thread exit, past the point where ThreadSanitizer
+ * has let the thread go: off under TSan (as in test_remote.c). */
+static void ucx_for_sanitizers(void)
+{
+#if defined(__SANITIZE_THREAD__)
+    setenv("UCX_MEM_EVENTS", "no", 0);
+    setenv("UCX_MEM_MMAP_HOOK_MODE", "none", 0);
+    setenv("UCX_MEM_MALLOC_HOOKS", "no", 0);
+#endif
+}
+
+static int helper_main(int argc, char **argv)
+{
+    setenv("UCX_TLS", "tcp", 0);
+    setenv("UCX_NET_DEVICES", "lo", 1);
+    if (argc < 5)
+        return 2;
+    (void)argv;
+    return 2;
+}
+
+int main(int argc, char **argv)
+{
+    ucx_for_sanitizers();
+    if (argc >= 3 && strcmp(argv[1], "--helper") == 0)
+        return helper_main(argc, argv);
+    signal(SIGPIPE, SIG_IGN);
+    const ferry__ucx *ucx;
+    if (ferry__ucx_get(&ucx) != FERRY_OK) {
+        fprintf(stderr, "test_remote_attack: skipped: %s\n", ferry_last_error());
+        return 77;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_forged_messages),
+        cmocka_unit_test(test_last_acks_before_close),
+    };
+    return cmocka_run_group_tests(tests, group_setup, NULL);
+}
