@@ -481,8 +481,8 @@ typedef struct ferry_pool_stats {
     uint64_t remote_admitted;     /* remote consumers admitted so far */
     uint64_t remote_refused;      /* remote connections refused: junk, wrong secret, rank in
                                    * use, silent, too many at once (metrics give the reasons) */
-    uint64_t remote_emulated;     /* remote consumers admitted whose reads are emulated over
-                                   * active messages (tcp; logged once per pool) */
+    uint64_t remote_emulated;     /* remote consumers connected now whose reads are emulated
+                                   * over active messages (tcp; logged once per pool) */
     uint64_t remote_forwarded;    /* descriptors sent to remote consumers */
     uint64_t remote_bad_messages; /* active messages dropped as malformed, forged or stale */
 } ferry_pool_stats;

@@ -349,6 +349,38 @@ static void test_forged_messages(void **state)
     ferry_pool_destroy(pool);
 }
 
+/* How a consumer's reads go is told once per connection: a peer that says it again and again
+ * counts once, and remote_emulated (a gauge: consumers connected now whose reads are
+ * emulated) falls back when they leave. */
+static void test_emulated_counted_once(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(2, 1 << 20);
+    char addr[FERRY_REMOTE_ADDRESS_SIZE];
+    ferry__remote_address a;
+    address_of(pool, addr, &a);
+    fake f;
+    fake_open(&f);
+    assert_int_equal(fake_hello(&f, &a, 1, NULL, 0), 0);
+    fake_ep(&f);
+    ferry__am info = fake_am(&f, FERRY_AM_INFO);
+    info.flags = 1;
+    const char *text = "emulated over active messages (tcp/lo)";
+    for (int i = 0; i < 5; i++)
+        fake_send(&f, &info, text, strlen(text), UCP_AM_SEND_FLAG_EAGER);
+    fake_progress(&f, 100);
+    assert_int_equal(th_stats(pool).remote_emulated, 1);
+    /* a real consumer over tcp reads emulated too */
+    ferry_consumer *c = NULL;
+    assert_int_equal(ferry_consumer_connect(addr, 0, -1, &c), FERRY_OK);
+    assert_int_equal(WAIT_STAT(pool, remote_emulated, 2, 3000), 2);
+    ferry_consumer_destroy(c);
+    fake_close(&f);
+    assert_int_equal(WAIT_STAT(pool, remote_connected, 0, 3000), 0);
+    assert_int_equal(th_stats(pool).remote_emulated, 0);
+    ferry_pool_destroy(pool);
+}
+
 /* A consumer that acknowledges and leaves at once: its last acknowledgements are its own, not
  * forgeries, and not acknowledgements on a dead consumer's behalf. */
 static void test_last_acks_before_close(void **state)
@@ -424,6 +456,7 @@ int main(int argc, char **argv)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_forged_messages),
+        cmocka_unit_test(test_emulated_counted_once),
         cmocka_unit_test(test_last_acks_before_close),
     };
     return cmocka_run_group_tests(tests, group_setup, NULL);

@@ -76,6 +76,7 @@ typedef struct conn {
     uint32_t taken; /* descriptors the consumer took, as it last said */
     int not_ready;  /* the ring's next lease is not ready: look again soon */
     int failed;     /* UCX reported the endpoint failed, or the peer broke the protocol */
+    int emulated;   /* it said its reads are emulated (counted once, while it is connected) */
     pid_t pid;
     char host[FERRY_REMOTE_HOST_SIZE];
 } conn;
@@ -423,8 +424,9 @@ static void on_info(ferry__remote_server *s, conn *c, const ferry__am *m, const 
     for (size_t i = 0; i < n && k < FERRY_AM_MAX_INFO; i++)
         path[k++] = text[i] >= 0x20 && text[i] < 0x7f ? text[i] : '?';
     path[k] = '\0';
-    if (!m->flags)
+    if (!m->flags || c->emulated)
         return;
+    c->emulated = 1;
     count_add(s, &s->counts.emulated, 1);
     if (!__atomic_exchange_n(&s->warned_emulated, 1, __ATOMIC_RELAXED))
         ferry__log(FERRY_LOG_WARN,
@@ -617,6 +619,8 @@ static void drop_conn(ferry__remote_server *s, conn *c, int tell_pool)
         }
         close_ep(s, c->ep);
         count_add(s, &s->counts.connected, -1);
+        if (c->emulated)
+            count_add(s, &s->counts.emulated, -1);
     }
     conn_free(c);
 }
