@@ -414,6 +414,126 @@ static void test_last_acks_before_close(void **state)
     ferry_pool_destroy(pool);
 }
 
+/* "producer RANKS -": a pool listening on loopback; reports its remote address (in the
+ * text); at an ITEM with seed 0 reports its statistics (text: "connected in_flight
+ * acked_for_dead bad_messages refused"), with another seed sends a 4 KiB lease of that seed
+ * to every rank and reports; destroys the pool and exits at DONE. */
+static int producer_main(uint32_t ranks)
+{
+    ferry_pool *pool = make_pool(ranks, 1 << 20);
+    th_msg m = {.type = TH_MSG_RESULT, .status = FERRY_OK};
+    assert_int_equal(ferry_pool_remote_address(pool, m.text, sizeof(m.text)), FERRY_OK);
+    th_send_msg(TH_CHANNEL_FD, &m);
+    for (;;) {
+        th_msg in;
+        if (th_recv_msg(TH_CHANNEL_FD, &in, -1) != 0 || in.type == TH_MSG_DONE)
+            break;
+        ferry_status st = in.seed ? send_stamped(pool, 4096, in.seed, NULL, NULL) : FERRY_OK;
+        ferry_pool_stats s = th_stats(pool);
+        th_msg out = {.type = TH_MSG_RESULT, .status = st};
+        snprintf(out.text, sizeof(out.text), "%llu %llu %llu %llu %llu",
+                 (unsigned long long)s.remote_connected, (unsigned long long)s.leases_in_flight,
+                 (unsigned long long)s.acked_for_dead, (unsigned long long)s.remote_bad_messages,
+                 (unsigned long long)s.remote_refused);
+        th_send_msg(TH_CHANNEL_FD, &out);
+    }
+    ferry_pool_destroy(pool);
+    return 0;
+}
+
+typedef struct producer_stats {
+    unsigned long long connected, in_flight, acked_for_dead, bad, refused;
+} producer_stats;
+
+static th_helper spawn_producer(uint32_t ranks, char *addr)
+{
+    char r[16];
+    snprintf(r, sizeof(r), "%u", ranks);
+    th_helper h = th_spawn_helper("producer", r, "-");
+    th_msg m;
+    assert_int_equal(th_recv_msg(h.fd, &m, 10000), 0);
+    snprintf(addr, FERRY_REMOTE_ADDRESS_SIZE, "%s", m.text);
+    return h;
+}
+
+/* Asks the helper producer for its statistics (seed 0) or to send a lease (its seed). */
+static producer_stats producer_ask(th_helper *h, uint64_t seed)
+{
+    th_msg m = {.type = TH_MSG_ITEM, .seed = seed};
+    producer_stats s;
+    assert_int_equal(th_send_msg(h->fd, &m), 0);
+    if (th_recv_msg(h->fd, &m, 10000) != 0)
+        fail_msg("the producer died");
+    assert_int_equal(m.status, FERRY_OK);
+    assert_int_equal(sscanf(m.text, "%llu %llu %llu %llu %llu", &s.connected, &s.in_flight,
+                            &s.acked_for_dead, &s.bad, &s.refused),
+                     5);
+    return s;
+}
+
+/* "leader ADDR -": connects as rank 0, reports, takes one lease and reports again; at the
+ * test's ITEM acknowledges it for every rank (a group leader), leaves at once and reports. */
+static int leader_main(const char *addr)
+{
+    ferry_consumer *c = NULL;
+    ferry_status st = ferry_consumer_connect(addr, 0, -1, &c);
+    th_report(st, 0);
+    if (st != FERRY_OK)
+        return 1;
+    ferry_descriptor d;
+    size_t k;
+    th_msg go;
+    st = ferry_consumer_recv(c, 5000 * MS, &d, 1, &k);
+    th_report(st, 0);
+    if (st == FERRY_OK && th_recv_msg(TH_CHANNEL_FD, &go, 10000) == 0)
+        st = ferry_consumer_ack_all(c, &d);
+    ferry_consumer_destroy(c);
+    th_report(st, 1);
+    return 0;
+}
+
+/* A group leader that acknowledges its last lease for every rank and leaves at once, while
+ * the producer is busy (stopped here, so that its last message and its departure wait for
+ * the producer together): the acknowledgement is the leader's, for every rank it names, not
+ * dropped as a departed connection's (which would leave the other rank's word unwritten and
+ * the lease in flight for good), and the leader is not taken for dead. */
+static void test_leader_acks_then_leaves(void **state)
+{
+    (void)state;
+    char addr[FERRY_REMOTE_ADDRESS_SIZE];
+    th_helper prod = spawn_producer(2, addr);
+    for (int i = 0; i < 3; i++) {
+        th_helper h = th_spawn_helper("leader", addr, "-");
+        th_msg m;
+        assert_int_equal(th_recv_msg(h.fd, &m, 10000), 0);
+        assert_int_equal(m.status, FERRY_OK);
+        producer_ask(&prod, 10 + (uint64_t)i); /* a lease for both ranks */
+        assert_int_equal(th_recv_msg(h.fd, &m, 10000), 0);
+        assert_int_equal(m.status, FERRY_OK); /* it has it */
+        kill(prod.pid, SIGSTOP);
+        th_send_type(h.fd, TH_MSG_ITEM);
+        m = th_finish_helper(&h, 10000);
+        kill(prod.pid, SIGCONT);
+        th_assert_result(m, 1);
+        uint64_t t0 = ferry_now_ns();
+        producer_stats s;
+        while ((s = producer_ask(&prod, 0)).connected && ms_since(t0) < 2000)
+            sleep_ms(2);
+        while ((s = producer_ask(&prod, 0)).in_flight && ms_since(t0) < 2000)
+            sleep_ms(2);
+        fprintf(stderr,
+                "test_remote_attack: a leader acknowledged and left: %llu leases in flight, %llu "
+                "acknowledged for it as dead, %llu bad messages\n",
+                s.in_flight, s.acked_for_dead, s.bad);
+        assert_int_equal(s.connected, 0);
+        assert_int_equal(s.in_flight, 0);
+        assert_int_equal(s.acked_for_dead, 0);
+        assert_int_equal(s.bad, 0);
+    }
+    th_send_type(prod.fd, TH_MSG_DONE);
+    th_reap_helper(&prod);
+}
+
 static int group_setup(void **state)
 {
     (void)state;
@@ -439,7 +559,10 @@ static int helper_main(int argc, char **argv)
     setenv("UCX_NET_DEVICES", "lo", 1);
     if (argc < 5)
         return 2;
-    (void)argv;
+    if (strcmp(argv[2], "producer") == 0)
+        return producer_main((uint32_t)strtoul(argv[3], NULL, 10));
+    if (strcmp(argv[2], "leader") == 0)
+        return leader_main(argv[3]);
     return 2;
 }
 
@@ -458,6 +581,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_forged_messages),
         cmocka_unit_test(test_emulated_counted_once),
         cmocka_unit_test(test_last_acks_before_close),
+        cmocka_unit_test(test_leader_acks_then_leaves),
     };
     return cmocka_run_group_tests(tests, group_setup, NULL);
 }

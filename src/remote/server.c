@@ -49,6 +49,9 @@
 #define SERVER_MAX_PENDING 64
 /* How long a connection has to send its whole HELLO. */
 #define SERVER_HELLO_NS 1000000000ull
+/* How long a consumer whose connection ended has for what it sent over UCX before it left
+ * (its last acknowledgements) to arrive: dropped at once when its endpoint fails too. */
+#define SERVER_LEAVE_NS 100000000ull
 /* How often a rank whose next lease is not ready yet (a GPU stream still copying) is looked
  * at again. */
 #define SERVER_READY_POLL_NS 50000ull
@@ -72,11 +75,12 @@ typedef struct conn {
     uint32_t rank;
     int notify_fd; /* the rank's notify eventfd (the pool holds a duplicate) */
     ucp_ep_h ep;
-    uint32_t sent;  /* descriptors sent since admission */
-    uint32_t taken; /* descriptors the consumer took, as it last said */
-    int not_ready;  /* the ring's next lease is not ready: look again soon */
-    int failed;     /* UCX reported the endpoint failed, or the peer broke the protocol */
-    int emulated;   /* it said its reads are emulated (counted once, while it is connected) */
+    uint32_t sent;    /* descriptors sent since admission */
+    uint32_t taken;   /* descriptors the consumer took, as it last said */
+    int not_ready;    /* the ring's next lease is not ready: look again soon */
+    int failed;       /* UCX reported the endpoint failed, or the peer broke the protocol */
+    int emulated;     /* it said its reads are emulated (counted once, while it is connected) */
+    uint64_t leaving; /* its connection ended: dropped at this time (or when UCX says so) */
     pid_t pid;
     char host[FERRY_REMOTE_HOST_SIZE];
 } conn;
@@ -540,7 +544,7 @@ static void forward(ferry__remote_server *s, conn *c)
     uint32_t depth = s->cfg.ring_depth;
     uint8_t *entries = s->entries;
     c->not_ready = 0;
-    while (!c->failed) {
+    while (!c->failed && !c->leaving) {
         uint32_t head = ferry__load_acquire32(&ring->head);
         uint32_t tail = ferry__load_acquire32(&ring->tail);
         if (head == tail) {
@@ -762,6 +766,22 @@ static int on_hello(ferry__remote_server *s, conn *c)
     return 0;
 }
 
+/* An admitted consumer's connection ended (it closed, died, or its host fell silent). What
+ * it sent over UCX before that (its last acknowledgements, maybe for other ranks too) may
+ * still wait in the worker, unordered with the end of another connection: it is taken
+ * first, and the consumer is dropped once its endpoint fails as well (its worker closed after
+ * its last message) or SERVER_LEAVE_NS later. */
+static void on_left(ferry__remote_server *s, conn *c)
+{
+    epoll_ctl(s->epoll_fd, EPOLL_CTL_DEL, c->fd, NULL);
+    while (s->node.ucx->ucp_worker_progress(s->node.worker)) {
+    }
+    if (c->failed)
+        drop_conn(s, c, 1);
+    else
+        c->leaving = ferry__now_ns() + SERVER_LEAVE_NS;
+}
+
 /* Bytes arrived on a connection waiting for its HELLO (or on an admitted one: EOF, an error,
  * or a byte it should not have sent). */
 static void on_readable(ferry__remote_server *s, conn *c)
@@ -771,9 +791,12 @@ static void on_readable(ferry__remote_server *s, conn *c)
         ssize_t n = recv(c->fd, &b, 1, MSG_DONTWAIT);
         if (n < 0 && (errno == EAGAIN || errno == EINTR))
             return;
-        if (n > 0)
+        if (n > 0) {
             count_add(s, &s->counts.bad_messages, 1);
-        drop_conn(s, c, 1); /* gone (EOF, reset, keepalive timeout) or talking out of turn */
+            drop_conn(s, c, 1); /* talking out of turn */
+        } else {
+            on_left(s, c); /* EOF, reset, keepalive timeout */
+        }
         return;
     }
     uint32_t type = 0, size = FERRY_REMOTE_HEADER;
@@ -862,11 +885,13 @@ static int sweep(ferry__remote_server *s)
         if (c->state == CONN_HELLO && now >= c->deadline) {
             count_refused(s, FERRY_REMOTE_REFUSED_SILENT);
             drop_conn(s, c, 0);
-        } else if (c->state == CONN_ADMITTED && c->failed) {
+        } else if (c->state == CONN_ADMITTED && (c->failed || (c->leaving && now >= c->leaving))) {
             drop_conn(s, c, 1);
         } else {
             if (c->state == CONN_HELLO && c->deadline < next)
                 next = c->deadline;
+            if (c->leaving && c->leaving < next)
+                next = c->leaving;
             if (c->state == CONN_ADMITTED && c->not_ready)
                 forward(s, c);
             if (c->state == CONN_ADMITTED && c->not_ready && now + SERVER_READY_POLL_NS < next)
