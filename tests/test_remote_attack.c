@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -118,6 +119,40 @@ static int read_exactly(int fd, uint8_t *buf, size_t n, int ms)
         n -= (size_t)k;
     }
     return 0;
+}
+
+/* ---- the fd limit ----------------------------------------------------------------------------
+ */
+
+/* This process's fds all taken but `leave` (the limit lowered to what is open and some, then
+ * filled with copies of stdin); undone by fds_restore. */
+typedef struct fd_fill {
+    struct rlimit saved;
+    int fds[512];
+    int n;
+} fd_fill;
+
+static void fds_fill(fd_fill *f, int leave)
+{
+    int top = dup(0);
+    assert_true(top >= 0);
+    close(top);
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &f->saved), 0);
+    struct rlimit low = {.rlim_cur = (rlim_t)top + 256, .rlim_max = f->saved.rlim_max};
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+    f->n = 0;
+    for (int fd; f->n < 512 && (fd = dup(0)) >= 0;)
+        f->fds[f->n++] = fd;
+    assert_int_equal(errno, EMFILE);
+    for (int i = 0; i < leave && f->n; i++)
+        close(f->fds[--f->n]);
+}
+
+static void fds_restore(fd_fill *f)
+{
+    while (f->n)
+        close(f->fds[--f->n]);
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &f->saved), 0);
 }
 
 /* ---- a fake consumer: the bootstrap by hand, a UCX worker of its own, messages of its
@@ -534,6 +569,116 @@ static void test_leader_acks_then_leaves(void **state)
     th_reap_helper(&prod);
 }
 
+/* "connect ADDR RANK": waits for the test's ITEM, connects, reports the status; once
+ * admitted, receives one lease (2 s), reads and acknowledges it and reports its seed. */
+static int connect_main(const char *addr, uint32_t rank)
+{
+    th_msg go;
+    if (th_recv_msg(TH_CHANNEL_FD, &go, -1) != 0)
+        return 1;
+    ferry_consumer *c = NULL;
+    ferry_status st = ferry_consumer_connect(addr, rank, -1, &c);
+    th_report(st, 0);
+    if (st != FERRY_OK)
+        return 0;
+    ferry_descriptor d;
+    size_t k;
+    uint8_t buf[4096];
+    uint64_t seed = 0;
+    st = ferry_consumer_recv(c, 2000 * MS, &d, 1, &k);
+    if (st == FERRY_OK)
+        st = ferry_consumer_read(c, &d, buf, sizeof(buf), 2000 * MS);
+    if (st == FERRY_OK && th_check_stamp(buf, d.length, 0, &seed) >= 0)
+        st = ferry_consumer_ack(c, &d);
+    th_report(st, seed);
+    ferry_consumer_destroy(c);
+    return 0;
+}
+
+/* The producer out of fds while consumers connect (its RLIMIT_NOFILE reached, and then one
+ * fd more free each time): a consumer is refused with an error (SYSTEM), never told that the
+ * producer is gone, and the producer neither dies (UCX aborts the process when it runs out
+ * of fds while it makes an endpoint) nor takes the consumer for dead: the lease queued for
+ * its rank stays queued, and reaches the consumer once one is admitted. */
+static void test_fd_limit_while_admitting(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(1, 1 << 20);
+    char addr[FERRY_REMOTE_ADDRESS_SIZE];
+    ferry__remote_address a;
+    address_of(pool, addr, &a);
+    assert_int_equal(send_stamped(pool, 4096, 100, NULL, NULL), FERRY_OK); /* queued */
+    th_msg m = {.status = FERRY_SYSTEM};
+    th_helper h;
+    for (int leave = 1; leave <= 64 && m.status != FERRY_OK; leave++) {
+        h = th_spawn_helper("connect", addr, "0");
+        fd_fill fill;
+        fds_fill(&fill, leave);
+        th_send_type(h.fd, TH_MSG_ITEM);
+        int got = th_recv_msg(h.fd, &m, 10000);
+        fds_restore(&fill);
+        if (got != 0)
+            fail_msg("no answer with %d fds left to the producer", leave);
+        fprintf(stderr, "test_remote_attack: %d fds left to the producer: %s%s%.100s\n", leave,
+                ferry_status_name((ferry_status)m.status), m.status ? ": " : "", m.text);
+        if (m.status == FERRY_OK)
+            break;
+        th_reap_helper(&h);
+        assert_int_equal(m.status, FERRY_SYSTEM);
+        ferry_pool_stats s = th_stats(pool);
+        assert_int_equal(s.remote_connected, 0);
+        assert_int_equal(s.acked_for_dead, 0);
+        assert_int_equal(s.leases_in_flight, 1);
+    }
+    assert_int_equal(m.status, FERRY_OK);
+    m = th_finish_helper(&h, 10000);
+    assert_int_equal(m.status, FERRY_OK);
+    assert_int_equal(m.seed, 100); /* the lease queued for it */
+    assert_int_equal(WAIT_STAT(pool, leases_in_flight, 0, 3000), 0);
+    assert_int_equal(th_stats(pool).acked_for_dead, 0);
+    ferry_pool_destroy(pool);
+}
+
+/* "connect-limited ADDR LEAVE": connects as rank 0 with all its fds taken but LEAVE, reports
+ * the status, and leaves. */
+static int connect_limited_main(const char *addr, int leave)
+{
+    fd_fill fill;
+    fds_fill(&fill, leave);
+    ferry_consumer *c = NULL;
+    ferry_status st = ferry_consumer_connect(addr, 0, -1, &c);
+    fds_restore(&fill);
+    th_report(st, 0);
+    ferry_consumer_destroy(c);
+    return 0;
+}
+
+/* A consumer out of fds while it connects (its RLIMIT_NOFILE reached, then one fd more free
+ * each time): an error of its own (SYSTEM), never PRODUCER_GONE for a producer that is there,
+ * and the process lives (UCX aborts it when it runs out of fds while it makes an endpoint). */
+static void test_fd_limit_while_connecting(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(1, 1 << 20);
+    char addr[FERRY_REMOTE_ADDRESS_SIZE];
+    ferry__remote_address a;
+    address_of(pool, addr, &a);
+    th_msg m = {.status = FERRY_SYSTEM};
+    for (int leave = 1; leave <= 160 && m.status != FERRY_OK; leave += leave < 16 ? 1 : 5) {
+        char n[16];
+        snprintf(n, sizeof(n), "%d", leave);
+        th_helper h = th_spawn_helper("connect-limited", addr, n);
+        m = th_finish_helper(&h, 10000);
+        fprintf(stderr, "test_remote_attack: %d fds left to the consumer: %s%s%.100s\n", leave,
+                ferry_status_name((ferry_status)m.status), m.status ? ": " : "", m.text);
+        if (m.status != FERRY_OK)
+            assert_int_equal(m.status, FERRY_SYSTEM);
+        assert_int_equal(WAIT_STAT(pool, remote_connected, 0, 3000), 0);
+    }
+    assert_int_equal(m.status, FERRY_OK);
+    ferry_pool_destroy(pool);
+}
+
 static int group_setup(void **state)
 {
     (void)state;
@@ -563,6 +708,10 @@ static int helper_main(int argc, char **argv)
         return producer_main((uint32_t)strtoul(argv[3], NULL, 10));
     if (strcmp(argv[2], "leader") == 0)
         return leader_main(argv[3]);
+    if (strcmp(argv[2], "connect-limited") == 0)
+        return connect_limited_main(argv[3], atoi(argv[4]));
+    if (strcmp(argv[2], "connect") == 0)
+        return connect_main(argv[3], (uint32_t)strtoul(argv[4], NULL, 10));
     return 2;
 }
 
@@ -582,6 +731,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_emulated_counted_once),
         cmocka_unit_test(test_last_acks_before_close),
         cmocka_unit_test(test_leader_acks_then_leaves),
+        cmocka_unit_test(test_fd_limit_while_admitting),
+        cmocka_unit_test(test_fd_limit_while_connecting),
     };
     return cmocka_run_group_tests(tests, group_setup, NULL);
 }

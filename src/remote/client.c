@@ -401,6 +401,9 @@ static ferry_status make_ep(ferry__remote_client *cl, const ferry__welcome *w)
         .err_mode = UCP_ERR_HANDLING_MODE_PEER,
         .err_handler = {on_ep_error, cl},
     };
+    ferry_status st = ferry__ucx_fds_spare();
+    if (st != FERRY_OK)
+        return st;
     ucs_status_t rc = u->ucp_ep_create(cl->node.worker, &ep, &cl->ep);
     if (rc != UCS_OK) {
         cl->ep = NULL;

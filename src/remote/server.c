@@ -648,6 +648,9 @@ static ferry_status make_ep(ferry__remote_server *s, conn *c, const ferry__hello
         .err_mode = UCP_ERR_HANDLING_MODE_PEER,
         .err_handler = {on_ep_error, c},
     };
+    ferry_status st = ferry__ucx_fds_spare();
+    if (st != FERRY_OK)
+        return st;
     ucs_status_t rc = s->node.ucx->ucp_ep_create(s->node.worker, &ep, &c->ep);
     if (rc != UCS_OK) {
         c->ep = NULL;

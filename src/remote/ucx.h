@@ -86,6 +86,14 @@ typedef struct ferry__ucx_node {
 ferry_status ferry__ucx_node_open(ferry__ucx_node *node, const char *name);
 void ferry__ucx_node_close(ferry__ucx_node *node);
 
+/* UCX (1.13 at least) aborts the process when it runs out of file descriptors while it makes
+ * a worker (its async thread: "ucs_async_thread_global_context.thread != NULL") or an endpoint
+ * (ucp_worker_iface_activate: "failed to set active message handler"): ferry makes either
+ * only while the process has FERRY_UCX_SPARE_FDS of them to spare. SYSTEM (EMFILE)
+ * otherwise, nothing changed. */
+#define FERRY_UCX_SPARE_FDS 32
+ferry_status ferry__ucx_fds_spare(void);
+
 /* Progresses the worker until it has nothing more to do, then arms its event fd: returns
  * once a poll on efd will wake for the next event. */
 void ferry__ucx_node_drain(ferry__ucx_node *node);
