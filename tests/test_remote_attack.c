@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/time.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -679,6 +680,46 @@ static void test_fd_limit_while_connecting(void **state)
     ferry_pool_destroy(pool);
 }
 
+static uint64_t cpu_ms(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (uint64_t)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1000u +
+           (uint64_t)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1000u;
+}
+
+/* A connection waiting in the listener's backlog while the producer has no fd to accept it
+ * with: the producer's thread does not spin on the listener meanwhile, and accepts the
+ * connection once fds are free again (which then ends at its own deadline, silent). */
+static void test_fd_limit_backlog(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(1, 1 << 20);
+    char addr[FERRY_REMOTE_ADDRESS_SIZE];
+    ferry__remote_address a;
+    address_of(pool, addr, &a);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(a.port)};
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    uint64_t refused0 = th_stats(pool).remote_refused;
+    fd_fill fill;
+    fds_fill(&fill, 0);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    uint64_t cpu0 = cpu_ms(), t0 = ferry_now_ns();
+    sleep_ms(500);
+    uint64_t cpu = cpu_ms() - cpu0, wall = ms_since(t0);
+    fds_restore(&fill);
+    fprintf(stderr,
+            "test_remote_attack: a connection in the backlog, no fd to accept it: %llu ms of CPU "
+            "in %llu ms\n",
+            (unsigned long long)cpu, (unsigned long long)wall);
+    assert_true(cpu * 4 < wall);
+    /* accepted once there are fds, and refused at its deadline */
+    assert_int_equal(WAIT_STAT(pool, remote_refused, refused0 + 1, 3000), refused0 + 1);
+    close(fd);
+    ferry_pool_destroy(pool);
+}
+
 static int group_setup(void **state)
 {
     (void)state;
@@ -733,6 +774,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_leader_acks_then_leaves),
         cmocka_unit_test(test_fd_limit_while_admitting),
         cmocka_unit_test(test_fd_limit_while_connecting),
+        cmocka_unit_test(test_fd_limit_backlog),
     };
     return cmocka_run_group_tests(tests, group_setup, NULL);
 }

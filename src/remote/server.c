@@ -52,6 +52,9 @@
 /* How long a consumer whose connection ended has for what it sent over UCX before it left
  * (its last acknowledgements) to arrive: dropped at once when its endpoint fails too. */
 #define SERVER_LEAVE_NS 100000000ull
+/* How long the listener is left alone after accept failed for want of fds or memory (the
+ * connection waits in the backlog meanwhile; a level-triggered listener would spin). */
+#define SERVER_ACCEPT_PAUSE_NS 50000000ull
 /* How often a rank whose next lease is not ready yet (a GPU stream still copying) is looked
  * at again. */
 #define SERVER_READY_POLL_NS 50000ull
@@ -107,6 +110,10 @@ struct ferry__remote_server {
     ferry__remote_counts counts;
     uint8_t *entries; /* the thread's copy of the entries it forwards (ring_depth of them) */
     int warned_emulated;
+    /* The thread's: when the listener is watched again (0: it is), and whether accept's
+     * failure was told. */
+    uint64_t accept_paused;
+    unsigned warned_accept;
     int inflight; /* atomic: sends UCX has not completed yet */
 };
 
@@ -844,12 +851,31 @@ static void refuse_busy(ferry__remote_server *s, int fd)
     count_refused(s, FERRY_REMOTE_REFUSED_FLOOD);
 }
 
+/* Watches the listener again (paused: 0) or leaves it alone for a while (1). */
+static void listener_pause(ferry__remote_server *s, int paused)
+{
+    struct epoll_event ev = {.events = paused ? 0 : EPOLLIN, .data.u64 = TAG_LISTEN};
+    if (epoll_ctl(s->epoll_fd, EPOLL_CTL_MOD, s->listen_fd, &ev) == 0)
+        s->accept_paused = paused ? ferry__now_ns() + SERVER_ACCEPT_PAUSE_NS : 0;
+}
+
 static void on_accept(ferry__remote_server *s)
 {
     for (;;) {
         int fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0 && errno == ECONNABORTED)
+            continue;
+        if (fd < 0 && errno != EAGAIN && errno != EINTR) {
+            /* EMFILE, ENFILE, ENOBUFS, ENOMEM: the connection waits in the backlog */
+            if (!s->warned_accept++)
+                ferry__log(FERRY_LOG_WARN,
+                           "%s: accepting a remote consumer failed (%s): connections wait until "
+                           "it can (warned once)",
+                           s->label, strerror(errno));
+            listener_pause(s, 1);
+        }
         if (fd < 0)
-            return; /* EAGAIN, or EMFILE: the connection waits in the backlog */
+            return;
         if (s->pending >= SERVER_MAX_PENDING) {
             refuse_busy(s, fd);
             continue;
@@ -902,6 +928,10 @@ static int sweep(ferry__remote_server *s)
         }
         c = n;
     }
+    if (s->accept_paused && now >= s->accept_paused)
+        listener_pause(s, 0);
+    if (s->accept_paused && s->accept_paused < next)
+        next = s->accept_paused;
     /* Sends in flight may need the worker to push them out (a full socket). */
     if (__atomic_load_n(&s->inflight, __ATOMIC_RELAXED) && now + 1000000ull < next)
         next = now + 1000000ull;
