@@ -720,6 +720,62 @@ static void test_fd_limit_backlog(void **state)
     ferry_pool_destroy(pool);
 }
 
+/* A consumer that gave up while its connection waited in the backlog (the producer out of
+ * fds), or died right after its hello: its hello is read once the producer can, but a peer
+ * that left is not admitted (its rank would be released as dead at once, the lease queued
+ * for the rank acknowledged on behalf of nobody); the next consumer gets the lease. */
+static void test_hello_of_a_departed_peer(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(1, 1 << 20);
+    char addr[FERRY_REMOTE_ADDRESS_SIZE];
+    ferry__remote_address a;
+    address_of(pool, addr, &a);
+    assert_int_equal(send_stamped(pool, 4096, 300, NULL, NULL), FERRY_OK); /* queued */
+    fake f;
+    fake_open(&f);
+    ferry__hello h = {.rank = 0,
+                      .pid = (uint32_t)getpid(),
+                      .worker = (const uint8_t *)f.node.address,
+                      .worker_len = (uint32_t)f.node.address_len};
+    memcpy(h.secret, a.secret, 16);
+    memcpy(h.pool_id, a.pool_id, 16);
+    strcpy(h.host, "gone");
+    uint8_t msg[FERRY_REMOTE_MAX_MESSAGE];
+    assert_int_equal(ferry__hello_encode(&h, msg, sizeof(msg)), FERRY_OK);
+    size_t n = ferry__hello_size(&h);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(a.port)};
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    fd_fill fill;
+    fds_fill(&fill, 0); /* the producer cannot accept: the connection waits in the backlog */
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    assert_int_equal(send(fd, msg, n, MSG_NOSIGNAL), (ssize_t)n);
+    close(fd); /* and gives up */
+    fds_restore(&fill);
+    uint64_t t0 = ferry_now_ns();
+    while (th_stats(pool).remote_refused == 0 && th_stats(pool).remote_admitted == 0 &&
+           ms_since(t0) < 3000)
+        fake_progress(&f, 1);
+    fake_progress(&f, 300); /* what an admission would have led to */
+    ferry_pool_stats s = th_stats(pool);
+    fake_close(&f);
+    assert_int_equal(s.remote_admitted, 0);
+    assert_int_equal(s.remote_refused, 1);
+    assert_int_equal(s.acked_for_dead, 0);
+    assert_int_equal(s.leases_in_flight, 1);
+    ferry_consumer *c = NULL;
+    assert_int_equal(ferry_consumer_connect(addr, 0, -1, &c), FERRY_OK);
+    ferry_descriptor d;
+    size_t k;
+    uint8_t buf[4096];
+    assert_int_equal(ferry_consumer_recv(c, 3000 * MS, &d, 1, &k), FERRY_OK);
+    assert_int_equal(ferry_consumer_read(c, &d, buf, sizeof(buf), 3000 * MS), FERRY_OK);
+    assert_true(th_check_stamp(buf, sizeof(buf), 300, NULL));
+    ferry_consumer_destroy(c);
+    ferry_pool_destroy(pool);
+}
+
 static int group_setup(void **state)
 {
     (void)state;
@@ -775,6 +831,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_fd_limit_while_admitting),
         cmocka_unit_test(test_fd_limit_while_connecting),
         cmocka_unit_test(test_fd_limit_backlog),
+        cmocka_unit_test(test_hello_of_a_departed_peer),
     };
     return cmocka_run_group_tests(tests, group_setup, NULL);
 }

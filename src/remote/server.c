@@ -792,6 +792,21 @@ static void on_left(ferry__remote_server *s, conn *c)
         c->leaving = ferry__now_ns() + SERVER_LEAVE_NS;
 }
 
+/* 0 if the peer of a whole HELLO is still there, silent, waiting for the answer; otherwise
+ * the connection is dropped. A peer that left already (a consumer that gave up while its
+ * connection waited in the backlog, or died) is not admitted: its rank would be released as
+ * dead at once, the leases queued for it acknowledged on behalf of nobody. */
+static int still_there(ferry__remote_server *s, conn *c)
+{
+    uint8_t b;
+    ssize_t n = recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR))
+        return 0;
+    count_refused(s, FERRY_REMOTE_REFUSED_MALFORMED); /* gone, or bytes after its hello */
+    drop_conn(s, c, 0);
+    return -1;
+}
+
 /* Bytes arrived on a connection waiting for its HELLO (or on an admitted one: EOF, an error,
  * or a byte it should not have sent). */
 static void on_readable(ferry__remote_server *s, conn *c)
@@ -830,7 +845,7 @@ static void on_readable(ferry__remote_server *s, conn *c)
         drop_conn(s, c, 0);
         return;
     }
-    if (c->have < size)
+    if (c->have < size || still_there(s, c) != 0)
         return;
     int rc = on_hello(s, c);
     if (rc != 0)
