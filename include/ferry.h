@@ -425,7 +425,8 @@ FERRY_API ferry_status ferry_pool_address(ferry_pool *pool, char *buf, size_t si
 /* The pool's remote address into buf (size >= FERRY_REMOTE_ADDRESS_SIZE), for consumers on
  * other hosts: "ferry+ucx://HOST:PORT/<pool id>/<secret>", 32 hex digits each. It carries a
  * 128-bit secret: whoever has the address can read every lease of the pool (docs/design.md,
- * "Security"). INVALID_ARGUMENT for a pool made without cfg.listen. */
+ * "Security"). INVALID_ARGUMENT for a pool made without cfg.listen. Also once close began, as
+ * ferry_pool_address. */
 FERRY_API ferry_status ferry_pool_remote_address(ferry_pool *pool, char *buf, size_t size);
 
 /* The ranks a send goes to: the list of count ranks, or when list is NULL the range

@@ -776,6 +776,48 @@ static void test_hello_of_a_departed_peer(void **state)
     ferry_pool_destroy(pool);
 }
 
+typedef struct address_race {
+    ferry_pool *pool;
+    int stop; /* atomic */
+    uint64_t ok;
+} address_race;
+
+static void *ask_address(void *arg)
+{
+    address_race *r = arg;
+    char buf[FERRY_REMOTE_ADDRESS_SIZE];
+    while (!__atomic_load_n(&r->stop, __ATOMIC_ACQUIRE)) {
+        r->ok += ferry_pool_remote_address(r->pool, buf, sizeof(buf)) == FERRY_OK;
+    }
+    return NULL;
+}
+
+/* The remote address asked for while the pool closes, on other threads, and after: the same
+ * string throughout, as ferry_pool_address gives it (never the freed server's memory, never
+ * "serves no remote consumers" for a pool that did). */
+static void test_remote_address_while_closing(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(1, 1 << 20);
+    char addr[FERRY_REMOTE_ADDRESS_SIZE], again[FERRY_REMOTE_ADDRESS_SIZE];
+    ferry__remote_address a;
+    address_of(pool, addr, &a);
+    address_race r = {.pool = pool};
+    pthread_t t[2];
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(pthread_create(&t[i], NULL, ask_address, &r), 0);
+    sleep_ms(20);
+    ferry_pool_close(pool);
+    sleep_ms(20);
+    __atomic_store_n(&r.stop, 1, __ATOMIC_RELEASE);
+    for (int i = 0; i < 2; i++)
+        pthread_join(t[i], NULL);
+    assert_true(r.ok > 0);
+    assert_int_equal(ferry_pool_remote_address(pool, again, sizeof(again)), FERRY_OK);
+    assert_string_equal(again, addr);
+    ferry_pool_destroy(pool);
+}
+
 static int group_setup(void **state)
 {
     (void)state;
@@ -832,6 +874,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_fd_limit_while_connecting),
         cmocka_unit_test(test_fd_limit_backlog),
         cmocka_unit_test(test_hello_of_a_departed_peer),
+        cmocka_unit_test(test_remote_address_while_closing),
     };
     return cmocka_run_group_tests(tests, group_setup, NULL);
 }
