@@ -818,6 +818,29 @@ static void test_remote_address_while_closing(void **state)
     ferry_pool_destroy(pool);
 }
 
+/* An address that is not quite the printed form is refused without repeating its secret in
+ * the message (which ends up in logs): only what comes before the pool id is quoted. */
+static void test_bad_address_keeps_secret(void **state)
+{
+    (void)state;
+    const char *secret = "00112233445566778899aabbccddeeff";
+    char bad[4][FERRY_REMOTE_ADDRESS_SIZE + 16];
+    snprintf(bad[0], sizeof(bad[0]), "ferry+ucx://10.0.0.5:7000/%s/%sx",
+             "a0a1a2a3a4a5a6a7a8a9aaabacadaeaf", secret);
+    snprintf(bad[1], sizeof(bad[1]), "ferry+ucx://10.0.0.5:70000/%s/%s",
+             "a0a1a2a3a4a5a6a7a8a9aaabacadaeaf", secret);
+    snprintf(bad[2], sizeof(bad[2]), "ferry+ucx://10.0.0.5:7000/%s/%s",
+             "a0a1a2a3a4a5a6a7a8a9aaabacadaexx", secret);
+    snprintf(bad[3], sizeof(bad[3]), "ferry+ucx://10.0.0.5:7000/%s", secret);
+    for (int i = 0; i < 4; i++) {
+        ferry_consumer *c = NULL;
+        assert_int_equal(ferry_consumer_connect(bad[i], 0, -1, &c), FERRY_INVALID_ARGUMENT);
+        if (strstr(ferry_last_error(), "001122334455"))
+            fail_msg("the secret is in the message: %s", ferry_last_error());
+        assert_non_null(strstr(ferry_last_error(), "10.0.0.5"));
+    }
+}
+
 static int group_setup(void **state)
 {
     (void)state;
@@ -875,6 +898,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_fd_limit_backlog),
         cmocka_unit_test(test_hello_of_a_departed_peer),
         cmocka_unit_test(test_remote_address_while_closing),
+        cmocka_unit_test(test_bad_address_keeps_secret),
     };
     return cmocka_run_group_tests(tests, group_setup, NULL);
 }
