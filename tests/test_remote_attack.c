@@ -841,6 +841,189 @@ static void test_bad_address_keeps_secret(void **state)
     }
 }
 
+/* ---- tests: lifecycle and threads ------------------------------------------------------- */
+
+/* "reader ADDR RANK": connects, reports, then receives, reads (every byte checked) and
+ * acknowledges until a call fails; reports that status and how many it verified. */
+static int reader_main(const char *addr, uint32_t rank)
+{
+    ferry_consumer *c = NULL;
+    ferry_status st = ferry_consumer_connect(addr, rank, -1, &c);
+    th_report(st, 0);
+    if (st != FERRY_OK)
+        return 1;
+    size_t cap = 16u << 20;
+    uint8_t *buf = malloc(cap);
+    uint64_t verified = 0;
+    for (;;) {
+        ferry_descriptor d;
+        size_t k;
+        uint64_t seed = 0;
+        st = ferry_consumer_recv(c, 10000 * MS, &d, 1, &k);
+        if (st == FERRY_OK)
+            st = ferry_consumer_read(c, &d, buf, cap, 10000 * MS);
+        if (st != FERRY_OK)
+            break;
+        th_check_stamp(buf, d.length, 0, &seed);
+        if (!th_check_stamp(buf, d.length, seed, NULL)) {
+            st = FERRY_MISMATCH; /* another lease's bytes */
+            break;
+        }
+        verified++;
+        st = ferry_consumer_ack(c, &d);
+        if (st != FERRY_OK)
+            break;
+    }
+    th_report(st, verified);
+    ferry_consumer_destroy(c);
+    free(buf);
+    return 0;
+}
+
+typedef struct closer {
+    ferry_pool *pool;
+    int after_ms;
+} closer;
+
+static void *close_later(void *arg)
+{
+    closer *c = arg;
+    sleep_ms(c->after_ms);
+    ferry_pool_close(c->pool);
+    return NULL;
+}
+
+/* The pool closed while remote consumers read large leases, receive and acknowledge (at
+ * several moments): each ends with PRODUCER_GONE, never with another lease's bytes, an error
+ * of its own or a crash, and the producer's close returns. */
+static void test_close_while_reading(void **state)
+{
+    (void)state;
+    for (int round = 0; round < 3; round++) {
+        ferry_pool *pool = make_pool(2, 64 << 20);
+        char addr[FERRY_REMOTE_ADDRESS_SIZE];
+        ferry__remote_address a;
+        address_of(pool, addr, &a);
+        th_helper h[2];
+        for (uint32_t r = 0; r < 2; r++) {
+            char rank[8];
+            snprintf(rank, sizeof(rank), "%u", r);
+            h[r] = th_spawn_helper("reader", addr, rank);
+            th_msg m;
+            assert_int_equal(th_recv_msg(h[r].fd, &m, 10000), 0);
+            assert_int_equal(m.status, FERRY_OK);
+        }
+        closer cl = {pool, 100 + 150 * round};
+        pthread_t t;
+        assert_int_equal(pthread_create(&t, NULL, close_later, &cl), 0);
+        uint64_t sent = 0;
+        for (uint64_t i = 0;; i++) {
+            size_t size = (i % 4 == 3) ? (8u << 20) : (4096u << (i % 6));
+            ferry_status st = send_stamped(pool, size, 1000 + i, NULL, NULL);
+            if (st != FERRY_OK) {
+                assert_int_equal(st, FERRY_CLOSING);
+                break;
+            }
+            sent++;
+        }
+        pthread_join(t, NULL);
+        for (int r = 0; r < 2; r++) {
+            th_msg m = th_finish_helper(&h[r], 20000);
+            fprintf(stderr,
+                    "test_remote_attack: closed after %d ms: rank %d verified %llu of %llu, then "
+                    "%s: %.120s\n",
+                    cl.after_ms, r, (unsigned long long)m.seed, (unsigned long long)sent,
+                    ferry_status_name((ferry_status)m.status), m.text);
+            assert_int_equal(m.status, FERRY_PRODUCER_GONE);
+        }
+        ferry_pool_destroy(pool);
+    }
+}
+
+typedef struct crowd {
+    ferry_consumer *c;
+    uint64_t n;     /* leases sent */
+    uint64_t taken; /* atomic: leases taken by every thread */
+    uint8_t *seen;  /* atomic bytes: by item */
+    int errors;     /* atomic */
+} crowd;
+
+static void *crowd_member(void *arg)
+{
+    crowd *w = arg;
+    uint8_t *buf = malloc(1u << 16);
+    while (__atomic_load_n(&w->taken, __ATOMIC_ACQUIRE) < w->n) {
+        ferry_descriptor d;
+        size_t k;
+        ferry_status st = ferry_consumer_recv(w->c, 20 * MS, &d, 1, &k);
+        if (st == FERRY_TIMEOUT)
+            continue;
+        uint64_t seed = 0;
+        if (st == FERRY_OK)
+            st = ferry_consumer_read(w->c, &d, buf, 1u << 16, 5000 * MS);
+        if (st == FERRY_OK) {
+            th_check_stamp(buf, d.length, 0, &seed);
+            if (seed < 1 || seed > w->n || !th_check_stamp(buf, d.length, seed, NULL) ||
+                __atomic_exchange_n(&w->seen[seed - 1], 1, __ATOMIC_ACQ_REL))
+                st = FERRY_MISMATCH; /* wrong bytes, or one lease taken twice */
+        }
+        if (st == FERRY_OK)
+            st = ferry_consumer_ack(w->c, &d);
+        if (st != FERRY_OK) {
+            fprintf(stderr, "test_remote_attack: a thread got %s: %s\n", ferry_status_name(st),
+                    ferry_last_error());
+            __atomic_fetch_add(&w->errors, 1, __ATOMIC_RELAXED);
+        }
+        __atomic_fetch_add(&w->taken, 1, __ATOMIC_ACQ_REL);
+    }
+    free(buf);
+    return NULL;
+}
+
+static void *crowd_poller(void *arg)
+{
+    crowd *w = arg;
+    while (__atomic_load_n(&w->taken, __ATOMIC_ACQUIRE) < w->n) {
+        int fd = -1;
+        if (ferry_consumer_fd(w->c, &fd) != FERRY_OK)
+            __atomic_fetch_add(&w->errors, 1, __ATOMIC_RELAXED);
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        poll(&p, 1, 5);
+    }
+    return NULL;
+}
+
+/* Many threads of one remote consumer receive, read and acknowledge at once while another
+ * polls its fd: every lease is taken by exactly one thread, every byte is right, every call
+ * succeeds, and every lease is recycled. */
+static void test_threads_of_one_consumer(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(1, 4 << 20);
+    char addr[FERRY_REMOTE_ADDRESS_SIZE];
+    ferry__remote_address a;
+    address_of(pool, addr, &a);
+    crowd w = {.n = th_scaled(2000, 200)};
+    w.seen = calloc(w.n, 1);
+    assert_int_equal(ferry_consumer_connect(addr, 0, -1, &w.c), FERRY_OK);
+    pthread_t t[5];
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(pthread_create(&t[i], NULL, crowd_member, &w), 0);
+    assert_int_equal(pthread_create(&t[4], NULL, crowd_poller, &w), 0);
+    for (uint64_t i = 1; i <= w.n; i++)
+        if (send_stamped(pool, 1024u + (size_t)(i * 7919 % 60000), i, NULL, NULL) != FERRY_OK)
+            fail_msg("send %llu: %s", (unsigned long long)i, ferry_last_error());
+    for (int i = 0; i < 5; i++)
+        pthread_join(t[i], NULL);
+    assert_int_equal(w.errors, 0);
+    for (uint64_t i = 0; i < w.n; i++)
+        assert_int_equal(w.seen[i], 1);
+    assert_int_equal(WAIT_STAT(pool, leases_in_flight, 0, 3000), 0);
+    ferry_consumer_destroy(w.c);
+    free(w.seen);
+    ferry_pool_destroy(pool);
+}
+
 static int group_setup(void **state)
 {
     (void)state;
@@ -870,6 +1053,8 @@ static int helper_main(int argc, char **argv)
         return producer_main((uint32_t)strtoul(argv[3], NULL, 10));
     if (strcmp(argv[2], "leader") == 0)
         return leader_main(argv[3]);
+    if (strcmp(argv[2], "reader") == 0)
+        return reader_main(argv[3], (uint32_t)strtoul(argv[4], NULL, 10));
     if (strcmp(argv[2], "connect-limited") == 0)
         return connect_limited_main(argv[3], atoi(argv[4]));
     if (strcmp(argv[2], "connect") == 0)
@@ -899,6 +1084,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_hello_of_a_departed_peer),
         cmocka_unit_test(test_remote_address_while_closing),
         cmocka_unit_test(test_bad_address_keeps_secret),
+        cmocka_unit_test(test_close_while_reading),
+        cmocka_unit_test(test_threads_of_one_consumer),
     };
     return cmocka_run_group_tests(tests, group_setup, NULL);
 }
