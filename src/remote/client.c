@@ -421,22 +421,20 @@ static ferry_status make_ep(ferry__remote_client *cl, const ferry__welcome *w)
     return FERRY_OK;
 }
 
+/* An active message of another id than ferry's: dropped. */
+static ucs_status_t on_other_am(void *arg, const void *header, size_t header_len, void *data,
+                                size_t len, const ucp_am_recv_param_t *param)
+{
+    (void)arg, (void)header, (void)header_len, (void)data, (void)len, (void)param;
+    return UCS_OK;
+}
+
 /* Registered before the hello goes out: the producer may forward descriptors the moment it
  * admits this rank, before its welcome is read here (they wait in the worker until the
  * client progresses it, once it knows its connection). */
 static ferry_status set_handler(ferry__remote_client *cl)
 {
-    ucp_am_handler_param_t hp = {
-        .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
-                      UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG,
-        .id = FERRY_AM_ID,
-        .flags = UCP_AM_FLAG_WHOLE_MSG,
-        .cb = on_am,
-        .arg = cl,
-    };
-    ucs_status_t rc = cl->node.ucx->ucp_worker_set_am_recv_handler(cl->node.worker, &hp);
-    return rc == UCS_OK ? FERRY_OK
-                        : ferry__ucx_fail(cl->node.ucx, "ucp_worker_set_am_recv_handler", rc);
+    return ferry__ucx_node_handlers(&cl->node, FERRY_AM_ID, on_am, on_other_am, cl);
 }
 
 /* Progresses until every request of reqs[0, n) is done, sleeping on the worker's event fd

@@ -1026,19 +1026,19 @@ static ferry_status open_fds(ferry__remote_server *s, const char *host, const ch
     return FERRY_OK;
 }
 
+/* An active message of another id than ferry's: dropped, counted. */
+static ucs_status_t on_other_am(void *arg, const void *header, size_t header_len, void *data,
+                                size_t len, const ucp_am_recv_param_t *param)
+{
+    (void)header, (void)header_len, (void)data, (void)len, (void)param;
+    ferry__remote_server *s = arg;
+    count_add(s, &s->counts.bad_messages, 1);
+    return UCS_OK;
+}
+
 static ferry_status set_am_handler(ferry__remote_server *s)
 {
-    ucp_am_handler_param_t hp = {
-        .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
-                      UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG,
-        .id = FERRY_AM_ID,
-        .flags = UCP_AM_FLAG_WHOLE_MSG,
-        .cb = on_am,
-        .arg = s,
-    };
-    ucs_status_t rc = s->node.ucx->ucp_worker_set_am_recv_handler(s->node.worker, &hp);
-    return rc == UCS_OK ? FERRY_OK
-                        : ferry__ucx_fail(s->node.ucx, "ucp_worker_set_am_recv_handler", rc);
+    return ferry__ucx_node_handlers(&s->node, FERRY_AM_ID, on_am, on_other_am, s);
 }
 
 static void release(ferry__remote_server *s)

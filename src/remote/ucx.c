@@ -197,6 +197,30 @@ ferry_status ferry__ucx_fds_spare(void)
                              FERRY_UCX_SPARE_FDS);
 }
 
+static ucs_status_t set_handler(ferry__ucx_node *node, unsigned id, ucp_am_recv_callback_t cb,
+                                void *arg)
+{
+    ucp_am_handler_param_t hp = {
+        .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                      UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG,
+        .id = id,
+        .flags = UCP_AM_FLAG_WHOLE_MSG,
+        .cb = cb,
+        .arg = arg,
+    };
+    return node->ucx->ucp_worker_set_am_recv_handler(node->worker, &hp);
+}
+
+ferry_status ferry__ucx_node_handlers(ferry__ucx_node *node, unsigned id, ucp_am_recv_callback_t cb,
+                                      ucp_am_recv_callback_t other, void *arg)
+{
+    ucs_status_t rc = set_handler(node, id, cb, arg);
+    for (unsigned i = 0; i < id && rc == UCS_OK; i++)
+        rc = set_handler(node, i, other, arg);
+    return rc == UCS_OK ? FERRY_OK
+                        : ferry__ucx_fail(node->ucx, "ucp_worker_set_am_recv_handler", rc);
+}
+
 void ferry__ucx_node_drain(ferry__ucx_node *node)
 {
     const ferry__ucx *u = node->ucx;
