@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -93,6 +94,30 @@ static void sleep_ms(int ms)
             sleep_ms(2);                                                                           \
         v_;                                                                                        \
     })
+
+static int count_fds(void)
+{
+    int n = 0;
+    DIR *d = opendir("/proc/self/fd");
+    for (struct dirent *e; d && (e = readdir(d));)
+        n += e->d_name[0] != '.';
+    if (d)
+        closedir(d);
+    return n;
+}
+
+static long status_field(const char *name)
+{
+    char line[256];
+    long v = -1;
+    FILE *f = fopen("/proc/self/status", "r");
+    while (f && fgets(line, sizeof(line), f))
+        if (strncmp(line, name, strlen(name)) == 0)
+            v = strtol(line + strlen(name), NULL, 10);
+    if (f)
+        fclose(f);
+    return v;
+}
 
 /* ---- raw TCP ------------------------------------------------------------------------------ */
 
@@ -1180,6 +1205,67 @@ static th_helper spawn_fake_producer(const char *mode, char *addr)
     return h;
 }
 
+/* A producer whose welcome lies about its layout (a ring deeper than any, a table outside
+ * its region, another pool's descriptor, a rank the pool does not have, four billion rows in
+ * a region as large as the address space) or sends a remote key that is none: the connect
+ * fails with the reason, and twenty of them leave the consumer's fds and threads as they
+ * were. */
+static void test_welcome_that_lies(void **state)
+{
+    (void)state;
+    const char *modes[] = {"depth", "tables", "foreign", "rank", "rows"};
+    for (size_t i = 0; i < sizeof(modes) / sizeof(modes[0]); i++) {
+        char addr[FERRY_REMOTE_ADDRESS_SIZE];
+        th_helper h = spawn_fake_producer(modes[i], addr);
+        uint32_t rank = strcmp(modes[i], "rank") == 0 ? 1 : 0;
+        int fds0 = 0;
+        long threads0 = 0;
+        for (int k = 0; k < 20; k++) {
+            ferry_consumer *c = NULL;
+            ferry_status st = ferry_consumer_connect(addr, rank, -1, &c);
+            if (k == 0)
+                fprintf(stderr, "test_remote_attack: a welcome that lies (%s): %s: %s\n", modes[i],
+                        ferry_status_name(st), ferry_last_error());
+            assert_int_not_equal(st, FERRY_OK);
+            if (k == 1) {
+                fds0 = count_fds();
+                threads0 = status_field("Threads:");
+            }
+        }
+        assert_int_equal(count_fds(), fds0);
+        assert_int_equal(status_field("Threads:"), threads0);
+        th_send_type(h.fd, TH_MSG_DONE);
+        th_reap_helper(&h);
+    }
+}
+
+/* A producer that forwards forged and broken descriptors (more than the window at once,
+ * another connection's token, another pool's, ranges outside the extent it names, a slot out
+ * of range, parts out of order, of two leases, missing) and one good one: the consumer
+ * receives only the good one, reads it byte for byte, and acknowledges it. */
+static void test_descriptors_that_lie(void **state)
+{
+    (void)state;
+    char addr[FERRY_REMOTE_ADDRESS_SIZE];
+    th_helper h = spawn_fake_producer("descs", addr);
+    ferry_consumer *c = NULL;
+    assert_int_equal(ferry_consumer_connect(addr, 0, -1, &c), FERRY_OK);
+    ferry_descriptor d[4];
+    size_t k = 0;
+    assert_int_equal(ferry_consumer_recv(c, 5000 * MS, d, 4, &k), FERRY_OK);
+    assert_int_equal(k, 1);
+    assert_int_equal(d[0].slot, FP_SLOT);
+    assert_int_equal(d[0].length, FP_LENGTH);
+    uint8_t buf[FP_LENGTH];
+    assert_int_equal(ferry_consumer_read(c, &d[0], buf, sizeof(buf), 2000 * MS), FERRY_OK);
+    assert_true(th_check_stamp(buf, sizeof(buf), 4242, NULL));
+    assert_int_equal(ferry_consumer_recv(c, 200 * MS, d, 4, &k), FERRY_TIMEOUT);
+    assert_int_equal(ferry_consumer_ack(c, &d[0]), FERRY_OK);
+    ferry_consumer_destroy(c);
+    th_send_type(h.fd, TH_MSG_DONE);
+    th_reap_helper(&h);
+}
+
 /* A peer that sends active messages of ids other than ferry's (every id below it, and some
  * above): dropped, counted where ferry sees them, and the producer lives on (UCX 1.13 leaves
  * the handlers of the ids below the one set uninitialised, and called what was there). */
@@ -1474,6 +1560,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_hello_of_a_departed_peer),
         cmocka_unit_test(test_remote_address_while_closing),
         cmocka_unit_test(test_bad_address_keeps_secret),
+        cmocka_unit_test(test_welcome_that_lies),
+        cmocka_unit_test(test_descriptors_that_lie),
         cmocka_unit_test(test_other_message_ids),
         cmocka_unit_test(test_other_message_ids_to_consumer),
         cmocka_unit_test(test_close_while_reading),
