@@ -1498,6 +1498,196 @@ static void test_threads_of_one_consumer(void **state)
     ferry_pool_destroy(pool);
 }
 
+/* "bootstrap-die ADDR PHASE": a consumer that does the bootstrap by hand and is killed
+ * (SIGKILL, by itself) at PHASE: 0 connected, 1 half its hello sent, 2 its whole hello, 3
+ * the welcome read, 4 its endpoint made, 5 its first message sent; "talk" sends a byte on
+ * the connection after the welcome instead (and waits to be dropped). */
+static int bootstrap_die_main(const char *addr, const char *phase)
+{
+    ferry__remote_address a;
+    if (ferry__remote_parse(addr, &a) != FERRY_OK)
+        return 2;
+    fake f;
+    fake_open(&f);
+    int p = strcmp(phase, "talk") == 0 ? 6 : atoi(phase);
+    ferry__hello h = {.rank = 0,
+                      .pid = (uint32_t)getpid(),
+                      .worker = (const uint8_t *)f.node.address,
+                      .worker_len = (uint32_t)f.node.address_len};
+    memcpy(h.secret, a.secret, 16);
+    memcpy(h.pool_id, a.pool_id, 16);
+    strcpy(h.host, "doomed");
+    uint8_t msg[FERRY_REMOTE_MAX_MESSAGE];
+    ferry__hello_encode(&h, msg, sizeof(msg));
+    size_t n = ferry__hello_size(&h);
+    f.sock = dial(a.port);
+    if (p >= 1)
+        send(f.sock, msg, p == 1 ? n / 2 : n, MSG_NOSIGNAL);
+    if (p >= 3) {
+        uint32_t type, size;
+        if (read_exactly(f.sock, f.answer, FERRY_REMOTE_HEADER, 5000) != 0 ||
+            ferry__remote_peek(f.answer, FERRY_REMOTE_HEADER, &type, &size) != FERRY_OK ||
+            read_exactly(f.sock, f.answer + FERRY_REMOTE_HEADER, size - FERRY_REMOTE_HEADER,
+                         5000) != 0 ||
+            ferry__welcome_decode(f.answer, size, &f.w) != FERRY_OK)
+            return 3;
+    }
+    if (p >= 4 && p < 6)
+        fake_ep(&f);
+    if (p == 5) {
+        ferry__am taken = fake_am(&f, FERRY_AM_TAKEN);
+        fake_send(&f, &taken, NULL, 0, UCP_AM_SEND_FLAG_EAGER);
+    }
+    if (p == 6) {
+        uint8_t b = 0;
+        send(f.sock, &b, 1, MSG_NOSIGNAL);
+        struct pollfd pf = {.fd = f.sock, .events = POLLIN};
+        poll(&pf, 1, 5000); /* dropped: the connection ends */
+    }
+    th_report(FERRY_OK, (uint64_t)p);
+    raise(SIGKILL);
+    return 0;
+}
+
+/* "refused-cycles ADDR N": N connects with a wrong secret and N for a rank out of range;
+ * reports OK only if this process's fds and threads after them are what they were after the
+ * first ten of each. */
+static int refused_cycles_main(const char *addr, uint64_t n)
+{
+    ferry__remote_address a;
+    char wrong[FERRY_REMOTE_ADDRESS_SIZE];
+    if (ferry__remote_parse(addr, &a) != FERRY_OK)
+        return 2;
+    a.secret[3] ^= 0x40;
+    ferry__remote_format(&a, wrong, sizeof(wrong));
+    int fds0 = 0;
+    long threads0 = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        ferry_consumer *c = NULL;
+        if (ferry_consumer_connect(wrong, 0, -1, &c) != FERRY_PERMISSION ||
+            ferry_consumer_connect(addr, 9, -1, &c) != FERRY_INVALID_ARGUMENT) {
+            th_report(FERRY_SYSTEM, i);
+            return 1;
+        }
+        if (i == 9) {
+            fds0 = count_fds();
+            threads0 = status_field("Threads:");
+        }
+    }
+    th_msg m = {.type = TH_MSG_RESULT, .seed = n};
+    m.status =
+        count_fds() == fds0 && status_field("Threads:") == threads0 ? FERRY_OK : FERRY_SYSTEM;
+    snprintf(m.text, sizeof(m.text), "fds %d -> %d, threads %ld -> %ld", fds0, count_fds(),
+             threads0, status_field("Threads:"));
+    th_send_msg(TH_CHANNEL_FD, &m);
+    return 0;
+}
+
+/* A consumer killed at every phase of its bootstrap (and one that talks out of turn once
+ * admitted): the producer lets the connection go within its deadline or at once, holds
+ * nothing for it (the rank is taken again by a real consumer right after, fds flat), and
+ * admits only the peers that waited for their welcome. */
+static void test_killed_during_bootstrap(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(1, 1 << 20);
+    char addr[FERRY_REMOTE_ADDRESS_SIZE];
+    ferry__remote_address a;
+    address_of(pool, addr, &a);
+    const char *phases[] = {"0", "1", "2", "3", "4", "5", "talk"};
+    int fds0 = -1;
+    for (size_t i = 0; i < sizeof(phases) / sizeof(phases[0]); i++) {
+        uint64_t admitted0 = th_stats(pool).remote_admitted;
+        th_helper h = th_spawn_helper("bootstrap-die", addr, phases[i]);
+        th_msg m;
+        assert_int_equal(th_recv_msg(h.fd, &m, 10000), 0);
+        assert_int_equal(m.status, FERRY_OK);
+        th_reap_helper(&h);
+        uint64_t t0 = ferry_now_ns();
+        ferry_consumer *c = NULL;
+        ferry_status st;
+        while ((st = ferry_consumer_connect(addr, 0, -1, &c)) == FERRY_RANK_IN_USE &&
+               ms_since(t0) < 3000)
+            sleep_ms(10);
+        assert_int_equal(st, FERRY_OK);
+        fprintf(stderr,
+                "test_remote_attack: killed at bootstrap phase %s: the rank was free again "
+                "after %llu ms\n",
+                phases[i], (unsigned long long)ms_since(t0));
+        /* phase 2 may or may not be admitted: its end races the producer's read */
+        uint64_t admitted = th_stats(pool).remote_admitted - admitted0;
+        if (i < 2)
+            assert_int_equal(admitted, 1);
+        if (i > 2)
+            assert_int_equal(admitted, 2);
+        ferry_consumer_destroy(c);
+        assert_int_equal(WAIT_STAT(pool, remote_connected, 0, 3000), 0);
+        if (fds0 < 0)
+            fds0 = count_fds();
+    }
+    int fds = count_fds();
+    fprintf(stderr, "test_remote_attack: the producer's fds %d -> %d\n", fds0, fds);
+    assert_true(fds <= fds0 + 2);
+    ferry_pool_destroy(pool);
+}
+
+/* An admitted consumer's messages replayed by its successor on the rank (another
+ * connection, its own endpoint): dropped as forged, the lease not acknowledged. */
+static void test_replay_after_reconnect(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(1, 1 << 20);
+    char addr[FERRY_REMOTE_ADDRESS_SIZE];
+    ferry__remote_address a;
+    address_of(pool, addr, &a);
+    fake first;
+    fake_open(&first);
+    assert_int_equal(fake_hello(&first, &a, 0, NULL, 0), 0);
+    ferry__am old = fake_am(&first, FERRY_AM_ACK);
+    fake_close(&first);
+    assert_int_equal(WAIT_STAT(pool, remote_connected, 0, 3000), 0);
+    fake second;
+    fake_open(&second);
+    assert_int_equal(fake_hello(&second, &a, 0, NULL, 0), 0);
+    fake_ep(&second);
+    ferry_descriptor d;
+    assert_int_equal(send_stamped(pool, 4096, 600, NULL, &d), FERRY_OK);
+    fake_wait_descs(&second, 1, 3000);
+    old.u.ack.slot = d.slot;
+    old.u.ack.generation = d.generation;
+    old.u.ack.first = 0;
+    old.u.ack.count = 1;
+    fake_send(&second, &old, NULL, 0, UCP_AM_SEND_FLAG_EAGER);
+    assert_int_equal(WAIT_STAT(pool, remote_bad_messages, 1, 3000), 1);
+    assert_int_equal(th_stats(pool).leases_in_flight, 1);
+    fake_close(&second);
+    ferry_pool_destroy(pool);
+}
+
+/* Many refused connections (a wrong secret, a rank out of range): the consumer's fds and
+ * threads stay flat, and so do the producer's. */
+static void test_refused_cycles(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(1, 1 << 20);
+    char addr[FERRY_REMOTE_ADDRESS_SIZE], n[16];
+    ferry__remote_address a;
+    address_of(pool, addr, &a);
+    uint64_t cycles = th_scaled(200, 30);
+    snprintf(n, sizeof(n), "%llu", (unsigned long long)cycles);
+    int fds0 = count_fds();
+    long threads0 = status_field("Threads:");
+    th_helper h = th_spawn_helper("refused-cycles", addr, n);
+    th_msg m = th_finish_helper(&h, 120000);
+    fprintf(stderr, "test_remote_attack: %llu refused twice: %s\n", (unsigned long long)cycles,
+            m.text);
+    assert_int_equal(m.status, FERRY_OK);
+    assert_int_equal(th_stats(pool).remote_refused, 2 * cycles);
+    assert_true(count_fds() <= fds0 + 2);
+    assert_int_equal(status_field("Threads:"), threads0);
+    ferry_pool_destroy(pool);
+}
+
 static int group_setup(void **state)
 {
     (void)state;
@@ -1529,6 +1719,10 @@ static int helper_main(int argc, char **argv)
         return leader_main(argv[3]);
     if (strcmp(argv[2], "fake-producer") == 0)
         return fake_producer_main(argv[3]);
+    if (strcmp(argv[2], "bootstrap-die") == 0)
+        return bootstrap_die_main(argv[3], argv[4]);
+    if (strcmp(argv[2], "refused-cycles") == 0)
+        return refused_cycles_main(argv[3], strtoull(argv[4], NULL, 10));
     if (strcmp(argv[2], "reader") == 0)
         return reader_main(argv[3], (uint32_t)strtoul(argv[4], NULL, 10));
     if (strcmp(argv[2], "connect-limited") == 0)
@@ -1566,6 +1760,9 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_other_message_ids_to_consumer),
         cmocka_unit_test(test_close_while_reading),
         cmocka_unit_test(test_threads_of_one_consumer),
+        cmocka_unit_test(test_killed_during_bootstrap),
+        cmocka_unit_test(test_replay_after_reconnect),
+        cmocka_unit_test(test_refused_cycles),
     };
     return cmocka_run_group_tests(tests, group_setup, NULL);
 }
