@@ -306,6 +306,8 @@ static ferry_status take_layout(ferry__remote_client *cl, const ferry__remote_ad
         why = "it is another pool's";
     else if (cl->rank >= consumers)
         why = "the rank is out of range";
+    else if (rows > FERRY_MAX_INFLIGHT) /* checked before anything is sized by it */
+        why = "it has more slots than a pool can have";
     else if (!data_size || !inside(w->gen_offset, 4 * rows, w->region_size[0]) ||
              !inside(w->extent_offset, 16 * rows, w->region_size[0]) ||
              !inside(w->control_offset, 4 * rows * (1 + consumers), w->region_size[ctl]) ||
