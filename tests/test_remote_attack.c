@@ -949,14 +949,39 @@ static int connect_main(const char *addr, uint32_t rank)
     return 0;
 }
 
+/* Log lines, kept for a test to look at (ferry logs from its threads too). */
+static pthread_mutex_t logged_lock = PTHREAD_MUTEX_INITIALIZER;
+static char logged[4096];
+
+static void keep_log(int level, const char *message, void *user)
+{
+    (void)level, (void)user;
+    fprintf(stderr, "ferry log: %s\n", message);
+    pthread_mutex_lock(&logged_lock);
+    size_t n = strlen(logged);
+    snprintf(logged + n, sizeof(logged) - n, "%s\n", message);
+    pthread_mutex_unlock(&logged_lock);
+}
+
+static int was_logged(const char *text)
+{
+    pthread_mutex_lock(&logged_lock);
+    int found = strstr(logged, text) != NULL;
+    pthread_mutex_unlock(&logged_lock);
+    return found;
+}
+
 /* The producer out of fds while consumers connect (its RLIMIT_NOFILE reached, and then one
  * fd more free each time): a consumer is refused with an error (SYSTEM), never told that the
  * producer is gone, and the producer neither dies (UCX aborts the process when it runs out
  * of fds while it makes an endpoint) nor takes the consumer for dead: the lease queued for
- * its rank stays queued, and reaches the consumer once one is admitted. */
+ * its rank stays queued, and reaches the consumer once one is admitted. The producer logs
+ * why it refused. */
 static void test_fd_limit_while_admitting(void **state)
 {
     (void)state;
+    logged[0] = '\0';
+    ferry_set_log(keep_log, NULL);
     ferry_pool *pool = make_pool(1, 1 << 20);
     char addr[FERRY_REMOTE_ADDRESS_SIZE];
     ferry__remote_address a;
@@ -991,6 +1016,10 @@ static void test_fd_limit_while_admitting(void **state)
     assert_int_equal(WAIT_STAT(pool, leases_in_flight, 0, 3000), 0);
     assert_int_equal(th_stats(pool).acked_for_dead, 0);
     ferry_pool_destroy(pool);
+    ferry_set_log(NULL, NULL);
+    /* the producer said why (the consumer only hears SYSTEM) */
+    assert_true(was_logged("refused remote rank 0"));
+    assert_true(was_logged("file descriptors to spare"));
 }
 
 /* "connect-limited ADDR LEAVE": connects as rank 0 with all its fds taken but LEAVE, reports

@@ -641,6 +641,11 @@ static void refuse(ferry__remote_server *s, conn *c, int reason, ferry_status st
 {
     uint8_t msg[FERRY_REFUSE_SIZE];
     ferry__refuse r = {.status = (uint32_t)status, .rank = rank, .holder_pid = (uint32_t)holder};
+    /* The consumer hears only the status: the cause of an error of the producer's is told
+     * here (what failed set it on this thread). */
+    if (reason == FERRY_REMOTE_REFUSED_ERROR)
+        ferry__log(FERRY_LOG_WARN, "%s: refused remote rank %u (host %s, pid %d): %s", s->label,
+                   rank, c->host, (int)c->pid, ferry_last_error());
     if (ferry__refuse_encode(&r, msg, sizeof(msg)) == FERRY_OK)
         write_all(c->fd, msg, sizeof(msg), ferry__now_ns() + 100000000ull);
     count_refused(s, reason);
