@@ -429,7 +429,8 @@ FERRY_API ferry_status ferry_pool_address(ferry_pool *pool, char *buf, size_t si
 /* The pool's remote address into buf (size >= FERRY_REMOTE_ADDRESS_SIZE), for consumers on
  * other hosts: "ferry+ucx://HOST:PORT/<pool id>/<secret>", 32 hex digits each. It carries a
  * 128-bit secret: whoever has the address can read every lease of the pool (docs/design.md,
- * "Security"). INVALID_ARGUMENT for a pool made without cfg.listen. */
+ * "Security"). INVALID_ARGUMENT for a pool made without cfg.listen. Also once close began, as
+ * ferry_pool_address. */
 FERRY_API ferry_status ferry_pool_remote_address(ferry_pool *pool, char *buf, size_t size);
 
 /* The entry point `name` (a UCP or UCS function, e.g. "ucp_get_nbx") of the UCX ferry loaded
@@ -497,8 +498,8 @@ typedef struct ferry_pool_stats {
     uint64_t remote_refused_silent;    /* no whole hello within 1 s */
     uint64_t remote_refused_flood;     /* 64 connections were already waiting for theirs */
     uint64_t remote_refused_error;     /* admitting failed on the producer's side (UCX, memory) */
-    uint64_t remote_emulated;     /* remote consumers admitted whose reads are emulated over
-                                   * active messages (tcp; logged once per pool) */
+    uint64_t remote_emulated;     /* remote consumers connected now whose reads are emulated
+                                   * over active messages (tcp; logged once per pool) */
     uint64_t remote_forwarded;    /* descriptors sent to remote consumers */
     uint64_t remote_bad_messages; /* active messages dropped as malformed, forged or stale */
 } ferry_pool_stats;

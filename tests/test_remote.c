@@ -145,11 +145,19 @@ static void net_up(void)
     }
 }
 
-/* Cuts or mends the link on one side. */
+/* Cuts or mends the link on one side. A mended link is waited for until it runs again: the
+ * kernel's link watch delays the change by up to a second after another one, and UCX lists
+ * only running devices (the next pool would find none). */
 static void link_set(int side, int up)
 {
     assert_int_equal(sh("ip -n %s link set %s %s", net.ns[side], net.dev[side], up ? "up" : "down"),
                      0);
+    for (int i = 0; up && i < 300; i++) {
+        if (sh("ip -n %s link show %s | grep -q 'state UP'", net.ns[side], net.dev[side]) == 0)
+            return;
+        usleep(10000);
+    }
+    assert_false(up);
 }
 
 /* Spawns a helper in the consumers' namespace (side 1) or the producer's (side 0). */

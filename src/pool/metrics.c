@@ -79,7 +79,7 @@ static const pool_metric pool_metrics[] = {
     GAUGE_("remote_connected", remote_connected, "Ranks held by consumers on other hosts now."),
     COUNTER_("remote_admitted_total", remote_admitted, "Remote consumers admitted so far."),
     GAUGE_("remote_emulated", remote_emulated,
-           "Remote consumers admitted whose reads are emulated over active messages (tcp)."),
+           "Remote consumers connected now whose reads are emulated over active messages (tcp)."),
     COUNTER_("remote_forwarded_total", remote_forwarded,
              "Descriptors sent to consumers on other hosts."),
     COUNTER_("remote_bad_messages_total", remote_bad_messages,

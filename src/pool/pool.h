@@ -70,6 +70,7 @@ struct ferry_pool {
 
     ferry__broker *broker;
     struct ferry__remote_server *remote; /* consumers on other hosts (cfg.listen), else NULL */
+    char remote_address[FERRY_REMOTE_ADDRESS_SIZE]; /* its address, kept after close; else "" */
     pthread_t reclaimer;
     pthread_cond_t reclaimer_cv;
     int reclaimer_running;

@@ -113,6 +113,9 @@ ferry_status ferry__pool_remote_start(ferry_pool *pool)
         st = ferry_descriptor_encode(&d, rc.pool_desc);
     if (st == FERRY_OK)
         st = ferry__remote_start(&rc, &pool->remote);
+    if (st == FERRY_OK) /* kept here: the server goes at close, the address stays valid */
+        snprintf(pool->remote_address, sizeof(pool->remote_address), "%s",
+                 ferry__remote_server_address(pool->remote));
     pool->config.listen = NULL; /* the caller's string is not kept */
     return st;
 }
@@ -122,11 +125,11 @@ ferry_status ferry_pool_remote_address(ferry_pool *pool, char *buf, size_t size)
     ferry_status st = ferry__pool_check(pool, buf, "address buffer");
     if (st != FERRY_OK)
         return st;
-    if (!pool->remote)
+    const char *address = pool->remote_address;
+    if (!address[0])
         return ferry__fail(FERRY_INVALID_ARGUMENT,
                            "%s pool serves no remote consumers (create it with cfg.listen)",
                            pool->ops->name);
-    const char *address = ferry__remote_server_address(pool->remote);
     if (size <= strlen(address))
         return ferry__fail(FERRY_INVALID_ARGUMENT,
                            "address buffer of %zu bytes is too small (FERRY_REMOTE_ADDRESS_SIZE "

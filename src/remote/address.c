@@ -12,13 +12,18 @@ int ferry__remote_is_address(const char *text)
     return text && strncmp(text, FERRY__REMOTE_PREFIX, strlen(FERRY__REMOTE_PREFIX)) == 0;
 }
 
+/* The message quotes the address up to its pool id: whatever follows may be its secret,
+ * and messages end up in logs. */
 static ferry_status bad(const char *text, const char *why)
 {
+    const char *from = ferry__remote_is_address(text) ? text + strlen(FERRY__REMOTE_PREFIX) : text;
+    const char *after = strchr(from, '/');
+    int n = after ? (int)(after - text) : (int)strlen(text);
     return ferry__fail(FERRY_INVALID_ARGUMENT,
-                       "'%.120s' is not a remote ferry address (%s; the form is "
+                       "'%.*s%s' is not a remote ferry address (%s; the form is "
                        "ferry+ucx://HOST:PORT/<pool id>/<secret>, as "
                        "ferry_pool_remote_address gives)",
-                       text, why);
+                       n < 120 ? n : 120, text, after ? "/..." : "", why);
 }
 
 /* A host as an address names it: letters, digits, '.', '-', '_' and ':' inside brackets. */

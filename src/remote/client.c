@@ -306,6 +306,8 @@ static ferry_status take_layout(ferry__remote_client *cl, const ferry__remote_ad
         why = "it is another pool's";
     else if (cl->rank >= consumers)
         why = "the rank is out of range";
+    else if (rows > FERRY_MAX_INFLIGHT) /* checked before anything is sized by it */
+        why = "it has more slots than a pool can have";
     else if (!data_size || !inside(w->gen_offset, 4 * rows, w->region_size[0]) ||
              !inside(w->extent_offset, 16 * rows, w->region_size[0]) ||
              !inside(w->control_offset, 4 * rows * (1 + consumers), w->region_size[ctl]) ||
@@ -401,6 +403,9 @@ static ferry_status make_ep(ferry__remote_client *cl, const ferry__welcome *w)
         .err_mode = UCP_ERR_HANDLING_MODE_PEER,
         .err_handler = {on_ep_error, cl},
     };
+    ferry_status st = ferry__ucx_fds_spare();
+    if (st != FERRY_OK)
+        return st;
     ucs_status_t rc = u->ucp_ep_create(cl->node.worker, &ep, &cl->ep);
     if (rc != UCS_OK) {
         cl->ep = NULL;
@@ -418,22 +423,20 @@ static ferry_status make_ep(ferry__remote_client *cl, const ferry__welcome *w)
     return FERRY_OK;
 }
 
+/* An active message of another id than ferry's: dropped. */
+static ucs_status_t on_other_am(void *arg, const void *header, size_t header_len, void *data,
+                                size_t len, const ucp_am_recv_param_t *param)
+{
+    (void)arg, (void)header, (void)header_len, (void)data, (void)len, (void)param;
+    return UCS_OK;
+}
+
 /* Registered before the hello goes out: the producer may forward descriptors the moment it
  * admits this rank, before its welcome is read here (they wait in the worker until the
  * client progresses it, once it knows its connection). */
 static ferry_status set_handler(ferry__remote_client *cl)
 {
-    ucp_am_handler_param_t hp = {
-        .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
-                      UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG,
-        .id = FERRY_AM_ID,
-        .flags = UCP_AM_FLAG_WHOLE_MSG,
-        .cb = on_am,
-        .arg = cl,
-    };
-    ucs_status_t rc = cl->node.ucx->ucp_worker_set_am_recv_handler(cl->node.worker, &hp);
-    return rc == UCS_OK ? FERRY_OK
-                        : ferry__ucx_fail(cl->node.ucx, "ucp_worker_set_am_recv_handler", rc);
+    return ferry__ucx_node_handlers(&cl->node, FERRY_AM_ID, on_am, on_other_am, cl);
 }
 
 /* Progresses until every request of reqs[0, n) is done, sleeping on the worker's event fd

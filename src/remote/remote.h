@@ -120,7 +120,7 @@ typedef struct ferry__remote_counts {
     uint64_t refused_by[8]; /* by reason, FERRY_REMOTE_REFUSED_* */
     uint64_t admitted;      /* consumers admitted so far */
     uint64_t connected;     /* consumers connected now */
-    uint64_t emulated;      /* of those, reading over emulated RMA */
+    uint64_t emulated;      /* of those, reading over emulated RMA (each counted once) */
     uint64_t forwarded;     /* descriptors sent */
     uint64_t bad_messages;  /* active messages dropped as malformed or forged */
 } ferry__remote_counts;

@@ -49,6 +49,12 @@
 #define SERVER_MAX_PENDING 64
 /* How long a connection has to send its whole HELLO. */
 #define SERVER_HELLO_NS 1000000000ull
+/* How long a consumer whose connection ended has for what it sent over UCX before it left
+ * (its last acknowledgements) to arrive: dropped at once when its endpoint fails too. */
+#define SERVER_LEAVE_NS 100000000ull
+/* How long the listener is left alone after accept failed for want of fds or memory (the
+ * connection waits in the backlog meanwhile; a level-triggered listener would spin). */
+#define SERVER_ACCEPT_PAUSE_NS 50000000ull
 /* How often a rank whose next lease is not ready yet (a GPU stream still copying) is looked
  * at again. */
 #define SERVER_READY_POLL_NS 50000ull
@@ -72,10 +78,12 @@ typedef struct conn {
     uint32_t rank;
     int notify_fd; /* the rank's notify eventfd (the pool holds a duplicate) */
     ucp_ep_h ep;
-    uint32_t sent;  /* descriptors sent since admission */
-    uint32_t taken; /* descriptors the consumer took, as it last said */
-    int not_ready;  /* the ring's next lease is not ready: look again soon */
-    int failed;     /* UCX reported the endpoint failed, or the peer broke the protocol */
+    uint32_t sent;    /* descriptors sent since admission */
+    uint32_t taken;   /* descriptors the consumer took, as it last said */
+    int not_ready;    /* the ring's next lease is not ready: look again soon */
+    int failed;       /* UCX reported the endpoint failed, or the peer broke the protocol */
+    int emulated;     /* it said its reads are emulated (counted once, while it is connected) */
+    uint64_t leaving; /* its connection ended: dropped at this time (or when UCX says so) */
     pid_t pid;
     char host[FERRY_REMOTE_HOST_SIZE];
 } conn;
@@ -102,6 +110,10 @@ struct ferry__remote_server {
     ferry__remote_counts counts;
     uint8_t *entries; /* the thread's copy of the entries it forwards (ring_depth of them) */
     int warned_emulated;
+    /* The thread's: when the listener is watched again (0: it is), and whether accept's
+     * failure was told. */
+    uint64_t accept_paused;
+    unsigned warned_accept;
     int inflight; /* atomic: sends UCX has not completed yet */
 };
 
@@ -423,8 +435,9 @@ static void on_info(ferry__remote_server *s, conn *c, const ferry__am *m, const 
     for (size_t i = 0; i < n && k < FERRY_AM_MAX_INFO; i++)
         path[k++] = text[i] >= 0x20 && text[i] < 0x7f ? text[i] : '?';
     path[k] = '\0';
-    if (!m->flags)
+    if (!m->flags || c->emulated)
         return;
+    c->emulated = 1;
     count_add(s, &s->counts.emulated, 1);
     if (!__atomic_exchange_n(&s->warned_emulated, 1, __ATOMIC_RELAXED))
         ferry__log(FERRY_LOG_WARN,
@@ -538,7 +551,7 @@ static void forward(ferry__remote_server *s, conn *c)
     uint32_t depth = s->cfg.ring_depth;
     uint8_t *entries = s->entries;
     c->not_ready = 0;
-    while (!c->failed) {
+    while (!c->failed && !c->leaving) {
         uint32_t head = ferry__load_acquire32(&ring->head);
         uint32_t tail = ferry__load_acquire32(&ring->tail);
         if (head == tail) {
@@ -617,6 +630,8 @@ static void drop_conn(ferry__remote_server *s, conn *c, int tell_pool)
         }
         close_ep(s, c->ep);
         count_add(s, &s->counts.connected, -1);
+        if (c->emulated)
+            count_add(s, &s->counts.emulated, -1);
     }
     conn_free(c);
 }
@@ -626,6 +641,11 @@ static void refuse(ferry__remote_server *s, conn *c, int reason, ferry_status st
 {
     uint8_t msg[FERRY_REFUSE_SIZE];
     ferry__refuse r = {.status = (uint32_t)status, .rank = rank, .holder_pid = (uint32_t)holder};
+    /* The consumer hears only the status: the cause of an error of the producer's is told
+     * here (what failed set it on this thread). */
+    if (reason == FERRY_REMOTE_REFUSED_ERROR)
+        ferry__log(FERRY_LOG_WARN, "%s: refused remote rank %u (host %s, pid %d): %s", s->label,
+                   rank, c->host, (int)c->pid, ferry_last_error());
     if (ferry__refuse_encode(&r, msg, sizeof(msg)) == FERRY_OK)
         write_all(c->fd, msg, sizeof(msg), ferry__now_ns() + 100000000ull);
     count_refused(s, reason);
@@ -640,6 +660,9 @@ static ferry_status make_ep(ferry__remote_server *s, conn *c, const ferry__hello
         .err_mode = UCP_ERR_HANDLING_MODE_PEER,
         .err_handler = {on_ep_error, c},
     };
+    ferry_status st = ferry__ucx_fds_spare();
+    if (st != FERRY_OK)
+        return st;
     ucs_status_t rc = s->node.ucx->ucp_ep_create(s->node.worker, &ep, &c->ep);
     if (rc != UCS_OK) {
         c->ep = NULL;
@@ -758,6 +781,37 @@ static int on_hello(ferry__remote_server *s, conn *c)
     return 0;
 }
 
+/* An admitted consumer's connection ended (it closed, died, or its host fell silent). What
+ * it sent over UCX before that (its last acknowledgements, maybe for other ranks too) may
+ * still wait in the worker, unordered with the end of another connection: it is taken
+ * first, and the consumer is dropped once its endpoint fails as well (its worker closed after
+ * its last message) or SERVER_LEAVE_NS later. */
+static void on_left(ferry__remote_server *s, conn *c)
+{
+    epoll_ctl(s->epoll_fd, EPOLL_CTL_DEL, c->fd, NULL);
+    while (s->node.ucx->ucp_worker_progress(s->node.worker)) {
+    }
+    if (c->failed)
+        drop_conn(s, c, 1);
+    else
+        c->leaving = ferry__now_ns() + SERVER_LEAVE_NS;
+}
+
+/* 0 if the peer of a whole HELLO is still there, silent, waiting for the answer; otherwise
+ * the connection is dropped. A peer that left already (a consumer that gave up while its
+ * connection waited in the backlog, or died) is not admitted: its rank would be released as
+ * dead at once, the leases queued for it acknowledged on behalf of nobody. */
+static int still_there(ferry__remote_server *s, conn *c)
+{
+    uint8_t b;
+    ssize_t n = recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR))
+        return 0;
+    count_refused(s, FERRY_REMOTE_REFUSED_MALFORMED); /* gone, or bytes after its hello */
+    drop_conn(s, c, 0);
+    return -1;
+}
+
 /* Bytes arrived on a connection waiting for its HELLO (or on an admitted one: EOF, an error,
  * or a byte it should not have sent). */
 static void on_readable(ferry__remote_server *s, conn *c)
@@ -767,9 +821,12 @@ static void on_readable(ferry__remote_server *s, conn *c)
         ssize_t n = recv(c->fd, &b, 1, MSG_DONTWAIT);
         if (n < 0 && (errno == EAGAIN || errno == EINTR))
             return;
-        if (n > 0)
+        if (n > 0) {
             count_add(s, &s->counts.bad_messages, 1);
-        drop_conn(s, c, 1); /* gone (EOF, reset, keepalive timeout) or talking out of turn */
+            drop_conn(s, c, 1); /* talking out of turn */
+        } else {
+            on_left(s, c); /* EOF, reset, keepalive timeout */
+        }
         return;
     }
     uint32_t type = 0, size = FERRY_REMOTE_HEADER;
@@ -793,7 +850,7 @@ static void on_readable(ferry__remote_server *s, conn *c)
         drop_conn(s, c, 0);
         return;
     }
-    if (c->have < size)
+    if (c->have < size || still_there(s, c) != 0)
         return;
     int rc = on_hello(s, c);
     if (rc != 0)
@@ -814,12 +871,31 @@ static void refuse_busy(ferry__remote_server *s, int fd)
     count_refused(s, FERRY_REMOTE_REFUSED_FLOOD);
 }
 
+/* Watches the listener again (paused: 0) or leaves it alone for a while (1). */
+static void listener_pause(ferry__remote_server *s, int paused)
+{
+    struct epoll_event ev = {.events = paused ? 0 : EPOLLIN, .data.u64 = TAG_LISTEN};
+    if (epoll_ctl(s->epoll_fd, EPOLL_CTL_MOD, s->listen_fd, &ev) == 0)
+        s->accept_paused = paused ? ferry__now_ns() + SERVER_ACCEPT_PAUSE_NS : 0;
+}
+
 static void on_accept(ferry__remote_server *s)
 {
     for (;;) {
         int fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0 && errno == ECONNABORTED)
+            continue;
+        if (fd < 0 && errno != EAGAIN && errno != EINTR) {
+            /* EMFILE, ENFILE, ENOBUFS, ENOMEM: the connection waits in the backlog */
+            if (!s->warned_accept++)
+                ferry__log(FERRY_LOG_WARN,
+                           "%s: accepting a remote consumer failed (%s): connections wait until "
+                           "it can (warned once)",
+                           s->label, strerror(errno));
+            listener_pause(s, 1);
+        }
         if (fd < 0)
-            return; /* EAGAIN, or EMFILE: the connection waits in the backlog */
+            return;
         if (s->pending >= SERVER_MAX_PENDING) {
             refuse_busy(s, fd);
             continue;
@@ -858,11 +934,13 @@ static int sweep(ferry__remote_server *s)
         if (c->state == CONN_HELLO && now >= c->deadline) {
             count_refused(s, FERRY_REMOTE_REFUSED_SILENT);
             drop_conn(s, c, 0);
-        } else if (c->state == CONN_ADMITTED && c->failed) {
+        } else if (c->state == CONN_ADMITTED && (c->failed || (c->leaving && now >= c->leaving))) {
             drop_conn(s, c, 1);
         } else {
             if (c->state == CONN_HELLO && c->deadline < next)
                 next = c->deadline;
+            if (c->leaving && c->leaving < next)
+                next = c->leaving;
             if (c->state == CONN_ADMITTED && c->not_ready)
                 forward(s, c);
             if (c->state == CONN_ADMITTED && c->not_ready && now + SERVER_READY_POLL_NS < next)
@@ -870,6 +948,10 @@ static int sweep(ferry__remote_server *s)
         }
         c = n;
     }
+    if (s->accept_paused && now >= s->accept_paused)
+        listener_pause(s, 0);
+    if (s->accept_paused && s->accept_paused < next)
+        next = s->accept_paused;
     /* Sends in flight may need the worker to push them out (a full socket). */
     if (__atomic_load_n(&s->inflight, __ATOMIC_RELAXED) && now + 1000000ull < next)
         next = now + 1000000ull;
@@ -949,19 +1031,19 @@ static ferry_status open_fds(ferry__remote_server *s, const char *host, const ch
     return FERRY_OK;
 }
 
+/* An active message of another id than ferry's: dropped, counted. */
+static ucs_status_t on_other_am(void *arg, const void *header, size_t header_len, void *data,
+                                size_t len, const ucp_am_recv_param_t *param)
+{
+    (void)header, (void)header_len, (void)data, (void)len, (void)param;
+    ferry__remote_server *s = arg;
+    count_add(s, &s->counts.bad_messages, 1);
+    return UCS_OK;
+}
+
 static ferry_status set_am_handler(ferry__remote_server *s)
 {
-    ucp_am_handler_param_t hp = {
-        .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
-                      UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG,
-        .id = FERRY_AM_ID,
-        .flags = UCP_AM_FLAG_WHOLE_MSG,
-        .cb = on_am,
-        .arg = s,
-    };
-    ucs_status_t rc = s->node.ucx->ucp_worker_set_am_recv_handler(s->node.worker, &hp);
-    return rc == UCS_OK ? FERRY_OK
-                        : ferry__ucx_fail(s->node.ucx, "ucp_worker_set_am_recv_handler", rc);
+    return ferry__ucx_node_handlers(&s->node, FERRY_AM_ID, on_am, on_other_am, s);
 }
 
 static void release(ferry__remote_server *s)

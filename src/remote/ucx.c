@@ -1,9 +1,12 @@
 /* Loading UCX at run time, and the one way ferry makes a UCP context and worker. */
 #include <dlfcn.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include "common/error.h"
 #include "common/proc.h"
@@ -147,6 +150,8 @@ ferry_status ferry__ucx_node_open(ferry__ucx_node *node, const char *name)
     ferry_status st = ferry__ucx_get(&u);
     if (st == FERRY_OK)
         st = fork_check();
+    if (st == FERRY_OK)
+        st = ferry__ucx_fds_spare();
     if (st != FERRY_OK)
         return st;
     node->ucx = u;
@@ -187,6 +192,50 @@ void ferry__ucx_node_close(ferry__ucx_node *node)
         u->ucp_cleanup(node->context);
     memset(node, 0, sizeof(*node));
     node->efd = -1;
+}
+
+ferry_status ferry__ucx_fds_spare(void)
+{
+    int fds[FERRY_UCX_SPARE_FDS], n = 0, err = 0;
+    for (; n < FERRY_UCX_SPARE_FDS; n++) {
+        fds[n] = eventfd(0, EFD_CLOEXEC);
+        if (fds[n] < 0) {
+            err = errno;
+            break;
+        }
+    }
+    while (n)
+        close(fds[--n]);
+    if (!err)
+        return FERRY_OK;
+    return ferry__fail_errno(FERRY_SYSTEM, err,
+                             "fewer than %d file descriptors to spare for UCX (it aborts the "
+                             "process when it runs out of them)",
+                             FERRY_UCX_SPARE_FDS);
+}
+
+static ucs_status_t set_handler(ferry__ucx_node *node, unsigned id, ucp_am_recv_callback_t cb,
+                                void *arg)
+{
+    ucp_am_handler_param_t hp = {
+        .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                      UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG,
+        .id = id,
+        .flags = UCP_AM_FLAG_WHOLE_MSG,
+        .cb = cb,
+        .arg = arg,
+    };
+    return node->ucx->ucp_worker_set_am_recv_handler(node->worker, &hp);
+}
+
+ferry_status ferry__ucx_node_handlers(ferry__ucx_node *node, unsigned id, ucp_am_recv_callback_t cb,
+                                      ucp_am_recv_callback_t other, void *arg)
+{
+    ucs_status_t rc = set_handler(node, id, cb, arg);
+    for (unsigned i = 0; i < id && rc == UCS_OK; i++)
+        rc = set_handler(node, i, other, arg);
+    return rc == UCS_OK ? FERRY_OK
+                        : ferry__ucx_fail(node->ucx, "ucp_worker_set_am_recv_handler", rc);
 }
 
 void ferry__ucx_node_drain(ferry__ucx_node *node)

@@ -86,6 +86,22 @@ typedef struct ferry__ucx_node {
 ferry_status ferry__ucx_node_open(ferry__ucx_node *node, const char *name);
 void ferry__ucx_node_close(ferry__ucx_node *node);
 
+/* UCX (1.13 at least) aborts the process when it runs out of file descriptors while it makes
+ * a worker (its async thread: "ucs_async_thread_global_context.thread != NULL") or an endpoint
+ * (ucp_worker_iface_activate: "failed to set active message handler"): ferry makes either
+ * only while the process has FERRY_UCX_SPARE_FDS of them to spare. SYSTEM (EMFILE)
+ * otherwise, nothing changed. */
+#define FERRY_UCX_SPARE_FDS 32
+ferry_status ferry__ucx_fds_spare(void);
+
+/* Sets cb as the handler of the active messages of id, and other as the handler of every id
+ * below it. UCX 1.13 leaves the handler table's entries below the highest id set
+ * uninitialised (ucp_worker_set_am_handler_common initialises entry id where it means i),
+ * and calls whatever is there when a peer sends one of those ids: every entry up to id is
+ * set. Ids above it are dropped by UCX. */
+ferry_status ferry__ucx_node_handlers(ferry__ucx_node *node, unsigned id, ucp_am_recv_callback_t cb,
+                                      ucp_am_recv_callback_t other, void *arg);
+
 /* Progresses the worker until it has nothing more to do, then arms its event fd: returns
  * once a poll on efd will wake for the next event. */
 void ferry__ucx_node_drain(ferry__ucx_node *node);
