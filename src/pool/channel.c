@@ -32,30 +32,41 @@
 
 ferry_status ferry__channel_init(ferry_pool *pool)
 {
-    pool->channel_depth = (uint32_t)pool->config.channel_depth;
+    uint32_t depth = (uint32_t)pool->config.channel_depth;
+    pool->channel_depth = depth;
     pool->notify_fds = malloc(pool->consumers * sizeof(int));
-    if (!pool->notify_fds)
+    pool->rings = calloc(pool->consumers, sizeof(*pool->rings));
+    pool->ring_sent = calloc((size_t)pool->consumers * depth, sizeof(*pool->ring_sent));
+    if (!pool->notify_fds || !pool->rings || !pool->ring_sent)
         return ferry__fail(FERRY_NO_MEMORY, "%s pool: out of memory for the channels",
                            pool->ops->name);
-    for (uint32_t r = 0; r < pool->consumers; r++)
+    for (uint32_t r = 0; r < pool->consumers; r++) {
         pool->notify_fds[r] = -1;
+        pool->rings[r] = (ferry__ring_tx){
+            .ring = ferry__shm_ring(&pool->mem.shm, r),
+            .sent = pool->ring_sent + (size_t)r * depth,
+            .depth = depth,
+        };
+    }
     return FERRY_OK;
 }
 
 void ferry__channel_fini(ferry_pool *pool)
 {
-    if (!pool->notify_fds)
-        return;
-    for (uint32_t r = 0; r < pool->consumers; r++)
+    for (uint32_t r = 0; pool->notify_fds && r < pool->consumers; r++)
         if (pool->notify_fds[r] >= 0)
             close(pool->notify_fds[r]);
     free(pool->notify_fds);
+    free(pool->rings);
+    free(pool->ring_sent);
     pool->notify_fds = NULL;
+    pool->rings = NULL;
+    pool->ring_sent = NULL;
 }
 
 static ferry__ring *ring_of(ferry_pool *pool, uint32_t rank)
 {
-    return ferry__shm_ring(&pool->mem.shm, rank);
+    return pool->rings[rank].ring;
 }
 
 static void signal_fd(int fd)
@@ -195,14 +206,50 @@ static ferry_status ring_full(ferry_pool *pool, uint32_t rank, uint32_t need)
     return ferry__fail(FERRY_POOL_FULL,
                        "%s pool: the descriptor ring of rank %u is full (%u of %u queued, %u "
                        "more needed): rank %u is behind (%s)",
-                       pool->ops->name, rank, ferry__ring_queued(ring_of(pool, rank)),
+                       pool->ops->name, rank, ferry__ring_queued(&pool->rings[rank]),
                        pool->channel_depth, need, rank, who);
+}
+
+static void mark_sent(void *arg, uint32_t slot, uint32_t generation)
+{
+    ferry_pool *pool = arg;
+    ferry__slot *s = &pool->slots[slot];
+    if (s->inflight_pos != FERRY_NIL && s->generation == generation)
+        s->mark = 1;
+}
+
+static int marked(const ferry_pool *pool, uint32_t slot, void *arg)
+{
+    (void)arg;
+    return pool->slots[slot].mark;
+}
+
+/* A ring whose head another process of the pool wrote out of its bounds (tail - depth <= head
+ * <= tail): which entries its receiver still has to take is unknown, so the ring is emptied
+ * and every lease it may still hold (those of its last depth positions) is acknowledged for
+ * the rank. A receiver reading one of them gets STALE. */
+static void mend_locked(ferry_pool *pool, uint32_t rank)
+{
+    ferry__ring_tx *tx = &pool->rings[rank];
+    uint32_t head = ferry__load_relaxed32(&tx->ring->head), acked = 0;
+    ferry__ring_drop(tx);
+    if (pool->ops->sync_control(&pool->mem) == FERRY_OK) {
+        ferry__ring_each_sent(tx, tx->tail - tx->depth, mark_sent, pool);
+        acked = (uint32_t)ferry__ack_for_rank_locked(pool, rank, marked, NULL);
+        for (uint32_t i = 0; i < pool->inflight_count; i++)
+            pool->slots[pool->inflight[i]].mark = 0;
+    }
+    ferry__log(FERRY_LOG_WARN,
+               "%s pool: the descriptor ring of rank %u was corrupt (head %u, tail %u, depth %u): "
+               "emptied, %u leases it may have held acknowledged for the rank",
+               pool->ops->name, rank, head, tx->tail, tx->depth, acked);
 }
 
 /* One look under the pool lock: dead chosen ranks (as last found) get their rings emptied
  * and are marked in preack; returns the first chosen live rank without room for need
- * entries, or -1. */
-static int64_t look_locked(ferry_pool *pool, const uint8_t *chosen, uint8_t *preack, uint32_t need)
+ * entries (and its head, as read, in *head), or -1. */
+static int64_t look_locked(ferry_pool *pool, const uint8_t *chosen, uint8_t *preack, uint32_t need,
+                           uint32_t *head)
 {
     for (uint32_t r = 0; r < pool->consumers; r++) {
         if (!chosen[r])
@@ -211,12 +258,17 @@ static int64_t look_locked(ferry_pool *pool, const uint8_t *chosen, uint8_t *pre
          * behalf) and the lease being sent is acknowledged for it at once; a successor's
          * claim clears dead under the pool lock, which the caller holds. */
         if (ferry__rank_dead_locked(pool, r)) {
-            ferry__ring_drop(ring_of(pool, r));
+            ferry__ring_drop(&pool->rings[r]);
             preack[r] = 1;
             continue;
         }
         preack[r] = 0;
-        if (pool->channel_depth - ferry__ring_queued(ring_of(pool, r)) < need)
+        ferry__ring_tx *tx = &pool->rings[r];
+        if (ferry__ring_head(tx, head) != 0) {
+            mend_locked(pool, r);
+            *head = tx->tail;
+        }
+        if (pool->channel_depth - (tx->tail - *head) < need)
             return r;
     }
     return -1;
@@ -225,13 +277,13 @@ static int64_t look_locked(ferry_pool *pool, const uint8_t *chosen, uint8_t *pre
 /* As look_locked; a rank without room may have died since the reclaimer last looked: the
  * processes are looked at (when a look at /proc is due) before it counts as behind. */
 static int64_t find_full_locked(ferry_pool *pool, const uint8_t *chosen, uint8_t *preack,
-                                uint32_t need)
+                                uint32_t need, uint32_t *head)
 {
-    int64_t full = look_locked(pool, chosen, preack, need);
+    int64_t full = look_locked(pool, chosen, preack, need, head);
     if (full < 0)
         return full;
     ferry__reap_dead_locked(pool);
-    return look_locked(pool, chosen, preack, need);
+    return look_locked(pool, chosen, preack, need, head);
 }
 
 /* A sender's wait for room in the chosen rings (ferry__wait_run). */
@@ -241,8 +293,9 @@ typedef struct room_wait {
     uint8_t *preack;
     uint32_t need;
     uint64_t timeout_ns;
-    int64_t full; /* the rank without room the last look found */
-    int waited;   /* a look found one before */
+    int64_t full;  /* the rank without room the last look found */
+    uint32_t head; /* its head as that look found it */
+    int waited;    /* a look found one before */
 } room_wait;
 
 /* Counted as a full pool is: an event, a wait, a wait that gave up. */
@@ -255,7 +308,7 @@ static int room_look(void *arg)
         pthread_mutex_unlock(&pool->lock);
         return ferry__pool_closing_error(pool);
     }
-    w->full = find_full_locked(pool, w->chosen, w->preack, w->need);
+    w->full = find_full_locked(pool, w->chosen, w->preack, w->need, &w->head);
     if (w->full >= 0 && !w->waited) {
         w->waited = 1;
         pool->stats.pool_full_events++;
@@ -274,8 +327,7 @@ static int room_look(void *arg)
 static void room_sleep(void *arg, uint64_t ns)
 {
     room_wait *w = arg;
-    ferry__ring_sleep_on_head(ring_of(w->pool, (uint32_t)w->full), w->pool->channel_depth, w->need,
-                              ns);
+    ferry__ring_sleep_on_head(ring_of(w->pool, (uint32_t)w->full), w->head, ns);
 }
 
 /* POOL_FULL naming the rank behind. */
@@ -309,12 +361,12 @@ static ferry_status make_room(ferry_pool *pool, const uint8_t *chosen, uint8_t *
 
 /* Queues the encoded descriptors for every chosen rank not acknowledged for, then wakes. */
 static void enqueue(ferry_pool *pool, const uint8_t *chosen, const uint8_t *preack,
-                    const uint8_t *encoded, uint32_t count)
+                    const uint8_t *encoded, const ferry_descriptor *d, uint32_t count)
 {
     for (uint32_t r = 0; r < pool->consumers; r++) {
         if (!chosen[r] || preack[r])
             continue;
-        ferry__ring_push(ring_of(pool, r), pool->channel_depth, encoded, count);
+        ferry__ring_push(&pool->rings[r], encoded, count, d->slot, d->generation);
         wake_receivers(pool, r, 0);
     }
 }
@@ -343,7 +395,7 @@ static ferry_status send_checked(ferry_pool *pool, const ferry_tensor *tensors,
         return st;
     for (uint32_t i = 0; i < count; i++)
         ferry_descriptor_encode(&descs[i], encoded + (size_t)i * FERRY_DESCRIPTOR_SIZE);
-    enqueue(pool, chosen, preack, encoded, count);
+    enqueue(pool, chosen, preack, encoded, descs, count);
     if (dead) {
         pthread_mutex_lock(&pool->lock);
         pool->stats.acked_for_dead += dead;

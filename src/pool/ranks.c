@@ -159,6 +159,11 @@ void ferry__ranks_count_locked(const ferry_pool *pool, uint64_t *attached, uint6
 
 /* ---- attach and takeover --------------------------------------------------------------- */
 
+static int leased_before(const ferry_pool *pool, uint32_t slot, void *arg)
+{
+    return pool->slots[slot].leased_ns < *(const uint64_t *)arg;
+}
+
 /* A rank whose holder died is taken over: its leases in flight were sent to that holder, so
  * they are acknowledged on its behalf first, in the same critical section as the takeover
  * (a lease published between the death and the reclaimer's next look would otherwise wait
@@ -169,7 +174,9 @@ static uint64_t settle_dead_rank_locked(ferry_pool *pool, uint32_t rank, pid_t s
     if (pool->ops->sync_control(&pool->mem) != FERRY_OK)
         return 0;
     uint64_t born = ferry__proc_start_ns(successor);
-    uint64_t n = ferry__ack_for_rank_locked(pool, rank, born ? born : UINT64_MAX);
+    if (!born)
+        born = UINT64_MAX;
+    uint64_t n = ferry__ack_for_rank_locked(pool, rank, leased_before, &born);
     pool->stats.acked_for_dead += n;
     if (n) {
         char who[64];

@@ -32,25 +32,51 @@ static ferry_status entry_load(ferry__ring *ring, uint32_t depth, uint32_t i, fe
 
 /* ---- the producer's half -------------------------------------------------------------- */
 
-uint32_t ferry__ring_queued(ferry__ring *ring)
+int ferry__ring_head(const ferry__ring_tx *tx, uint32_t *head)
 {
-    return ferry__load_relaxed32(&ring->tail) - ferry__load_acquire32(&ring->head);
+    uint32_t h = ferry__load_acquire32(&tx->ring->head);
+    if (tx->tail - h > tx->depth)
+        return -1;
+    *head = h;
+    return 0;
 }
 
-void ferry__ring_drop(ferry__ring *ring)
+uint32_t ferry__ring_queued(const ferry__ring_tx *tx)
 {
-    uint32_t head = ferry__load_acquire32(&ring->head);
-    ferry__cas_acqrel32(&ring->head, &head, ferry__load_relaxed32(&ring->tail));
+    uint32_t head;
+    return ferry__ring_head(tx, &head) == 0 ? tx->tail - head : UINT32_MAX;
 }
 
-void ferry__ring_push(ferry__ring *ring, uint32_t depth, const uint8_t *encoded, uint32_t count)
+void ferry__ring_drop(ferry__ring_tx *tx)
 {
-    uint32_t tail = ferry__load_relaxed32(&ring->tail);
-    for (uint32_t i = 0; i < count; i++)
-        entry_store(ferry__ring_entry(ring, depth, tail + i),
+    uint32_t head = ferry__load_acquire32(&tx->ring->head);
+    ferry__cas_acqrel32(&tx->ring->head, &head, tx->tail);
+}
+
+void ferry__ring_push(ferry__ring_tx *tx, const uint8_t *encoded, uint32_t count, uint32_t slot,
+                      uint32_t generation)
+{
+    for (uint32_t i = 0; i < count; i++) {
+        uint32_t at = tx->tail + i;
+        entry_store(ferry__ring_entry(tx->ring, tx->depth, at),
                     encoded + (size_t)i * FERRY_DESCRIPTOR_SIZE);
+        tx->sent[at % tx->depth] = (ferry__ring_sent){slot, generation};
+    }
+    tx->tail += count;
     /* seq_cst: the store half of a Dekker pair with a receiver's sleep on tail. */
-    ferry__store_seqcst32(&ring->tail, tail + count);
+    ferry__store_seqcst32(&tx->ring->tail, tx->tail);
+}
+
+void ferry__ring_each_sent(const ferry__ring_tx *tx, uint32_t from,
+                           void (*each)(void *arg, uint32_t slot, uint32_t generation), void *arg)
+{
+    uint32_t n = tx->tail - from;
+    if (n > tx->depth)
+        n = tx->depth;
+    for (uint32_t i = tx->tail - n; i != tx->tail; i++) {
+        const ferry__ring_sent *s = &tx->sent[i % tx->depth];
+        each(arg, s->slot, s->generation);
+    }
 }
 
 int ferry__ring_wake_receivers(ferry__ring *ring, int force)
@@ -68,12 +94,11 @@ void ferry__ring_wake_senders(ferry__ring *ring)
         ferry__futex_wake_all(&ring->head);
 }
 
-void ferry__ring_sleep_on_head(ferry__ring *ring, uint32_t depth, uint32_t need, uint64_t ns)
+void ferry__ring_sleep_on_head(ferry__ring *ring, uint32_t seen, uint64_t ns)
 {
-    uint32_t head = ferry__load_acquire32(&ring->head);
     ferry__fetch_add_seqcst32(&ring->senders, 1);
-    if (depth - ferry__ring_queued(ring) < need)
-        ferry__futex_wait(&ring->head, head, ns);
+    if (ferry__load_acquire32(&ring->head) == seen)
+        ferry__futex_wait(&ring->head, seen, ns);
     ferry__fetch_add_seqcst32(&ring->senders, (uint32_t)-1);
 }
 

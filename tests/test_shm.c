@@ -1,0 +1,205 @@
+/* The shared segment trusts nothing another process of the pool can write: stray writes into
+ * the header and the rings' counters, forged and torn ring entries, forged parts of a packed
+ * lease, a cancel racing a reader, and random bytes written into every word a peer can write
+ * while a producer and its consumers run (helper processes: the binary re-runs itself). */
+#include <errno.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "common/clock.h"
+#include "consumer/consumer.h"
+#include "ferry.h"
+#include "pool/pool.h"
+#include "shm/segment.h"
+#include "helpers.h"
+#include "procs.h"
+
+#define MS (1000000ull)
+
+static ferry_pool *make_pool(int64_t consumers, int64_t depth, int64_t inflight)
+{
+    ferry_pool_config c = FERRY_POOL_CONFIG_INIT;
+    c.backend = FERRY_BACKEND_HOST;
+    c.memory_size = 1 << 20;
+    c.consumer_count = consumers;
+    c.max_inflight_slices = inflight;
+    c.channel_depth = depth;
+    ferry_pool *pool = NULL;
+    if (ferry_pool_create(&c, &pool) != FERRY_OK)
+        fail_msg("pool: %s", ferry_last_error());
+    return pool;
+}
+
+/* The producer's mapping of its segment: what a stray write from any process reaches. */
+static ferry__shm_header *header_of(ferry_pool *pool)
+{
+    return pool->mem.shm.header;
+}
+
+static ferry__ring *ring_of(ferry_pool *pool, uint32_t rank)
+{
+    return ferry__shm_ring(&pool->mem.shm, rank);
+}
+
+static ferry_consumer *connect_rank(ferry_pool *pool, uint32_t rank)
+{
+    char addr[FERRY_ADDRESS_SIZE];
+    ferry_consumer *c = NULL;
+    assert_int_equal(ferry_pool_address(pool, addr, sizeof(addr)), FERRY_OK);
+    if (ferry_consumer_connect(addr, rank, -1, &c) != FERRY_OK)
+        fail_msg("connect as rank %u: %s", rank, ferry_last_error());
+    return c;
+}
+
+/* Sends count stamped tensors of n bytes (seeds seed, seed + 1, ...) as one lease to ranks
+ * (NULL: all). */
+static ferry_status send_stamped(ferry_pool *pool, size_t n, uint64_t seed, uint32_t count,
+                                 const ferry_ranks *ranks, uint64_t timeout_ns, ferry_descriptor *d)
+{
+    uint8_t *buf = malloc(n * count);
+    const void *srcs[8];
+    ferry_tensor t[8];
+    for (uint32_t i = 0; i < count; i++) {
+        th_stamp(buf + i * n, n, seed + i);
+        srcs[i] = buf + i * n;
+        t[i] = ferry_tensor_bytes(n);
+    }
+    ferry_status st = ferry_pool_send(pool, t, srcs, count, ranks, NULL, timeout_ns, d);
+    free(buf);
+    return st;
+}
+
+/* Reads a received tensor and checks that its bytes carry seed. */
+static void read_check(ferry_consumer *c, const ferry_descriptor *d, uint64_t seed)
+{
+    uint8_t buf[4096];
+    assert_true(d->length <= sizeof(buf));
+    if (ferry_consumer_read(c, d, buf, sizeof(buf), 1000 * MS) != FERRY_OK)
+        fail_msg("read: %s", ferry_last_error());
+    uint64_t found = 0;
+    if (!th_check_stamp(buf, d->length, seed, &found))
+        fail_msg("read the bytes of item %llu, expected %llu", (unsigned long long)found,
+                 (unsigned long long)seed);
+}
+
+/* Receives one single-tensor lease, checks its bytes, acknowledges it. */
+static void recv_check(ferry_consumer *c, uint64_t seed)
+{
+    ferry_descriptor d;
+    size_t k = 0;
+    if (ferry_consumer_recv(c, 1000 * MS, &d, 1, &k) != FERRY_OK)
+        fail_msg("recv: %s", ferry_last_error());
+    assert_int_equal(k, 1);
+    read_check(c, &d, seed);
+    assert_int_equal(ferry_consumer_ack(c, &d), FERRY_OK);
+}
+
+/* ---- defect 1: layout words and ring counters written by anybody ---------------------- */
+
+/* Every layout word of the header overwritten after the pool was opened: neither the
+ * producer nor a consumer that opened it reads them again (both keep the layout they read
+ * once), so sends and receives go on; a process that opens the pool now is refused. */
+static void test_stray_header_write(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(2, 4, 16);
+    ferry_consumer *c = connect_rank(pool, 0);
+    ferry_ranks to0 = {.first = 0, .count = 1};
+    assert_int_equal(send_stamped(pool, 64, 1, 1, &to0, 0, NULL), FERRY_OK);
+    recv_check(c, 1);
+    ferry__shm_header *h = header_of(pool);
+    h->header_bytes = h->memory_size = h->data_start = h->data_size = UINT64_MAX / 3;
+    h->gen_offset = h->extent_offset = h->ring_offset = 0x7ffffffffff0ull;
+    h->consumer_count = h->max_inflight = h->row_words = h->ring_depth = 0xfffffff0u;
+    h->magic = h->version = 0;
+    for (uint64_t seed = 2; seed < 12; seed++) {
+        assert_int_equal(send_stamped(pool, 64, seed, 1, &to0, 0, NULL), FERRY_OK);
+        recv_check(c, seed);
+    }
+    char addr[FERRY_ADDRESS_SIZE];
+    assert_int_equal(ferry_pool_address(pool, addr, sizeof(addr)), FERRY_OK);
+    th_helper late = th_spawn_helper("connect", addr, "1");
+    th_msg m = th_finish_helper(&late, 5000);
+    assert_int_equal(m.status, FERRY_MISMATCH);
+    ferry_consumer_destroy(c);
+    ferry_pool_destroy(pool);
+}
+
+/* A ring's head moved out of its bounds by a stray write: the receiver refuses the ring
+ * (MALFORMED) instead of reading past it, the producer's next send empties the ring and
+ * acknowledges for the rank what it may have held, and the ring works again. A stray write
+ * into tail is mended by the producer's next send (it keeps its own tail). */
+static void test_ring_counters_checked(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(1, 4, 16);
+    ferry_consumer *c = connect_rank(pool, 0);
+    ferry__ring *ring = ring_of(pool, 0);
+    ferry_descriptor d;
+    size_t k;
+    assert_int_equal(send_stamped(pool, 64, 1, 1, NULL, 0, NULL), FERRY_OK);
+    ring->head = ring->tail + 3; /* ahead of tail */
+    assert_int_equal(ferry_consumer_recv(c, 0, &d, 1, &k), FERRY_MALFORMED);
+    assert_int_equal(send_stamped(pool, 64, 2, 1, NULL, 0, NULL), FERRY_OK);
+    recv_check(c, 2);
+    th_wait_drained(pool);          /* lease 1 was acknowledged for the rank */
+    ring->head = ring->tail - 1000; /* too far behind */
+    assert_int_equal(ferry_consumer_recv(c, 0, &d, 1, &k), FERRY_MALFORMED);
+    assert_int_equal(send_stamped(pool, 64, 3, 1, NULL, 0, NULL), FERRY_OK);
+    recv_check(c, 3);
+    ring->tail += 0x40000000u; /* the producer's own word */
+    assert_int_equal(ferry_consumer_recv(c, 0, &d, 1, &k), FERRY_MALFORMED);
+    assert_int_equal(send_stamped(pool, 64, 4, 1, NULL, 0, NULL), FERRY_OK);
+    recv_check(c, 4);
+    /* sleeper counts and the poll request are only ever compared with zero */
+    ring->receivers = ring->senders = ring->armed = 0xdeadbeefu;
+    header_of(pool)->consumer_waiters = header_of(pool)->producer_waiters = 0xdeadbeefu;
+    assert_int_equal(send_stamped(pool, 64, 5, 1, NULL, 0, NULL), FERRY_OK);
+    recv_check(c, 5);
+    th_wait_drained(pool);
+    ferry_consumer_destroy(c);
+    ferry_pool_destroy(pool);
+}
+
+/* ---- helper processes ------------------------------------------------------------------ */
+
+/* "connect ADDR RANK": connects and reports the status. */
+static int connect_main(const char *addr, uint32_t rank)
+{
+    ferry_consumer *c = NULL;
+    ferry_status st = ferry_consumer_connect(addr, rank, -1, &c);
+    th_report(st, 0);
+    ferry_consumer_destroy(c);
+    return 0;
+}
+
+static int helper_main(int argc, char **argv)
+{
+    if (argc >= 5 && strcmp(argv[2], "connect") == 0)
+        return connect_main(argv[3], (uint32_t)strtoul(argv[4], NULL, 10));
+    return 2;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc >= 3 && strcmp(argv[1], "--helper") == 0)
+        return helper_main(argc, argv);
+    signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_stray_header_write),
+        cmocka_unit_test(test_ring_counters_checked),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
