@@ -1,11 +1,13 @@
 /* Descriptor channels, producer side: the pool's address, ferry_pool_send into the ranks'
  * rings in the shared segment (shm/ring.c), the poll fds consumers hand over, and drain.
  *
- * One sender at a time (send_lock) writes a ring's entries and its tail; the rank's process
- * advances its head. A send first makes room in every chosen ring (waiting as the full
- * policy says), then publishes the lease, acknowledging it at once for the ranks it is not
- * sent to and for dead ones, then enqueues its descriptors and wakes the receivers: a send
- * that fails leases and queues nothing (it may have emptied dead ranks' rings). */
+ * The producer's state of the rings (pool->rings: tails, records, reservations) is guarded
+ * by the pool lock, which no send holds while it waits. A send first reserves room in every
+ * chosen ring (waiting for it as the full policy says, without any lock), then publishes the
+ * lease (waiting for space, without any lock), acknowledging it at once for the ranks it is
+ * not sent to and for dead ones, then pushes its descriptors into the room it reserved and
+ * wakes the receivers: a send that fails leases and queues nothing (it may have emptied dead
+ * ranks' rings). Every wait of a send is bounded by its own timeout. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -268,7 +270,7 @@ static int64_t look_locked(ferry_pool *pool, const uint8_t *chosen, uint8_t *pre
             mend_locked(pool, r);
             *head = tx->tail;
         }
-        if (pool->channel_depth - (tx->tail - *head) < need)
+        if (pool->channel_depth - (tx->tail - *head) - tx->reserved < need)
             return r;
     }
     return -1;
@@ -284,6 +286,15 @@ static int64_t find_full_locked(ferry_pool *pool, const uint8_t *chosen, uint8_t
         return full;
     ferry__reap_dead_locked(pool);
     return look_locked(pool, chosen, preack, need, head);
+}
+
+/* Promises need entries of room in the rings of the chosen live ranks (release: -need). */
+static void reserve_locked(ferry_pool *pool, const uint8_t *chosen, const uint8_t *preack,
+                           uint32_t need)
+{
+    for (uint32_t r = 0; r < pool->consumers; r++)
+        if (chosen[r] && !preack[r])
+            pool->rings[r].reserved += need;
 }
 
 /* A sender's wait for room in the chosen rings (ferry__wait_run). */
@@ -309,6 +320,8 @@ static int room_look(void *arg)
         return ferry__pool_closing_error(pool);
     }
     w->full = find_full_locked(pool, w->chosen, w->preack, w->need, &w->head);
+    if (w->full < 0)
+        reserve_locked(pool, w->chosen, w->preack, w->need);
     if (w->full >= 0 && !w->waited) {
         w->waited = 1;
         pool->stats.pool_full_events++;
@@ -341,9 +354,10 @@ static int room_expired(void *arg)
     return st;
 }
 
-/* Waits until every chosen live rank's ring has room for need entries: POOL_FULL naming the
- * rank behind at once when timeout_ns is 0, or at the deadline. A dead receiver is noticed by
- * the liveness checks, which no wake-up announces: the sleeps are short. */
+/* Waits until every chosen live rank's ring has room for need entries, and reserves it:
+ * POOL_FULL naming the rank behind at once when timeout_ns is 0, or at the deadline. A dead
+ * receiver is noticed by the liveness checks, which no wake-up announces: the sleeps are
+ * short. */
 static ferry_status make_room(ferry_pool *pool, const uint8_t *chosen, uint8_t *preack,
                               uint32_t need, uint64_t timeout_ns, uint64_t deadline)
 {
@@ -359,16 +373,33 @@ static ferry_status make_room(ferry_pool *pool, const uint8_t *chosen, uint8_t *
     return ferry__wait_run(&w, 0, deadline);
 }
 
-/* Queues the encoded descriptors for every chosen rank not acknowledged for, then wakes. */
+/* Pushes the encoded descriptors into the room reserved in every chosen live rank's ring,
+ * then wakes their receivers. dead counts the chosen ranks acknowledged for as dead. */
 static void enqueue(ferry_pool *pool, const uint8_t *chosen, const uint8_t *preack,
-                    const uint8_t *encoded, const ferry_descriptor *d, uint32_t count)
+                    const uint8_t *encoded, const ferry_descriptor *d, uint32_t count,
+                    uint64_t dead)
 {
+    pthread_mutex_lock(&pool->lock);
     for (uint32_t r = 0; r < pool->consumers; r++) {
         if (!chosen[r] || preack[r])
             continue;
         ferry__ring_push(&pool->rings[r], encoded, count, d->slot, d->generation);
-        wake_receivers(pool, r, 0);
+        pool->rings[r].reserved -= count;
     }
+    pool->stats.acked_for_dead += dead;
+    pthread_mutex_unlock(&pool->lock);
+    for (uint32_t r = 0; r < pool->consumers; r++)
+        if (chosen[r] && !preack[r])
+            wake_receivers(pool, r, 0);
+}
+
+/* What is left of a deadline (0: the call never waits). */
+static uint64_t time_left(uint64_t deadline)
+{
+    if (deadline == UINT64_MAX)
+        return UINT64_MAX;
+    uint64_t now = ferry__now_ns();
+    return deadline > now ? deadline - now : 0;
 }
 
 static ferry_status send_checked(ferry_pool *pool, const ferry_tensor *tensors,
@@ -381,26 +412,22 @@ static ferry_status send_checked(ferry_pool *pool, const ferry_tensor *tensors,
     if (st != FERRY_OK)
         return st;
     uint64_t dead = 0;
-    for (uint32_t r = 0; r < pool->consumers; r++) {
+    for (uint32_t r = 0; r < pool->consumers; r++)
         dead += chosen[r] && preack[r];
+    /* The lease is acknowledged at once for the ranks it does not go to, dead ones too. */
+    for (uint32_t r = 0; r < pool->consumers; r++)
         preack[r] = preack[r] || !chosen[r];
-    }
-    uint64_t left = deadline == UINT64_MAX ? UINT64_MAX : 0;
-    if (timeout_ns && deadline != UINT64_MAX) {
-        uint64_t now = ferry__now_ns();
-        left = deadline > now ? deadline - now : 0;
-    }
-    st = ferry__publish(pool, tensors, srcs, count, stream, left, descs, preack);
-    if (st != FERRY_OK)
+    st = ferry__publish(pool, tensors, srcs, count, stream, deadline ? time_left(deadline) : 0,
+                        descs, preack);
+    if (st != FERRY_OK) {
+        pthread_mutex_lock(&pool->lock);
+        reserve_locked(pool, chosen, preack, (uint32_t)-count); /* released */
+        pthread_mutex_unlock(&pool->lock);
         return st;
+    }
     for (uint32_t i = 0; i < count; i++)
         ferry_descriptor_encode(&descs[i], encoded + (size_t)i * FERRY_DESCRIPTOR_SIZE);
-    enqueue(pool, chosen, preack, encoded, descs, count);
-    if (dead) {
-        pthread_mutex_lock(&pool->lock);
-        pool->stats.acked_for_dead += dead;
-        pthread_mutex_unlock(&pool->lock);
-    }
+    enqueue(pool, chosen, preack, encoded, descs, count, dead);
     return FERRY_OK;
 }
 
@@ -444,10 +471,8 @@ ferry_status ferry_pool_send(ferry_pool *pool, const ferry_tensor *tensors, cons
         st = ferry__pool_enter(pool); /* close waits for the send to leave the rings */
     if (st != FERRY_OK)
         goto done;
-    pthread_mutex_lock(&pool->send_lock);
     st = send_checked(pool, tensors, srcs, (uint32_t)count, chosen, chosen + pool->consumers,
                       stream, timeout_ns, out, encoded);
-    pthread_mutex_unlock(&pool->send_lock);
     ferry__pool_leave(pool);
     if (st == FERRY_OK)
         ferry__clear_error();

@@ -76,7 +76,6 @@ static ferry_status init_sync(ferry_pool *pool)
     pthread_condattr_init(&attr);
     pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
     pthread_mutex_init(&pool->lock, NULL);
-    pthread_mutex_init(&pool->send_lock, NULL);
     pthread_mutex_init(&pool->notify_lock, NULL);
     pthread_cond_init(&pool->reclaimer_cv, &attr);
     pthread_cond_init(&pool->idle_cv, &attr);
@@ -89,7 +88,6 @@ static void fini_sync(ferry_pool *pool)
     pthread_cond_destroy(&pool->idle_cv);
     pthread_cond_destroy(&pool->reclaimer_cv);
     pthread_mutex_destroy(&pool->notify_lock);
-    pthread_mutex_destroy(&pool->send_lock);
     pthread_mutex_destroy(&pool->lock);
 }
 

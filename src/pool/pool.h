@@ -64,11 +64,10 @@ struct ferry_pool {
     pthread_cond_t idle_cv;
 
     /* Descriptor channels (channel.c). */
-    pthread_mutex_t send_lock;   /* one sender at a time writes the rings */
     pthread_mutex_t notify_lock; /* guards notify_fds */
     int *notify_fds;             /* by rank: the eventfd its poll fd waits on, or -1 */
     uint32_t channel_depth;
-    ferry__ring_tx *rings;       /* by rank: the producer's own state of its ring */
+    ferry__ring_tx *rings;       /* by rank: the producer's own state of its ring (lock) */
     ferry__ring_sent *ring_sent; /* their records, channel_depth each */
 
     ferry__broker *broker;

@@ -30,7 +30,8 @@ typedef struct ferry__ring_tx {
     ferry__ring *ring;      /* the shared counters and entries */
     ferry__ring_sent *sent; /* depth records: the lease pushed at each position */
     uint32_t depth;
-    uint32_t tail; /* entries ever pushed */
+    uint32_t tail;     /* entries ever pushed */
+    uint32_t reserved; /* entries promised to sends in progress (room made, not pushed yet) */
 } ferry__ring_tx;
 
 /* The receiver's head if it is consistent with tail (0), else -1: the ring is corrupt. */
