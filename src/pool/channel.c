@@ -247,6 +247,13 @@ static void mend_locked(ferry_pool *pool, uint32_t rank)
                pool->ops->name, rank, head, tx->tail, tx->depth, acked);
 }
 
+void ferry__channel_mark_queued_locked(ferry_pool *pool, uint32_t rank)
+{
+    uint32_t head;
+    if (ferry__ring_head(&pool->rings[rank], &head) == 0)
+        ferry__ring_each_sent(&pool->rings[rank], head, mark_sent, pool);
+}
+
 /* One look under the pool lock: dead chosen ranks (as last found) get their rings emptied
  * and are marked in preack; returns the first chosen live rank without room for need
  * entries (and its head, as read, in *head), or -1. */
@@ -386,6 +393,8 @@ static void enqueue(ferry_pool *pool, const uint8_t *chosen, const uint8_t *prea
         ferry__ring_push(&pool->rings[r], encoded, count, d->slot, d->generation);
         pool->rings[r].reserved -= count;
     }
+    if (pool->slots[d->slot].generation == d->generation)
+        pool->slots[d->slot].pushed = 1;
     pool->stats.acked_for_dead += dead;
     pthread_mutex_unlock(&pool->lock);
     for (uint32_t r = 0; r < pool->consumers; r++)

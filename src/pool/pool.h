@@ -25,6 +25,8 @@ typedef struct ferry__slot {
     uint32_t inflight_pos; /* index in ferry_pool.inflight, FERRY_NIL when free */
     uint8_t committed;     /* the ready write was issued */
     uint8_t cancelled;     /* cancelled; freed once its row is complete */
+    uint8_t sent;          /* published by ferry_pool_send: its descriptors go through rings */
+    uint8_t pushed;        /* ... and they were pushed into the chosen ranks' rings */
     uint8_t mark;          /* scratch of one look at the rings, under the pool lock */
 } ferry__slot;
 
@@ -131,6 +133,9 @@ ferry_status ferry__channel_notify(void *pool, uint32_t rank, pid_t pid, int fd)
 /* A new process takes the rank over: the dead one's poll fd is closed and its count of
  * sleeping receivers cleared. */
 void ferry__channel_forget_rank_locked(ferry_pool *pool, uint32_t rank);
+/* Sets the mark of every lease in flight still queued in rank's ring (its receiver has not
+ * taken it); none if the ring is corrupt. */
+void ferry__channel_mark_queued_locked(ferry_pool *pool, uint32_t rank);
 
 /* ---- reclaim.c ------------------------------------------------------------------------ */
 

@@ -159,16 +159,24 @@ void ferry__ranks_count_locked(const ferry_pool *pool, uint64_t *attached, uint6
 
 /* ---- attach and takeover --------------------------------------------------------------- */
 
-static int leased_before(const ferry_pool *pool, uint32_t slot, void *arg)
+/* Whether the dead holder of a rank took the lease in flight in slot (which the successor
+ * will then never see): a lease sent through the rings was taken if it was pushed and is not
+ * queued any more (mark: ferry__channel_mark_queued_locked); a lease whose descriptor went
+ * out through the user's own channel was, as far as the pool can tell, if it is older than
+ * the successor, which may already have been handed the newer ones. */
+static int taken_by_dead(const ferry_pool *pool, uint32_t slot, void *arg)
 {
-    return pool->slots[slot].leased_ns < *(const uint64_t *)arg;
+    const ferry__slot *s = &pool->slots[slot];
+    if (s->sent)
+        return s->pushed && !s->mark;
+    return s->leased_ns < *(const uint64_t *)arg;
 }
 
-/* A rank whose holder died is taken over: its leases in flight were sent to that holder, so
- * they are acknowledged on its behalf first, in the same critical section as the takeover
- * (a lease published between the death and the reclaimer's next look would otherwise wait
- * forever for an acknowledgement the new process knows nothing of). Leases published after
- * the new process started may already be on their way to it: those are left to it. */
+/* A rank whose holder died is taken over: what the dead holder took is acknowledged on its
+ * behalf, in the same critical section as the takeover (a lease it took and never
+ * acknowledged would otherwise wait forever for an acknowledgement the new process knows
+ * nothing of); what is still queued in the rank's ring, or on its way there, is left to the
+ * successor, which receives it. */
 static uint64_t settle_dead_rank_locked(ferry_pool *pool, uint32_t rank, pid_t successor)
 {
     if (pool->ops->sync_control(&pool->mem) != FERRY_OK)
@@ -176,7 +184,10 @@ static uint64_t settle_dead_rank_locked(ferry_pool *pool, uint32_t rank, pid_t s
     uint64_t born = ferry__proc_start_ns(successor);
     if (!born)
         born = UINT64_MAX;
-    uint64_t n = ferry__ack_for_rank_locked(pool, rank, leased_before, &born);
+    ferry__channel_mark_queued_locked(pool, rank);
+    uint64_t n = ferry__ack_for_rank_locked(pool, rank, taken_by_dead, &born);
+    for (uint32_t i = 0; i < pool->inflight_count; i++)
+        pool->slots[pool->inflight[i]].mark = 0;
     pool->stats.acked_for_dead += n;
     if (n) {
         char who[64];
