@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -19,11 +20,56 @@
 #include <cmocka.h>
 
 #include "common/clock.h"
+#include "common/proc.h"
 #include "ferry.h"
 #include "helpers.h"
 #include "procs.h"
 
-#define MS (1000000ull)
+#define MS       (1000000ull)
+#define END_SEED 0xe4du /* the last item a receiver helper reads */
+
+/* ---- holding a process at its file descriptor limit --------------------------------------- */
+
+typedef struct fd_jam {
+    struct rlimit saved;
+    int fds[4096];
+    int n;
+} fd_jam;
+
+/* The highest descriptor open in this process. */
+static int highest_fd(void)
+{
+    int top = 2;
+    DIR *dir = opendir("/proc/self/fd");
+    assert_non_null(dir);
+    for (struct dirent *e; (e = readdir(dir));)
+        if (atoi(e->d_name) > top)
+            top = atoi(e->d_name);
+    closedir(dir);
+    return top;
+}
+
+/* Lowers the soft limit to just above the descriptors in use and takes every one left:
+ * nothing in this process can open a file, a socket or /proc until jam_release. */
+static void jam_fds(fd_jam *j)
+{
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &j->saved), 0);
+    struct rlimit low = {(rlim_t)highest_fd() + 16, j->saved.rlim_max};
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+    j->n = 0;
+    int fd;
+    while (j->n < 4096 && (fd = dup(2)) >= 0)
+        j->fds[j->n++] = fd;
+    assert_int_equal(errno, EMFILE);
+    assert_true(open("/proc/self/stat", O_RDONLY) < 0);
+}
+
+static void jam_release(fd_jam *j)
+{
+    while (j->n)
+        close(j->fds[--j->n]);
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &j->saved), 0);
+}
 
 static ferry_pool *make_pool(int64_t consumers, int64_t reclaim_interval_us)
 {
@@ -114,6 +160,35 @@ static int late_main(const char *addr, uint32_t rank)
     return 0;
 }
 
+/* "jammed ADDR RANK": connects and reports, then holds itself at its file descriptor limit:
+ * a receive that finds nothing within 50 ms (the producer's liveness is looked at meanwhile)
+ * is reported, then it receives, reads and acknowledges the leases it is sent, the first
+ * ones still at its limit (it lets go of it when it sees the seed 1000), until the END item;
+ * reports how many it verified (END excluded). */
+static int jammed_main(const char *addr, uint32_t rank)
+{
+    ferry_consumer *c = NULL;
+    ferry_status st = ferry_consumer_connect(addr, rank, -1, &c);
+    th_report(st, 0);
+    if (st != FERRY_OK)
+        return 1;
+    fd_jam jam;
+    jam_fds(&jam);
+    ferry_descriptor d;
+    size_t k;
+    st = ferry_consumer_recv(c, 50 * MS, &d, 1, &k);
+    th_report(st == FERRY_TIMEOUT ? FERRY_OK : st == FERRY_OK ? FERRY_SYSTEM : st, 0);
+    uint64_t verified = 0, seed = 0;
+    while ((st = take_one(c, 5000 * MS, 0, &seed)) == FERRY_OK && seed != END_SEED) {
+        verified++;
+        if (seed == 1000)
+            jam_release(&jam);
+    }
+    th_report(st, verified);
+    ferry_consumer_destroy(c);
+    return 0;
+}
+
 static int helper_main(int argc, char **argv)
 {
     if (argc < 5)
@@ -123,6 +198,8 @@ static int helper_main(int argc, char **argv)
         taker_main(argv[3], rank);
     if (strcmp(argv[2], "late") == 0)
         return late_main(argv[3], rank);
+    if (strcmp(argv[2], "jammed") == 0)
+        return jammed_main(argv[3], rank);
     return 2;
 }
 
@@ -168,6 +245,61 @@ static void test_takeover_settles_by_head(void **state)
     ferry_pool_destroy(pool);
 }
 
+/* ---- defect 3: out of file descriptors is not dead ----------------------------------------- */
+
+/* A liveness check that cannot read /proc says so (an error), never "dead"; a pidfd taken
+ * beforehand answers without a descriptor. */
+static void test_check_error_is_no_verdict(void **state)
+{
+    (void)state;
+    int pidfd = ferry__proc_watch(getpid());
+    assert_true(pidfd >= 0);
+    fd_jam jam;
+    jam_fds(&jam);
+    errno = 0;
+    assert_int_equal(ferry__proc_check(getpid(), 0, -1), -1);
+    assert_int_equal(errno, EMFILE);
+    assert_int_equal(ferry__proc_check(getpid(), 0, pidfd), 1);
+    jam_release(&jam);
+    assert_int_equal(ferry__proc_check(getpid(), ferry__proc_starttime(getpid()), -1), 1);
+    close(pidfd);
+}
+
+/* The producer and a consumer both held at their file descriptor limit for a while (the
+ * producer looks at its ranks' liveness every millisecond meanwhile, the consumer at the
+ * producer's), then released: the rank is never taken for dead, no lease is acknowledged on
+ * its behalf, every message arrives; a receive with nothing to take says TIMEOUT, not
+ * PRODUCER_GONE. */
+static void test_fd_limit_loses_nothing(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(1, 1000);
+    char addr[FERRY_ADDRESS_SIZE];
+    address_of(pool, addr);
+    th_helper rx = th_spawn_helper("jammed", addr, "0");
+    expect_msg(&rx, "jammed receiver"); /* connected */
+    expect_msg(&rx, "jammed receiver"); /* at its limit, and its receive timed out */
+    fd_jam jam;
+    jam_fds(&jam);
+    usleep(50000);
+    ferry_pool_stats s = th_stats(pool);
+    assert_int_equal(s.consumers_alive, 1);
+    for (uint64_t seed = 1; seed <= 20; seed++) {
+        assert_int_equal(send_stamped(pool, 100, seed, 1000 * MS), FERRY_OK);
+        usleep(5000);
+    }
+    assert_int_equal(th_stats(pool).consumers_alive, 1);
+    jam_release(&jam);
+    assert_int_equal(send_stamped(pool, 100, 1000, 1000 * MS), FERRY_OK);
+    assert_int_equal(send_stamped(pool, 100, 1001, 1000 * MS), FERRY_OK);
+    assert_int_equal(send_stamped(pool, 100, END_SEED, 1000 * MS), FERRY_OK);
+    th_assert_result(th_finish_helper(&rx, 10000), 22);
+    s = th_stats(pool);
+    assert_int_equal(s.acked_for_dead, 0);
+    th_wait_drained(pool);
+    ferry_pool_destroy(pool);
+}
+
 int main(int argc, char **argv)
 {
     if (argc >= 3 && strcmp(argv[1], "--helper") == 0)
@@ -175,6 +307,8 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_takeover_settles_by_head),
+        cmocka_unit_test(test_check_error_is_no_verdict),
+        cmocka_unit_test(test_fd_limit_loses_nothing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -5,6 +5,7 @@
  * until its acknowledgement); consumer objects hold none. Only the calls that read a lease
  * (open, wait, read, view and their stream-ordered forms) claim the consumer's rank for this
  * process; acknowledgements never claim or displace a rank. */
+#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -251,12 +252,20 @@ static ferry_status check_extent(const ferry__mapped_pool *p, const ferry_descri
 
 int ferry__producer_gone(ferry__mapped_pool *p)
 {
-    if (ferry__load_acquire32(&p->gone) || ferry__shm_closing(&p->shm) ||
-        !ferry__proc_alive(p->producer_pid, p->producer_start)) {
-        ferry__cache_evict(p);
-        return 1;
+    int alive = 1;
+    if (!ferry__load_acquire32(&p->gone) && !ferry__shm_closing(&p->shm))
+        alive = ferry__proc_check(p->producer_pid, p->producer_start, p->producer_fd);
+    else
+        alive = 0;
+    if (alive < 0) {
+        ferry__fail_errno(FERRY_SYSTEM, errno,
+                          "cannot tell whether the producer of the pool (pid %d) lives",
+                          (int)p->producer_pid);
+        return -1;
     }
-    return 0;
+    if (!alive)
+        ferry__cache_evict(p);
+    return !alive;
 }
 
 /* A wait for a lease to be ready (ferry__wait_run). */
@@ -296,8 +305,9 @@ static void ready_sleep(void *arg, uint64_t ns)
 static ferry_status ready_check(void *arg)
 {
     ready_wait *w = arg;
-    if (!ferry__producer_gone(w->p))
-        return FERRY_OK;
+    int gone = ferry__producer_gone(w->p);
+    if (gone <= 0)
+        return gone ? FERRY_SYSTEM : FERRY_OK;
     return ferry__fail(FERRY_PRODUCER_GONE,
                        "producer of the pool (pid %d) is gone or closed the pool; lease "
                        "(slot=%u, generation=%u) will never be ready",
