@@ -173,6 +173,69 @@ static void test_ring_counters_checked(void **state)
     ferry_pool_destroy(pool);
 }
 
+/* ---- defects 6 and 7: the entries of one lease, checked before anything is returned ---- */
+
+/* Overwrites rank's ring entry at position at with the encoded descriptor d (a process of the
+ * pool writing a well-formed, CRC-valid entry where it does not belong). */
+static void forge_entry(ferry_pool *pool, uint32_t rank, uint32_t at, const ferry_descriptor *d)
+{
+    uint8_t bytes[FERRY_DESCRIPTOR_SIZE];
+    assert_int_equal(ferry_descriptor_encode(d, bytes), FERRY_OK);
+    ferry__ring *ring = ring_of(pool, rank);
+    memcpy(ferry__ring_entry(ring, pool->mem.shm.layout.ring_depth, at), bytes, sizeof(bytes));
+}
+
+/* The second entry of a packed lease replaced by another lease's descriptor: the receive
+ * refuses the ring (MALFORMED) instead of returning parts of two leases as one. */
+static void test_torn_packed_lease_refused(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(2, 8, 16);
+    ferry_consumer *c = connect_rank(pool, 0);
+    ferry_ranks to0 = {.first = 0, .count = 1}, to1 = {.first = 1, .count = 1};
+    ferry_descriptor a[2], b;
+    uint32_t head = ring_of(pool, 0)->head;
+    assert_int_equal(send_stamped(pool, 64, 10, 2, &to0, 0, a), FERRY_OK);
+    assert_int_equal(send_stamped(pool, 64, 20, 1, &to1, 0, &b), FERRY_OK);
+    forge_entry(pool, 0, head + 1, &b);
+    ferry_descriptor got[2];
+    size_t k = 0;
+    assert_int_equal(ferry_consumer_recv(c, 0, got, 2, &k), FERRY_MALFORMED);
+    assert_non_null(strstr(ferry_last_error(), "torn packed lease"));
+    /* b is not rank 0's (acknowledged for it when sent): skipped */
+    assert_int_equal(ferry_consumer_recv(c, 0, got, 2, &k), FERRY_TIMEOUT);
+    assert_int_equal(send_stamped(pool, 64, 30, 2, &to0, 0, NULL), FERRY_OK);
+    assert_int_equal(ferry_consumer_recv(c, 1000 * MS, got, 2, &k), FERRY_OK);
+    assert_int_equal(k, 2);
+    read_check(c, &got[0], 30);
+    read_check(c, &got[1], 31);
+    assert_int_equal(ferry_consumer_ack(c, &got[0]), FERRY_OK);
+    assert_int_equal(ferry_consumer_ack(c, &got[1]), FERRY_OK);
+    assert_int_equal(ferry_consumer_ack_all(c, &a[0]), FERRY_OK); /* the torn lease */
+    assert_int_equal(ferry_consumer_ack_all(c, &a[1]), FERRY_OK);
+    assert_int_equal(ferry_consumer_ack_all(c, &b), FERRY_OK);
+    th_wait_drained(pool);
+    ferry_consumer_destroy(c);
+    ferry_pool_destroy(pool);
+}
+
+/* A cancelled packed lease at the head of the ring is skipped before its parts are counted
+ * against the caller's room: a receive of one tensor gets the live lease behind it. */
+static void test_cancelled_packed_lease_skipped(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(1, 8, 16);
+    ferry_consumer *c = connect_rank(pool, 0);
+    ferry_descriptor p[3];
+    assert_int_equal(send_stamped(pool, 64, 10, 3, NULL, 0, p), FERRY_OK);
+    assert_int_equal(ferry_pool_cancel(pool, &p[0]), FERRY_OK);
+    assert_int_equal(send_stamped(pool, 64, 20, 1, NULL, 0, NULL), FERRY_OK);
+    recv_check(c, 20);
+    th_wait_drained(pool);
+    ferry_consumer_destroy(c);
+    ferry_pool_destroy(pool);
+}
+
 /* ---- helper processes ------------------------------------------------------------------ */
 
 /* "connect ADDR RANK": connects and reports the status. */
@@ -200,6 +263,8 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stray_header_write),
         cmocka_unit_test(test_ring_counters_checked),
+        cmocka_unit_test(test_torn_packed_lease_refused),
+        cmocka_unit_test(test_cancelled_packed_lease_skipped),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
