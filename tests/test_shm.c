@@ -236,6 +236,41 @@ static void test_cancelled_packed_lease_skipped(void **state)
     ferry_pool_destroy(pool);
 }
 
+/* ---- defect 11: a forged part index ------------------------------------------------------ */
+
+/* A well-formed, CRC-valid descriptor of a packed lease whose part fields disagree with the
+ * parts this process already acknowledged (part 0xFFFFFFFE of 0xFFFFFFFF, or 130 of 200, of a
+ * lease of 2) is refused MISMATCH: it never indexes past what was allocated for the lease. */
+static void test_forged_part_index_refused(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(1, 4, 16);
+    uint8_t bytes[128];
+    th_fill(bytes, sizeof(bytes), 3);
+    ferry_tensor t[2] = {ferry_tensor_bytes(64), ferry_tensor_bytes(64)};
+    const void *srcs[2] = {bytes, bytes + 64};
+    ferry_descriptor d[2];
+    assert_int_equal(ferry_pool_publish_many(pool, t, srcs, 2, 0, d), FERRY_OK);
+    ferry_consumer *c = NULL;
+    assert_int_equal(ferry_consumer_create(0, &c), FERRY_OK);
+    assert_int_equal(ferry_consumer_ack(c, &d[0]), FERRY_OK);
+    const uint32_t forged[][2] = {{0xfffffffeu, 0xffffffffu}, {130, 200}, {1, 3}};
+    for (size_t i = 0; i < sizeof(forged) / sizeof(forged[0]); i++) {
+        ferry_descriptor f = d[1];
+        f.part_index = forged[i][0];
+        f.part_count = forged[i][1];
+        uint8_t wire[FERRY_DESCRIPTOR_SIZE];
+        assert_int_equal(ferry_descriptor_encode(&f, wire), FERRY_OK);
+        assert_int_equal(ferry_descriptor_decode(wire, sizeof(wire), &f), FERRY_OK);
+        assert_int_equal(ferry_consumer_ack(c, &f), FERRY_MISMATCH);
+        assert_non_null(strstr(ferry_last_error(), "does not fit its lease"));
+    }
+    assert_int_equal(ferry_consumer_ack(c, &d[1]), FERRY_OK); /* the lease completes */
+    th_wait_drained(pool);
+    ferry_consumer_destroy(c);
+    ferry_pool_destroy(pool);
+}
+
 /* ---- helper processes ------------------------------------------------------------------ */
 
 /* "connect ADDR RANK": connects and reports the status. */
@@ -265,6 +300,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_ring_counters_checked),
         cmocka_unit_test(test_torn_packed_lease_refused),
         cmocka_unit_test(test_cancelled_packed_lease_skipped),
+        cmocka_unit_test(test_forged_part_index_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -558,6 +558,13 @@ static ferry_status part_ack(ferry__mapped_pool *p, const ferry_descriptor *d, u
     ferry__part_set **pp = find_parts_locked(p, d, rank);
     if (!*pp && !(*pp = new_parts(d, rank)))
         st = ferry__fail(FERRY_NO_MEMORY, "out of memory for a packed lease's parts");
+    /* A descriptor is never trusted with memory: its part must fit what this process knows
+     * of the lease already (the part count of the first part it acknowledged). */
+    if (st == FERRY_OK && (d->part_count != (*pp)->count || d->part_index >= (*pp)->count))
+        st = ferry__fail(FERRY_MISMATCH,
+                         "descriptor part %u of %u does not fit its lease (slot=%u, "
+                         "generation=%u), acknowledged as one of %u parts",
+                         d->part_index, d->part_count, d->slot, d->generation, (*pp)->count);
     if (st == FERRY_OK) {
         ferry__part_set *s = *pp;
         uint64_t bit = 1ull << (d->part_index % 64), *word = &s->bits[d->part_index / 64];
