@@ -271,6 +271,60 @@ static void test_forged_part_index_refused(void **state)
     ferry_pool_destroy(pool);
 }
 
+/* ---- defect 14: a cancel marks the lease dead before it lets a reader in ------------------- */
+
+typedef struct cancel_reader {
+    ferry_consumer *c;
+    ferry_descriptor d;
+    ferry_status st;
+} cancel_reader;
+
+/* Reads the lease with timeout 0 until the answer is anything but TIMEOUT. */
+static void *read_until_answer(void *arg)
+{
+    cancel_reader *r = arg;
+    uint8_t buf[64];
+    do
+        r->st = ferry_consumer_read(r->c, &r->d, buf, sizeof(buf), 0);
+    while (r->st == FERRY_TIMEOUT);
+    return NULL;
+}
+
+/* A reservation whose descriptor a consumer polls (ferry.h allows sending it before the
+ * commit) is cancelled: the cancel's ready word and acknowledgements let the reader in, but
+ * the lease is already marked cancelled, so the read ends STALE, never OK with bytes that
+ * were never committed. The reader is the last of 4096 ranks: its acknowledgement is the
+ * last word the cancel writes. */
+static void test_cancel_marks_before_it_lets_in(void **state)
+{
+    (void)state;
+    const uint32_t ranks = 4096;
+    ferry_pool *pool = make_pool(ranks, 1, 4);
+    ferry_consumer *c = NULL;
+    assert_int_equal(ferry_consumer_create(ranks - 1, &c), FERRY_OK);
+    ferry_tensor t = ferry_tensor_bytes(64);
+    uint64_t rounds = th_scaled(200, 50), ok = 0;
+    for (uint64_t i = 0; i < rounds; i++) {
+        void *data;
+        cancel_reader r = {.c = c};
+        assert_int_equal(ferry_pool_reserve(pool, &t, 0, &data, &r.d), FERRY_OK);
+        memset(data, 0xee, 64); /* never committed */
+        pthread_t th;
+        pthread_create(&th, NULL, read_until_answer, &r);
+        assert_int_equal(ferry_pool_cancel(pool, &r.d), FERRY_OK);
+        pthread_join(th, NULL);
+        ok += r.st == FERRY_OK;
+        if (r.st != FERRY_OK && r.st != FERRY_STALE)
+            fail_msg("read of a cancelled reservation: %u %s", r.st, ferry_last_error());
+    }
+    if (ok)
+        fail_msg("%llu of %llu reads of a cancelled reservation returned OK",
+                 (unsigned long long)ok, (unsigned long long)rounds);
+    th_wait_drained(pool);
+    ferry_consumer_destroy(c);
+    ferry_pool_destroy(pool);
+}
+
 /* ---- helper processes ------------------------------------------------------------------ */
 
 /* "connect ADDR RANK": connects and reports the status. */
@@ -301,6 +355,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_torn_packed_lease_refused),
         cmocka_unit_test(test_cancelled_packed_lease_skipped),
         cmocka_unit_test(test_forged_part_index_refused),
+        cmocka_unit_test(test_cancel_marks_before_it_lets_in),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

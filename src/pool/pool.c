@@ -868,11 +868,16 @@ static ferry_status cancel_locked(ferry_pool *pool, uint32_t slot)
     ferry__slot *s = &pool->slots[slot];
     uint64_t first = ferry__shm_ready_word(&pool->mem.shm.layout, slot) + (s->committed ? 1 : 0);
     uint32_t count = pool->consumers + (s->committed ? 0 : 1);
-    ferry_status st = pool->ops->write_words(&pool->mem, first, count, s->generation);
-    if (st != FERRY_OK)
-        return st;
-    s->cancelled = 1;
+    /* The lease is marked dead before any word that lets a reader in (the ready word, a
+     * rank's acknowledgement): a reader that sees one of them sees the mark when it checks
+     * the generation again after its copy, and ends STALE. */
     ferry__shm_lease_cancel(&pool->mem.shm, slot, s->generation);
+    ferry_status st = pool->ops->write_words(&pool->mem, first, count, s->generation);
+    if (st != FERRY_OK) {
+        ferry__shm_lease_uncancel(&pool->mem.shm, slot, s->generation); /* it lives on */
+        return st;
+    }
+    s->cancelled = 1;
     pool->stats.cancelled++;
     if (pool->ops->sync_control(&pool->mem) == FERRY_OK && ferry__row_released_locked(pool, slot))
         ferry__slot_release_locked(pool, slot);
