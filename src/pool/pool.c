@@ -912,8 +912,6 @@ ferry_status ferry_pool_cancel(ferry_pool *pool, const ferry_descriptor *desc)
     pthread_mutex_unlock(&pool->lock);
     if (st != FERRY_OK)
         return st;
-    /* The space signal's read-modify-write comes first: it orders the row just written
-     * before the ready wake-up's read of the sleeper count. */
     ferry__shm_acked(&pool->mem.shm);
     ferry__shm_ready_wake(
         &pool->mem.shm,

@@ -97,7 +97,10 @@ void ferry__ring_wake_senders(ferry__ring *ring)
 void ferry__ring_sleep_on_head(ferry__ring *ring, uint32_t seen, uint64_t ns)
 {
     ferry__fetch_add_seqcst32(&ring->senders, 1);
-    if (ferry__load_acquire32(&ring->head) == seen)
+    /* seq_cst: an acquire load may be satisfied before the count is raised (LDAPR on Arm
+     * passes an earlier store-release), and a receiver's head move in between would then
+     * wake nobody. */
+    if (ferry__load_seqcst32(&ring->head) == seen)
         ferry__futex_wait(&ring->head, seen, ns);
     ferry__fetch_add_seqcst32(&ring->senders, (uint32_t)-1);
 }
