@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -337,11 +338,221 @@ static int connect_main(const char *addr, uint32_t rank)
     return 0;
 }
 
+/* The longest any call may take beyond its own timeout before it counts as a hang. */
+#define SLACK_NS (500 * MS)
+
+/* 1 if the DONE message arrived (without waiting). */
+static int told_to_stop(void)
+{
+    th_msg m;
+    return recv(TH_CHANNEL_FD, &m, sizeof(m), MSG_DONTWAIT) == (ssize_t)sizeof(m) &&
+           m.type == TH_MSG_DONE;
+}
+
+/* One consumer call's answer: FERRY_OK, a refusal (any other status), or a failure of the
+ * test (a call that took longer than its timeout allows): *hung set. */
+static ferry_status timed(ferry_status st, uint64_t start, uint64_t timeout_ns, int *hung)
+{
+    if (ferry__now_ns() - start > timeout_ns + SLACK_NS)
+        *hung = 1;
+    return st;
+}
+
+/* "chaos ADDR RANK": connects, reports, then receives, reads and acknowledges whatever comes
+ * while another process writes random bytes into the words it shares with it, until DONE.
+ * Every lease read OK must carry the bytes it was stamped with; every call must return within
+ * its timeout; refusals are counted. Reports OK with the leases verified (the refusals in the
+ * text), or MISMATCH on a wrong byte, TIMEOUT on a hang. */
+static int chaos_main(const char *addr, uint32_t rank)
+{
+    ferry_consumer *c = NULL;
+    ferry_status st = ferry_consumer_connect(addr, rank, -1, &c);
+    th_report(st, 0);
+    if (st != FERRY_OK)
+        return 1;
+    static uint8_t buf[8 * 4096];
+    uint64_t verified = 0, refused = 0;
+    int hung = 0, wrong = 0;
+    while (!told_to_stop() && !hung && !wrong) {
+        ferry_descriptor d[4];
+        size_t k = 0;
+        uint64_t t = ferry__now_ns();
+        st = timed(ferry_consumer_recv(c, 100 * MS, d, 4, &k), t, 100 * MS, &hung);
+        if (st == FERRY_PRODUCER_GONE)
+            break;
+        refused += st != FERRY_OK && st != FERRY_TIMEOUT;
+        for (size_t i = 0; st == FERRY_OK && i < k; i++) {
+            uint64_t seed = 0;
+            t = ferry__now_ns();
+            ferry_status rd = timed(ferry_consumer_read(c, &d[i], buf, sizeof(buf), 100 * MS), t,
+                                    100 * MS, &hung);
+            th_check_stamp(buf, d[i].length, 0, &seed);
+            if (rd == FERRY_OK && !th_check_stamp(buf, d[i].length, seed, NULL))
+                wrong = 1;
+            verified += rd == FERRY_OK;
+            refused += rd != FERRY_OK;
+            t = ferry__now_ns();
+            timed(ferry_consumer_ack(c, &d[i]), t, 0, &hung);
+        }
+    }
+    th_msg r = {.type = TH_MSG_RESULT,
+                .status = wrong  ? FERRY_MISMATCH
+                          : hung ? FERRY_TIMEOUT
+                                 : FERRY_OK,
+                .seed = verified};
+    snprintf(r.text, sizeof(r.text), "%llu refused; %s", (unsigned long long)refused,
+             ferry_last_error());
+    th_send_msg(TH_CHANNEL_FD, &r);
+    ferry_consumer_destroy(c);
+    return 0;
+}
+
 static int helper_main(int argc, char **argv)
 {
     if (argc >= 5 && strcmp(argv[2], "connect") == 0)
         return connect_main(argv[3], (uint32_t)strtoul(argv[4], NULL, 10));
+    if (argc >= 5 && strcmp(argv[2], "chaos") == 0)
+        return chaos_main(argv[3], (uint32_t)strtoul(argv[4], NULL, 10));
     return 2;
+}
+
+/* ---- random bytes in every word a peer can write ---------------------------------------------
+ *
+ * What a process of the pool other than the producer can write, as the protocol has it or by
+ * a stray write: the header's layout words (read once, at open) and its counters and futex
+ * words (consumer_waiters, producer_waiters, ack_seq); every ring's counters (head, tail,
+ * receivers, senders, armed) and entries; the acknowledgement words of the control table.
+ * Left out: the producer's own statements, which consumers believe by design and which no
+ * consumer writes (the slots' generations and extents, the ready words, the closing flag): a
+ * write into them can make a consumer refuse a live lease, or wait, or stop, but never read
+ * outside the pool. */
+
+typedef struct chaos {
+    ferry_pool *pool;
+    uint64_t until_ns;
+    uint64_t writes; /* done */
+} chaos;
+
+static uint64_t xorshift(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+/* One random write into a random peer-writable word. */
+static void chaos_write(ferry_pool *pool, uint64_t *rng)
+{
+    const ferry__shm_layout *l = &pool->mem.shm.layout;
+    uint64_t r = xorshift(rng), v = xorshift(rng);
+    ferry__shm_header *h = header_of(pool);
+    uint32_t *hw = (uint32_t *)h;
+    ferry__ring *ring = ring_of(pool, (uint32_t)(r % l->consumers));
+    uint32_t *counters[] = {&ring->head, &ring->tail, &ring->receivers, &ring->senders,
+                            &ring->armed};
+    switch ((r >> 16) % 4) {
+    case 0: { /* a header word, the closing flag aside */
+        size_t i = (r >> 20) % (sizeof(*h) / 4);
+        if (&hw[i] != &h->closing)
+            __atomic_store_n(&hw[i], (uint32_t)v, __ATOMIC_RELAXED);
+        break;
+    }
+    case 1: /* a ring counter: mostly near its value, sometimes anywhere */
+        if ((r >> 20) % 2)
+            v = __atomic_load_n(counters[(r >> 24) % 5], __ATOMIC_RELAXED) + (v % 17) - 8;
+        __atomic_store_n(counters[(r >> 24) % 5], (uint32_t)v, __ATOMIC_RELAXED);
+        break;
+    case 2: { /* 8 bytes of a ring entry */
+        uint64_t at = (r >> 20) % ((uint64_t)l->ring_depth * FERRY_DESCRIPTOR_SIZE / 8);
+        __atomic_store_n((uint64_t *)(ring + 1) + at, v, __ATOMIC_RELAXED);
+        break;
+    }
+    default: { /* an acknowledgement word */
+        uint32_t slot = (uint32_t)((r >> 20) % l->max_inflight);
+        uint32_t rank = (uint32_t)((r >> 40) % l->consumers);
+        __atomic_store_n(&pool->mem.control[ferry__shm_ack_word(l, slot, rank)], (uint32_t)v,
+                         __ATOMIC_RELAXED);
+    }
+    }
+}
+
+static void *chaos_main_thread(void *arg)
+{
+    chaos *ch = arg;
+    uint64_t rng = 0x9e3779b97f4a7c15ull;
+    while (ferry__now_ns() < ch->until_ns) {
+        chaos_write(ch->pool, &rng);
+        ch->writes++;
+        struct timespec ts = {0, (long)(50000 + xorshift(&rng) % 200000)};
+        nanosleep(&ts, NULL);
+    }
+    return NULL;
+}
+
+/* Random bytes written into every word a peer can write while a producer sends packed and
+ * single leases to three consumer processes, for a few seconds: nothing crashes, no call
+ * outlasts its timeout, no consumer reads a wrong byte, and once the consumers are gone every
+ * lease was delivered, refused or reclaimed (none is left in flight). */
+static void test_random_writes_into_peer_words(void **state)
+{
+    (void)state;
+    enum { RANKS = 3 };
+    ferry_pool_config cfg = FERRY_POOL_CONFIG_INIT;
+    cfg.backend = FERRY_BACKEND_HOST;
+    cfg.memory_size = 1 << 20;
+    cfg.consumer_count = RANKS;
+    cfg.max_inflight_slices = 32;
+    cfg.channel_depth = 8;
+    cfg.reclaim_interval_us = 1000;
+    ferry_pool *pool = NULL;
+    assert_int_equal(ferry_pool_create(&cfg, &pool), FERRY_OK);
+    char addr[FERRY_ADDRESS_SIZE];
+    assert_int_equal(ferry_pool_address(pool, addr, sizeof(addr)), FERRY_OK);
+    th_helper h[RANKS];
+    for (uint32_t r = 0; r < RANKS; r++) {
+        char rank[8];
+        snprintf(rank, sizeof(rank), "%u", r);
+        h[r] = th_spawn_helper("chaos", addr, rank);
+        th_msg m;
+        assert_int_equal(th_recv_msg(h[r].fd, &m, 5000), 0);
+        assert_int_equal(m.status, FERRY_OK);
+    }
+    chaos ch = {.pool = pool, .until_ns = ferry__now_ns() + th_scaled(3000, 500) * MS};
+    pthread_t writer;
+    pthread_create(&writer, NULL, chaos_main_thread, &ch);
+    uint64_t rng = 42, sent = 0, refused = 0, seed = 1;
+    while (ferry__now_ns() < ch.until_ns) {
+        uint32_t parts = 1 + (uint32_t)(xorshift(&rng) % 3);
+        ferry_ranks some = {.first = (uint32_t)(xorshift(&rng) % RANKS), .count = 1};
+        uint64_t t = ferry__now_ns();
+        ferry_status st = send_stamped(pool, 16 + xorshift(&rng) % 4000, seed, parts,
+                                       xorshift(&rng) % 2 ? NULL : &some, 20 * MS, NULL);
+        if (ferry__now_ns() - t > 20 * MS + SLACK_NS)
+            fail_msg("a send with a 20 ms timeout took %.1f ms",
+                     (double)(ferry__now_ns() - t) / 1e6);
+        sent += st == FERRY_OK;
+        refused += st != FERRY_OK;
+        seed += parts;
+    }
+    pthread_join(writer, NULL);
+    uint64_t verified = 0;
+    for (uint32_t r = 0; r < RANKS; r++) {
+        th_send_type(h[r].fd, TH_MSG_DONE);
+        th_msg m = th_finish_helper(&h[r], 10000);
+        if (m.status != FERRY_OK)
+            fail_msg("rank %u: %s (status %u): %s", r,
+                     m.status == FERRY_MISMATCH ? "a wrong byte was read" : "a call hung", m.status,
+                     m.text);
+        verified += m.seed;
+    }
+    print_message("chaos: %llu random writes; %llu leases sent, %llu sends refused; %llu "
+                  "tensors read and verified\n",
+                  (unsigned long long)ch.writes, (unsigned long long)sent,
+                  (unsigned long long)refused, (unsigned long long)verified);
+    assert_true(sent > 0 && verified > 0);
+    th_wait_drained(pool); /* the consumers' leases were acknowledged for them once gone */
+    ferry_pool_destroy(pool);
 }
 
 int main(int argc, char **argv)
@@ -356,6 +567,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_cancelled_packed_lease_skipped),
         cmocka_unit_test(test_forged_part_index_refused),
         cmocka_unit_test(test_cancel_marks_before_it_lets_in),
+        cmocka_unit_test(test_random_writes_into_peer_words),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

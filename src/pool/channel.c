@@ -241,10 +241,12 @@ static void mend_locked(ferry_pool *pool, uint32_t rank)
         for (uint32_t i = 0; i < pool->inflight_count; i++)
             pool->slots[pool->inflight[i]].mark = 0;
     }
-    ferry__log(FERRY_LOG_WARN,
-               "%s pool: the descriptor ring of rank %u was corrupt (head %u, tail %u, depth %u): "
-               "emptied, %u leases it may have held acknowledged for the rank",
-               pool->ops->name, rank, head, tx->tail, tx->depth, acked);
+    if (tx->mended++ == 0) /* once per rank: a peer that keeps writing would flood the log */
+        ferry__log(FERRY_LOG_WARN,
+                   "%s pool: the descriptor ring of rank %u was corrupt (head %u, tail %u, depth "
+                   "%u): emptied, %u leases it may have held acknowledged for the rank (warned "
+                   "once)",
+                   pool->ops->name, rank, head, tx->tail, tx->depth, acked);
 }
 
 void ferry__channel_mark_queued_locked(ferry_pool *pool, uint32_t rank)

@@ -32,6 +32,7 @@ typedef struct ferry__ring_tx {
     uint32_t depth;
     uint32_t tail;     /* entries ever pushed */
     uint32_t reserved; /* entries promised to sends in progress (room made, not pushed yet) */
+    uint32_t mended;   /* times it was found corrupt and emptied */
 } ferry__ring_tx;
 
 /* The receiver's head if it is consistent with tail (0), else -1: the ring is corrupt. */
