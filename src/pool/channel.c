@@ -279,7 +279,9 @@ static int64_t look_locked(ferry_pool *pool, const uint8_t *chosen, uint8_t *pre
             mend_locked(pool, r);
             *head = tx->tail;
         }
-        if (pool->channel_depth - (tx->tail - *head) - tx->reserved < need)
+        /* queued + reserved may pass depth when a peer moved head back within bounds */
+        uint64_t used = (uint64_t)(tx->tail - *head) + tx->reserved;
+        if (used + need > pool->channel_depth)
             return r;
     }
     return -1;
