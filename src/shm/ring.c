@@ -49,8 +49,9 @@ uint32_t ferry__ring_queued(const ferry__ring_tx *tx)
 
 void ferry__ring_drop(ferry__ring_tx *tx)
 {
-    uint32_t head = ferry__load_acquire32(&tx->ring->head);
-    ferry__cas_acqrel32(&tx->ring->head, &head, tx->tail);
+    /* Whatever head holds (a receiver's compare-and-swap from its old value then fails, and
+     * it looks again). */
+    ferry__exchange_seqcst32(&tx->ring->head, tx->tail);
 }
 
 void ferry__ring_push(ferry__ring_tx *tx, const uint8_t *encoded, uint32_t count, uint32_t slot,
