@@ -205,7 +205,7 @@ static ferry_status stale(const ferry__mapped_pool *p, const ferry_descriptor *d
                            "stale descriptor: lease (slot=%u, generation=%u) was cancelled by "
                            "the producer",
                            d->slot, d->generation);
-    if (now != d->generation)
+    if (now != d->generation && now != FERRY_GEN_OVER) /* over: every rank acknowledged it */
         return ferry__fail(FERRY_STALE,
                            "stale descriptor: slot %u now holds generation %u, descriptor has %u",
                            d->slot, now, d->generation);

@@ -31,6 +31,7 @@ static void inflight_remove(ferry_pool *pool, uint32_t slot)
 
 void ferry__slot_release_locked(ferry_pool *pool, uint32_t slot)
 {
+    ferry__shm_lease_end(&pool->mem.shm, slot, pool->slots[slot].generation);
     ferry__alloc_free(&pool->alloc, pool->slots[slot].handle);
     inflight_remove(pool, slot);
     pool->free_slots[(pool->free_head + pool->free_count) % pool->max_inflight] = slot;
