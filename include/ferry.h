@@ -458,7 +458,8 @@ typedef struct ferry_ranks {
  * naming the rank behind ("the descriptor ring of rank 3 is full ... rank 3 is behind (pid
  * P, alive)"); otherwise the send waits up to timeout_ns for room and for pool space, then
  * fails POOL_FULL. A send that fails has queued and leased nothing. descs (may be NULL)
- * gets the count descriptors. Sends from several threads are serialised. */
+ * gets the count descriptors. Sends from several threads may run at once: none waits behind
+ * another's wait (for room or for space), only as long as its own timeout_ns says. */
 FERRY_API ferry_status ferry_pool_send(ferry_pool *pool, const ferry_tensor *tensors,
                                        const void *const *srcs, size_t count,
                                        const ferry_ranks *ranks, void *stream, uint64_t timeout_ns,

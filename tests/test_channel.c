@@ -384,6 +384,75 @@ static void test_full_ring_policies(void **state)
     ferry_pool_destroy(pool);
 }
 
+/* A send waiting in another thread (for room in a stuck rank's ring, or for pool space) in
+ * the background, while this thread sends. */
+typedef struct bg_send {
+    ferry_pool *pool;
+    size_t n;
+    const ferry_ranks *ranks;
+    uint64_t timeout_ns;
+    ferry_status st;
+} bg_send;
+
+static void *send_in_background(void *arg)
+{
+    bg_send *b = arg;
+    b->st = send_stamped(b->pool, b->n, 7, b->ranks, b->timeout_ns, NULL);
+    return NULL;
+}
+
+/* A send to ranks with room and space returns within its own timeout whatever other sends
+ * wait for: one waiting for room in a stuck rank's ring, one waiting for pool space. */
+static void test_send_waits_alone(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(2, 1);
+    char addr[FERRY_ADDRESS_SIZE];
+    address_of(pool, addr);
+    ferry_ranks only0 = {NULL, 0, 1}, only1 = {NULL, 1, 1};
+    assert_int_equal(send_stamped(pool, 64, 1, &only1, 0, NULL), FERRY_OK); /* rank 1 full */
+    bg_send b = {pool, 64, &only1, 3000 * MS, FERRY_SYSTEM};
+    pthread_t t;
+    pthread_create(&t, NULL, send_in_background, &b);
+    struct timespec settle = {0, 50 * 1000 * 1000};
+    nanosleep(&settle, NULL); /* b waits for room in rank 1's ring */
+    uint64_t start = ferry__now_ns();
+    assert_int_equal(send_stamped(pool, 64, 2, &only0, 0, NULL), FERRY_OK);
+    assert_int_equal(send_stamped(pool, 64, 3, &only0, 100 * MS, NULL), FERRY_POOL_FULL);
+    assert_true(ferry__now_ns() - start < 1000 * MS);
+    ferry_consumer *c1 = connect_rank(addr, 1);
+    recv_check(c1, 1); /* room: b's send goes in */
+    pthread_join(t, NULL);
+    assert_int_equal(b.st, FERRY_OK);
+    recv_check(c1, 7);
+    ferry_consumer *c0 = connect_rank(addr, 0);
+    recv_check(c0, 2);
+    /* b waits for pool space, held by a lease nobody acknowledges */
+    uint8_t *big = calloc(1, 600 << 10);
+    ferry_tensor t600 = ferry_tensor_bytes(600 << 10);
+    ferry_descriptor held;
+    assert_int_equal(ferry_pool_publish(pool, &t600, big, 0, &held), FERRY_OK);
+    b = (bg_send){pool, 600 << 10, &only1, 3000 * MS, FERRY_SYSTEM};
+    pthread_create(&t, NULL, send_in_background, &b);
+    nanosleep(&settle, NULL);
+    start = ferry__now_ns();
+    assert_int_equal(send_stamped(pool, 64, 4, &only0, 0, NULL), FERRY_OK);
+    assert_true(ferry__now_ns() - start < 1000 * MS);
+    assert_int_equal(ferry_consumer_ack_all(c0, &held), FERRY_OK); /* space: b goes on */
+    pthread_join(t, NULL);
+    assert_int_equal(b.st, FERRY_OK);
+    recv_check(c0, 4);
+    ferry_descriptor d;
+    size_t k;
+    assert_int_equal(ferry_consumer_recv(c1, 1000 * MS, &d, 1, &k), FERRY_OK);
+    assert_int_equal(d.length, 600 << 10);
+    assert_int_equal(ferry_consumer_ack(c1, &d), FERRY_OK);
+    free(big);
+    ferry_consumer_destroy(c0);
+    ferry_consumer_destroy(c1);
+    ferry_pool_destroy(pool);
+}
+
 /* One process waits on several pools at once through their poll fds (one pool per tokenizer
  * worker), with poll(2); a TIMEOUT re-arms the fd. */
 static void test_poll_several_pools(void **state)
@@ -824,6 +893,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_ranks_and_ranges),
         cmocka_unit_test(test_packed_send),
         cmocka_unit_test(test_full_ring_policies),
+        cmocka_unit_test(test_send_waits_alone),
         cmocka_unit_test(test_poll_several_pools),
         cmocka_unit_test(test_drain),
         cmocka_unit_test(test_producer_killed),

@@ -66,6 +66,8 @@ static void unmap_pool(ferry__mapped_pool *pool)
     free(pool->viewed);
     if (pool->base)
         munmap(pool->base, pool->size);
+    if (pool->producer_fd >= 0)
+        close(pool->producer_fd);
     free(pool->attached);
     free(pool);
 }
@@ -167,6 +169,7 @@ static ferry_status open_pool(const ferry_descriptor *d, uint32_t claim, int dev
     ferry__mapped_pool *pool = calloc(1, sizeof(*pool));
     if (!pool)
         return ferry__fail(FERRY_NO_MEMORY, "out of memory opening a pool");
+    pool->producer_fd = -1;
     pthread_mutex_init(&pool->parts_lock, NULL);
     ferry_status st = broker_ask(d->broker, d->pool_id, deadline, &fd, &size, &ppid);
     if (st == FERRY_OK)
@@ -179,8 +182,10 @@ static ferry_status open_pool(const ferry_descriptor *d, uint32_t claim, int dev
     }
     memcpy(pool->pool_id, d->pool_id, 16);
     memcpy(pool->broker, d->broker, 16);
+    /* Watched from now on, so that a look at it cannot fail for want of descriptors. */
     pool->producer_pid = ppid;
     pool->producer_start = ferry__proc_starttime(ppid);
+    pool->producer_fd = ferry__proc_watch(ppid);
     pool->open_rank = claim;
     *out = pool;
     return FERRY_OK;
@@ -206,9 +211,11 @@ ferry_status ferry__cache_claim(ferry__mapped_pool *pool, uint32_t rank, uint64_
     return FERRY_OK;
 }
 
+/* Only a producer known gone: one whose liveness cannot be told now stays. */
 static int producer_gone_now(const ferry__mapped_pool *p)
 {
-    return ferry__shm_closing(&p->shm) || !ferry__proc_alive(p->producer_pid, p->producer_start);
+    return ferry__shm_closing(&p->shm) ||
+           ferry__proc_check(p->producer_pid, p->producer_start, p->producer_fd) == 0;
 }
 
 /* Views whose lease every process can see acknowledged for their rank have ended (the

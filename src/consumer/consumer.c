@@ -5,6 +5,7 @@
  * until its acknowledgement); consumer objects hold none. Only the calls that read a lease
  * (open, wait, read, view and their stream-ordered forms) claim the consumer's rank for this
  * process; acknowledgements never claim or displace a rank. */
+#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -240,7 +241,7 @@ static ferry_status stale(ferry__mapped_pool *p, const ferry_descriptor *d, uint
                            "stale descriptor: lease (slot=%u, generation=%u) was cancelled by "
                            "the producer",
                            d->slot, d->generation);
-    if (now != d->generation)
+    if (now != d->generation && now != FERRY_GEN_OVER) /* over: every rank acknowledged it */
         return ferry__fail(FERRY_STALE,
                            "stale descriptor: slot %u now holds generation %u, descriptor has %u",
                            d->slot, now, d->generation);
@@ -294,12 +295,20 @@ static ferry_status check_extent(const ferry__mapped_pool *p, const ferry_descri
 
 int ferry__producer_gone(ferry__mapped_pool *p)
 {
-    if (ferry__load_acquire32(&p->gone) || ferry__shm_closing(&p->shm) ||
-        !ferry__proc_alive(p->producer_pid, p->producer_start)) {
-        ferry__cache_evict(p);
-        return 1;
+    int alive = 1;
+    if (!ferry__load_acquire32(&p->gone) && !ferry__shm_closing(&p->shm))
+        alive = ferry__proc_check(p->producer_pid, p->producer_start, p->producer_fd);
+    else
+        alive = 0;
+    if (alive < 0) {
+        ferry__fail_errno(FERRY_SYSTEM, errno,
+                          "cannot tell whether the producer of the pool (pid %d) lives",
+                          (int)p->producer_pid);
+        return -1;
     }
-    return 0;
+    if (!alive)
+        ferry__cache_evict(p);
+    return !alive;
 }
 
 /* A wait for a lease to be ready (ferry__wait_run). */
@@ -339,8 +348,9 @@ static void ready_sleep(void *arg, uint64_t ns)
 static ferry_status ready_check(void *arg)
 {
     ready_wait *w = arg;
-    if (!ferry__producer_gone(w->p))
-        return FERRY_OK;
+    int gone = ferry__producer_gone(w->p);
+    if (gone <= 0)
+        return gone ? FERRY_SYSTEM : FERRY_OK;
     return ferry__fail(FERRY_PRODUCER_GONE,
                        "producer of the pool (pid %d) is gone or closed the pool; lease "
                        "(slot=%u, generation=%u) will never be ready",
@@ -609,6 +619,13 @@ static ferry_status part_ack(ferry__mapped_pool *p, const ferry_descriptor *d, u
     ferry__part_set **pp = find_parts_locked(p, d, rank);
     if (!*pp && !(*pp = new_parts(d, rank)))
         st = ferry__fail(FERRY_NO_MEMORY, "out of memory for a packed lease's parts");
+    /* A descriptor is never trusted with memory: its part must fit what this process knows
+     * of the lease already (the part count of the first part it acknowledged). */
+    if (st == FERRY_OK && (d->part_count != (*pp)->count || d->part_index >= (*pp)->count))
+        st = ferry__fail(FERRY_MISMATCH,
+                         "descriptor part %u of %u does not fit its lease (slot=%u, "
+                         "generation=%u), acknowledged as one of %u parts",
+                         d->part_index, d->part_count, d->slot, d->generation, (*pp)->count);
     if (st == FERRY_OK) {
         ferry__part_set *s = *pp;
         uint64_t bit = 1ull << (d->part_index % 64), *word = &s->bits[d->part_index / 64];

@@ -36,7 +36,10 @@ struct ferry_consumer {
 /* FERRY_OK if the calling process made the consumer, else FORKED (with a message). */
 ferry_status ferry__consumer_owned(const struct ferry_consumer *c);
 
-/* 1 if the pool's producer closed it or died (the pool is then evicted from the cache). */
+/* 1 if the pool's producer closed it or died (the pool is then evicted from the cache), 0 if
+ * it lives, -1 (SYSTEM, the message set) if that could not be told: an error, never a
+ * verdict (the pool's producer is watched through a pidfd held from open, whose look cannot
+ * fail; /proc is read only where there is none). */
 int ferry__producer_gone(ferry__mapped_pool *p);
 
 /* Frees the pool's records of packed leases acknowledged part by part (at unmap). */

@@ -256,7 +256,8 @@ static ferry_status recv_check(void *arg)
 {
     recv_wait *w = arg;
     __atomic_store_n(&w->c->alive_ns, ferry__now_ns(), __ATOMIC_RELAXED);
-    return ferry__producer_gone(w->c->bound) ? gone(w->c) : FERRY_OK;
+    int g = ferry__producer_gone(w->c->bound);
+    return g > 0 ? gone(w->c) : g < 0 ? FERRY_SYSTEM : FERRY_OK;
 }
 
 static int recv_expired(void *arg)

@@ -1,11 +1,13 @@
 /* Descriptor channels, producer side: the pool's address, ferry_pool_send into the ranks'
  * rings in the shared segment (shm/ring.c), the poll fds consumers hand over, and drain.
  *
- * One sender at a time (send_lock) writes a ring's entries and its tail; the rank's process
- * advances its head. A send first makes room in every chosen ring (waiting as the full
- * policy says), then publishes the lease, acknowledging it at once for the ranks it is not
- * sent to and for dead ones, then enqueues its descriptors and wakes the receivers: a send
- * that fails leases and queues nothing (it may have emptied dead ranks' rings). */
+ * The producer's state of the rings (pool->rings: tails, records, reservations) is guarded
+ * by the pool lock, which no send holds while it waits. A send first reserves room in every
+ * chosen ring (waiting for it as the full policy says, without any lock), then publishes the
+ * lease (waiting for space, without any lock), acknowledging it at once for the ranks it is
+ * not sent to and for dead ones, then pushes its descriptors into the room it reserved and
+ * wakes the receivers: a send that fails leases and queues nothing (it may have emptied dead
+ * ranks' rings). Every wait of a send is bounded by its own timeout. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -32,30 +34,41 @@
 
 ferry_status ferry__channel_init(ferry_pool *pool)
 {
-    pool->channel_depth = (uint32_t)pool->config.channel_depth;
+    uint32_t depth = (uint32_t)pool->config.channel_depth;
+    pool->channel_depth = depth;
     pool->notify_fds = malloc(pool->consumers * sizeof(int));
-    if (!pool->notify_fds)
+    pool->rings = calloc(pool->consumers, sizeof(*pool->rings));
+    pool->ring_sent = calloc((size_t)pool->consumers * depth, sizeof(*pool->ring_sent));
+    if (!pool->notify_fds || !pool->rings || !pool->ring_sent)
         return ferry__fail(FERRY_NO_MEMORY, "%s pool: out of memory for the channels",
                            pool->ops->name);
-    for (uint32_t r = 0; r < pool->consumers; r++)
+    for (uint32_t r = 0; r < pool->consumers; r++) {
         pool->notify_fds[r] = -1;
+        pool->rings[r] = (ferry__ring_tx){
+            .ring = ferry__shm_ring(&pool->mem.shm, r),
+            .sent = pool->ring_sent + (size_t)r * depth,
+            .depth = depth,
+        };
+    }
     return FERRY_OK;
 }
 
 void ferry__channel_fini(ferry_pool *pool)
 {
-    if (!pool->notify_fds)
-        return;
-    for (uint32_t r = 0; r < pool->consumers; r++)
+    for (uint32_t r = 0; pool->notify_fds && r < pool->consumers; r++)
         if (pool->notify_fds[r] >= 0)
             close(pool->notify_fds[r]);
     free(pool->notify_fds);
+    free(pool->rings);
+    free(pool->ring_sent);
     pool->notify_fds = NULL;
+    pool->rings = NULL;
+    pool->ring_sent = NULL;
 }
 
 static ferry__ring *ring_of(ferry_pool *pool, uint32_t rank)
 {
-    return ferry__shm_ring(&pool->mem.shm, rank);
+    return pool->rings[rank].ring;
 }
 
 static void signal_fd(int fd)
@@ -201,14 +214,59 @@ static ferry_status ring_full(ferry_pool *pool, uint32_t rank, uint32_t need)
     return ferry__fail(FERRY_POOL_FULL,
                        "%s pool: the descriptor ring of rank %u is full (%u of %u queued, %u "
                        "more needed): rank %u is behind (%s)",
-                       pool->ops->name, rank, ferry__ring_queued(ring_of(pool, rank)),
+                       pool->ops->name, rank, ferry__ring_queued(&pool->rings[rank]),
                        pool->channel_depth, need, rank, who);
+}
+
+static void mark_sent(void *arg, uint32_t slot, uint32_t generation)
+{
+    ferry_pool *pool = arg;
+    ferry__slot *s = &pool->slots[slot];
+    if (s->inflight_pos != FERRY_NIL && s->generation == generation)
+        s->mark = 1;
+}
+
+static int marked(const ferry_pool *pool, uint32_t slot, void *arg)
+{
+    (void)arg;
+    return pool->slots[slot].mark;
+}
+
+/* A ring whose head another process of the pool wrote out of its bounds (tail - depth <= head
+ * <= tail): which entries its receiver still has to take is unknown, so the ring is emptied
+ * and every lease it may still hold (those of its last depth positions) is acknowledged for
+ * the rank. A receiver reading one of them gets STALE. */
+static void mend_locked(ferry_pool *pool, uint32_t rank)
+{
+    ferry__ring_tx *tx = &pool->rings[rank];
+    uint32_t head = ferry__load_relaxed32(&tx->ring->head), acked = 0;
+    ferry__ring_drop(tx);
+    if (pool->ops->sync_control(&pool->mem) == FERRY_OK) {
+        ferry__ring_each_sent(tx, tx->tail - tx->depth, mark_sent, pool);
+        acked = (uint32_t)ferry__ack_for_rank_locked(pool, rank, marked, NULL);
+        for (uint32_t i = 0; i < pool->inflight_count; i++)
+            pool->slots[pool->inflight[i]].mark = 0;
+    }
+    if (tx->mended++ == 0) /* once per rank: a peer that keeps writing would flood the log */
+        ferry__log(FERRY_LOG_WARN,
+                   "%s pool: the descriptor ring of rank %u was corrupt (head %u, tail %u, depth "
+                   "%u): emptied, %u leases it may have held acknowledged for the rank (warned "
+                   "once)",
+                   pool->ops->name, rank, head, tx->tail, tx->depth, acked);
+}
+
+void ferry__channel_mark_queued_locked(ferry_pool *pool, uint32_t rank)
+{
+    uint32_t head;
+    if (ferry__ring_head(&pool->rings[rank], &head) == 0)
+        ferry__ring_each_sent(&pool->rings[rank], head, mark_sent, pool);
 }
 
 /* One look under the pool lock: dead chosen ranks (as last found) get their rings emptied
  * and are marked in preack; returns the first chosen live rank without room for need
- * entries, or -1. */
-static int64_t look_locked(ferry_pool *pool, const uint8_t *chosen, uint8_t *preack, uint32_t need)
+ * entries (and its head, as read, in *head), or -1. */
+static int64_t look_locked(ferry_pool *pool, const uint8_t *chosen, uint8_t *preack, uint32_t need,
+                           uint32_t *head)
 {
     for (uint32_t r = 0; r < pool->consumers; r++) {
         if (!chosen[r])
@@ -217,12 +275,19 @@ static int64_t look_locked(ferry_pool *pool, const uint8_t *chosen, uint8_t *pre
          * behalf) and the lease being sent is acknowledged for it at once; a successor's
          * claim clears dead under the pool lock, which the caller holds. */
         if (ferry__rank_dead_locked(pool, r)) {
-            ferry__ring_drop(ring_of(pool, r));
+            ferry__ring_drop(&pool->rings[r]);
             preack[r] = 1;
             continue;
         }
         preack[r] = 0;
-        if (pool->channel_depth - ferry__ring_queued(ring_of(pool, r)) < need)
+        ferry__ring_tx *tx = &pool->rings[r];
+        if (ferry__ring_head(tx, head) != 0) {
+            mend_locked(pool, r);
+            *head = tx->tail;
+        }
+        /* queued + reserved may pass depth when a peer moved head back within bounds */
+        uint64_t used = (uint64_t)(tx->tail - *head) + tx->reserved;
+        if (used + need > pool->channel_depth)
             return r;
     }
     return -1;
@@ -231,13 +296,22 @@ static int64_t look_locked(ferry_pool *pool, const uint8_t *chosen, uint8_t *pre
 /* As look_locked; a rank without room may have died since the reclaimer last looked: the
  * processes are looked at (when a look at /proc is due) before it counts as behind. */
 static int64_t find_full_locked(ferry_pool *pool, const uint8_t *chosen, uint8_t *preack,
-                                uint32_t need)
+                                uint32_t need, uint32_t *head)
 {
-    int64_t full = look_locked(pool, chosen, preack, need);
+    int64_t full = look_locked(pool, chosen, preack, need, head);
     if (full < 0)
         return full;
     ferry__reap_dead_locked(pool);
-    return look_locked(pool, chosen, preack, need);
+    return look_locked(pool, chosen, preack, need, head);
+}
+
+/* Promises need entries of room in the rings of the chosen live ranks (release: -need). */
+static void reserve_locked(ferry_pool *pool, const uint8_t *chosen, const uint8_t *preack,
+                           uint32_t need)
+{
+    for (uint32_t r = 0; r < pool->consumers; r++)
+        if (chosen[r] && !preack[r])
+            pool->rings[r].reserved += need;
 }
 
 /* A sender's wait for room in the chosen rings (ferry__wait_run). */
@@ -247,8 +321,9 @@ typedef struct room_wait {
     uint8_t *preack;
     uint32_t need;
     uint64_t timeout_ns;
-    int64_t full; /* the rank without room the last look found */
-    int waited;   /* a look found one before */
+    int64_t full;  /* the rank without room the last look found */
+    uint32_t head; /* its head as that look found it */
+    int waited;    /* a look found one before */
 } room_wait;
 
 /* Counted as a full pool is: an event, a wait, a wait that gave up. */
@@ -261,7 +336,9 @@ static int room_look(void *arg)
         pthread_mutex_unlock(&pool->lock);
         return ferry__pool_closing_error(pool);
     }
-    w->full = find_full_locked(pool, w->chosen, w->preack, w->need);
+    w->full = find_full_locked(pool, w->chosen, w->preack, w->need, &w->head);
+    if (w->full < 0)
+        reserve_locked(pool, w->chosen, w->preack, w->need);
     if (w->full >= 0 && !w->waited) {
         w->waited = 1;
         pool->stats.pool_full_events++;
@@ -280,8 +357,7 @@ static int room_look(void *arg)
 static void room_sleep(void *arg, uint64_t ns)
 {
     room_wait *w = arg;
-    ferry__ring_sleep_on_head(ring_of(w->pool, (uint32_t)w->full), w->pool->channel_depth, w->need,
-                              ns);
+    ferry__ring_sleep_on_head(ring_of(w->pool, (uint32_t)w->full), w->head, ns);
 }
 
 /* POOL_FULL naming the rank behind. */
@@ -295,9 +371,10 @@ static int room_expired(void *arg)
     return st;
 }
 
-/* Waits until every chosen live rank's ring has room for need entries: POOL_FULL naming the
- * rank behind at once when timeout_ns is 0, or at the deadline. A dead receiver is noticed by
- * the liveness checks, which no wake-up announces: the sleeps are short. */
+/* Waits until every chosen live rank's ring has room for need entries, and reserves it:
+ * POOL_FULL naming the rank behind at once when timeout_ns is 0, or at the deadline. A dead
+ * receiver is noticed by the liveness checks, which no wake-up announces: the sleeps are
+ * short. */
 static ferry_status make_room(ferry_pool *pool, const uint8_t *chosen, uint8_t *preack,
                               uint32_t need, uint64_t timeout_ns, uint64_t deadline)
 {
@@ -313,16 +390,35 @@ static ferry_status make_room(ferry_pool *pool, const uint8_t *chosen, uint8_t *
     return ferry__wait_run(&w, 0, deadline);
 }
 
-/* Queues the encoded descriptors for every chosen rank not acknowledged for, then wakes. */
+/* Pushes the encoded descriptors into the room reserved in every chosen live rank's ring,
+ * then wakes their receivers. dead counts the chosen ranks acknowledged for as dead. */
 static void enqueue(ferry_pool *pool, const uint8_t *chosen, const uint8_t *preack,
-                    const uint8_t *encoded, uint32_t count)
+                    const uint8_t *encoded, const ferry_descriptor *d, uint32_t count,
+                    uint64_t dead)
 {
+    pthread_mutex_lock(&pool->lock);
     for (uint32_t r = 0; r < pool->consumers; r++) {
         if (!chosen[r] || preack[r])
             continue;
-        ferry__ring_push(ring_of(pool, r), pool->channel_depth, encoded, count);
-        wake_receivers(pool, r, 0);
+        ferry__ring_push(&pool->rings[r], encoded, count, d->slot, d->generation);
+        pool->rings[r].reserved -= count;
     }
+    if (pool->slots[d->slot].generation == d->generation)
+        pool->slots[d->slot].pushed = 1;
+    pool->stats.acked_for_dead += dead;
+    pthread_mutex_unlock(&pool->lock);
+    for (uint32_t r = 0; r < pool->consumers; r++)
+        if (chosen[r] && !preack[r])
+            wake_receivers(pool, r, 0);
+}
+
+/* What is left of a deadline (0: the call never waits). */
+static uint64_t time_left(uint64_t deadline)
+{
+    if (deadline == UINT64_MAX)
+        return UINT64_MAX;
+    uint64_t now = ferry__now_ns();
+    return deadline > now ? deadline - now : 0;
 }
 
 static ferry_status send_checked(ferry_pool *pool, const ferry_tensor *tensors,
@@ -335,26 +431,22 @@ static ferry_status send_checked(ferry_pool *pool, const ferry_tensor *tensors,
     if (st != FERRY_OK)
         return st;
     uint64_t dead = 0;
-    for (uint32_t r = 0; r < pool->consumers; r++) {
+    for (uint32_t r = 0; r < pool->consumers; r++)
         dead += chosen[r] && preack[r];
+    /* The lease is acknowledged at once for the ranks it does not go to, dead ones too. */
+    for (uint32_t r = 0; r < pool->consumers; r++)
         preack[r] = preack[r] || !chosen[r];
-    }
-    uint64_t left = deadline == UINT64_MAX ? UINT64_MAX : 0;
-    if (timeout_ns && deadline != UINT64_MAX) {
-        uint64_t now = ferry__now_ns();
-        left = deadline > now ? deadline - now : 0;
-    }
-    st = ferry__publish(pool, tensors, srcs, count, stream, left, descs, preack);
-    if (st != FERRY_OK)
+    st = ferry__publish(pool, tensors, srcs, count, stream, deadline ? time_left(deadline) : 0,
+                        descs, preack);
+    if (st != FERRY_OK) {
+        pthread_mutex_lock(&pool->lock);
+        reserve_locked(pool, chosen, preack, (uint32_t)-count); /* released */
+        pthread_mutex_unlock(&pool->lock);
         return st;
+    }
     for (uint32_t i = 0; i < count; i++)
         ferry_descriptor_encode(&descs[i], encoded + (size_t)i * FERRY_DESCRIPTOR_SIZE);
-    enqueue(pool, chosen, preack, encoded, count);
-    if (dead) {
-        pthread_mutex_lock(&pool->lock);
-        pool->stats.acked_for_dead += dead;
-        pthread_mutex_unlock(&pool->lock);
-    }
+    enqueue(pool, chosen, preack, encoded, descs, count, dead);
     return FERRY_OK;
 }
 
@@ -398,10 +490,8 @@ ferry_status ferry_pool_send(ferry_pool *pool, const ferry_tensor *tensors, cons
         st = ferry__pool_enter(pool); /* close waits for the send to leave the rings */
     if (st != FERRY_OK)
         goto done;
-    pthread_mutex_lock(&pool->send_lock);
     st = send_checked(pool, tensors, srcs, (uint32_t)count, chosen, chosen + pool->consumers,
                       stream, timeout_ns, out, encoded);
-    pthread_mutex_unlock(&pool->send_lock);
     ferry__pool_leave(pool);
     if (st == FERRY_OK)
         ferry__clear_error();

@@ -18,6 +18,10 @@
 #include "shm/signal.h"
 #include "shm/wait.h"
 
+/* How a lease is created: its publisher writes the ready word itself (publish; a reservation
+ * is committed later), and its descriptors go out through the rings (ferry_pool_send). */
+enum { LEASE_COMMITTED = 1, LEASE_SENT = 2 };
+
 /* A lease being created: where its slice is and which generation it carries. */
 typedef struct lease {
     uint32_t slot;
@@ -77,7 +81,6 @@ static ferry_status init_sync(ferry_pool *pool)
     pthread_condattr_init(&attr);
     pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
     pthread_mutex_init(&pool->lock, NULL);
-    pthread_mutex_init(&pool->send_lock, NULL);
     pthread_mutex_init(&pool->notify_lock, NULL);
     pthread_cond_init(&pool->reclaimer_cv, &attr);
     pthread_cond_init(&pool->idle_cv, &attr);
@@ -90,7 +93,6 @@ static void fini_sync(ferry_pool *pool)
     pthread_cond_destroy(&pool->idle_cv);
     pthread_cond_destroy(&pool->reclaimer_cv);
     pthread_mutex_destroy(&pool->notify_lock);
-    pthread_mutex_destroy(&pool->send_lock);
     pthread_mutex_destroy(&pool->lock);
 }
 
@@ -331,7 +333,7 @@ ferry_status ferry_pool_error(ferry_pool *pool, char *cause, size_t size)
 
 /* ---- leases ------------------------------------------------------------------------- */
 
-static ferry_status try_lease_locked(ferry_pool *pool, uint64_t bytes, int committed, lease *out)
+static ferry_status try_lease_locked(ferry_pool *pool, uint64_t bytes, int how, lease *out)
 {
     if (!pool->free_count)
         return FERRY_POOL_FULL;
@@ -355,7 +357,9 @@ static ferry_status try_lease_locked(ferry_pool *pool, uint64_t bytes, int commi
     s->offset = offset;
     s->length = bytes;
     s->handle = handle;
-    s->committed = (uint8_t)committed;
+    s->committed = (how & LEASE_COMMITTED) != 0;
+    s->sent = (how & LEASE_SENT) != 0;
+    s->pushed = 0;
     s->cancelled = 0;
     s->generation++;
     s->leased_ns = ferry__now_ns();
@@ -379,13 +383,13 @@ static void note_lease_locked(ferry_pool *pool)
 }
 
 /* One attempt: allocate, and on a miss reclaim what consumers released and retry. */
-static ferry_status lease_once_locked(ferry_pool *pool, uint64_t bytes, int committed, lease *out)
+static ferry_status lease_once_locked(ferry_pool *pool, uint64_t bytes, int how, lease *out)
 {
-    ferry_status st = try_lease_locked(pool, bytes, committed, out);
+    ferry_status st = try_lease_locked(pool, bytes, how, out);
     if (st == FERRY_POOL_FULL && ferry__reclaim_locked(pool))
-        st = try_lease_locked(pool, bytes, committed, out);
+        st = try_lease_locked(pool, bytes, how, out);
     if (st == FERRY_POOL_FULL && ferry__reap_dead_locked(pool) && ferry__reclaim_locked(pool))
-        st = try_lease_locked(pool, bytes, committed, out);
+        st = try_lease_locked(pool, bytes, how, out);
     if (st == FERRY_OK)
         note_lease_locked(pool);
     return st;
@@ -396,7 +400,7 @@ static ferry_status lease_once_locked(ferry_pool *pool, uint64_t bytes, int comm
 typedef struct space_wait {
     ferry_pool *pool;
     uint64_t bytes;
-    int committed;
+    int how;
     lease *out;
     uint32_t seq; /* the acknowledgement sequence before the last look */
 } space_wait;
@@ -408,7 +412,7 @@ static int space_look(void *arg)
     w->seq = ferry__shm_ack_seq(&pool->mem.shm);
     pthread_mutex_lock(&pool->lock);
     ferry_status st =
-        pool->closing ? FERRY_CLOSING : lease_once_locked(pool, w->bytes, w->committed, w->out);
+        pool->closing ? FERRY_CLOSING : lease_once_locked(pool, w->bytes, w->how, w->out);
     pthread_mutex_unlock(&pool->lock);
     return st == FERRY_POOL_FULL ? FERRY__WAIT_AGAIN : (int)st;
 }
@@ -425,10 +429,10 @@ static int space_expired(void *arg)
     return FERRY_POOL_FULL;
 }
 
-static ferry_status lease_wait(ferry_pool *pool, uint64_t bytes, int committed, uint64_t deadline,
+static ferry_status lease_wait(ferry_pool *pool, uint64_t bytes, int how, uint64_t deadline,
                                lease *out)
 {
-    space_wait sw = {.pool = pool, .bytes = bytes, .committed = committed, .out = out};
+    space_wait sw = {.pool = pool, .bytes = bytes, .how = how, .out = out};
     ferry__wait w = {
         .look = space_look,
         .sleep = space_sleep,
@@ -499,7 +503,7 @@ static void lease_done_locked(ferry_pool *pool)
         pthread_cond_broadcast(&pool->idle_cv);
 }
 
-static ferry_status wait_for_space_locked(ferry_pool *pool, uint64_t bytes, int committed,
+static ferry_status wait_for_space_locked(ferry_pool *pool, uint64_t bytes, int how,
                                           uint64_t timeout_ns, uint64_t deadline, lease *out)
 {
     ferry_status st = FERRY_POOL_FULL;
@@ -513,7 +517,7 @@ static ferry_status wait_for_space_locked(ferry_pool *pool, uint64_t bytes, int 
     if (timeout_ns) {
         pool->stats.pool_full_waits++;
         pthread_mutex_unlock(&pool->lock);
-        st = lease_wait(pool, bytes, committed, deadline, out);
+        st = lease_wait(pool, bytes, how, deadline, out);
         pthread_mutex_lock(&pool->lock);
         if (st == FERRY_POOL_FULL)
             pool->stats.pool_full_timeouts++;
@@ -537,12 +541,11 @@ static ferry_status too_large_locked(ferry_pool *pool, uint64_t bytes)
                        (unsigned long long)pool->data_size);
 }
 
-/* Creates a lease of bytes, waiting up to timeout_ns for space; committed says that the
- * publisher writes its ready word itself (publish) rather than through a commit (reserve).
+/* Creates a lease of bytes, waiting up to timeout_ns for space, made as how says.
  * The caller is an active publisher from here (close waits for it) and, on success, must
  * call lease_done. */
-static ferry_status lease_acquire(ferry_pool *pool, uint64_t bytes, int committed,
-                                  uint64_t timeout_ns, lease *out)
+static ferry_status lease_acquire(ferry_pool *pool, uint64_t bytes, int how, uint64_t timeout_ns,
+                                  lease *out)
 {
     /* The wait for space starts counting when the pool is found full (microseconds later):
      * a publish that finds room reads no clock for it. */
@@ -552,10 +555,10 @@ static ferry_status lease_acquire(ferry_pool *pool, uint64_t bytes, int committe
         st = too_large_locked(pool, bytes);
     if (st == FERRY_OK) {
         pool->active++;
-        st = lease_once_locked(pool, bytes, committed, out);
+        st = lease_once_locked(pool, bytes, how, out);
         if (st == FERRY_POOL_FULL)
-            st = wait_for_space_locked(pool, bytes, committed, timeout_ns,
-                                       ferry__deadline(timeout_ns), out);
+            st = wait_for_space_locked(pool, bytes, how, timeout_ns, ferry__deadline(timeout_ns),
+                                       out);
         if (st != FERRY_OK)
             lease_done_locked(pool);
     }
@@ -720,7 +723,8 @@ static ferry_status publish_packed(ferry_pool *pool, const ferry_tensor *tensors
     lease l;
     ferry_status st = pack_layout(tensors, srcs, count, offsets, lengths, &total);
     if (st == FERRY_OK)
-        st = lease_acquire(pool, total, 1, timeout_ns, &l);
+        st =
+            lease_acquire(pool, total, LEASE_COMMITTED | (preack ? LEASE_SENT : 0), timeout_ns, &l);
     if (st != FERRY_OK)
         return st;
     for (size_t i = 0; i < count && st == FERRY_OK; i++)
@@ -808,7 +812,7 @@ ferry_status ferry_pool_reserve(ferry_pool *pool, const ferry_tensor *tensor, ui
     if (st == FERRY_OK)
         st = ferry_tensor_nbytes(tensor, &length);
     if (st == FERRY_OK)
-        st = lease_acquire(pool, length, 0, timeout_ns, &l);
+        st = lease_acquire(pool, length, 0, timeout_ns, &l); /* committed later */
     if (st != FERRY_OK)
         return st;
     st = pool->ops->slice_ptr(&pool->mem, l.offset, &ptr);
@@ -874,11 +878,16 @@ static ferry_status cancel_locked(ferry_pool *pool, uint32_t slot)
     ferry__slot *s = &pool->slots[slot];
     uint64_t first = ferry__shm_ready_word(&pool->mem.shm.layout, slot) + (s->committed ? 1 : 0);
     uint32_t count = pool->consumers + (s->committed ? 0 : 1);
-    ferry_status st = pool->ops->write_words(&pool->mem, first, count, s->generation);
-    if (st != FERRY_OK)
-        return st;
-    s->cancelled = 1;
+    /* The lease is marked dead before any word that lets a reader in (the ready word, a
+     * rank's acknowledgement): a reader that sees one of them sees the mark when it checks
+     * the generation again after its copy, and ends STALE. */
     ferry__shm_lease_cancel(&pool->mem.shm, slot, s->generation);
+    ferry_status st = pool->ops->write_words(&pool->mem, first, count, s->generation);
+    if (st != FERRY_OK) {
+        ferry__shm_lease_uncancel(&pool->mem.shm, slot, s->generation); /* it lives on */
+        return st;
+    }
+    s->cancelled = 1;
     pool->stats.cancelled++;
     if (pool->ops->sync_control(&pool->mem) == FERRY_OK && ferry__row_released_locked(pool, slot))
         ferry__slot_release_locked(pool, slot);
@@ -913,8 +922,6 @@ ferry_status ferry_pool_cancel(ferry_pool *pool, const ferry_descriptor *desc)
     pthread_mutex_unlock(&pool->lock);
     if (st != FERRY_OK)
         return st;
-    /* The space signal's read-modify-write comes first: it orders the row just written
-     * before the ready wake-up's read of the sleeper count. */
     ferry__shm_acked(&pool->mem.shm);
     ferry__shm_ready_wake(
         &pool->mem.shm,

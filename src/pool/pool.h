@@ -10,6 +10,7 @@
 #include "ferry.h"
 #include "pool/alloc.h"
 #include "pool/ranks.h"
+#include "shm/ring.h"
 #include "shm/layout.h"
 #include "transport/transport.h"
 
@@ -25,6 +26,9 @@ typedef struct ferry__slot {
     uint32_t inflight_pos; /* index in ferry_pool.inflight, FERRY_NIL when free */
     uint8_t committed;     /* the ready write was issued */
     uint8_t cancelled;     /* cancelled; freed once its row is complete */
+    uint8_t sent;          /* published by ferry_pool_send: its descriptors go through rings */
+    uint8_t pushed;        /* ... and they were pushed into the chosen ranks' rings */
+    uint8_t mark;          /* scratch of one look at the rings, under the pool lock */
 } ferry__slot;
 
 struct ferry_pool {
@@ -63,10 +67,11 @@ struct ferry_pool {
     pthread_cond_t idle_cv;
 
     /* Descriptor channels (channel.c). */
-    pthread_mutex_t send_lock;   /* one sender at a time writes the rings */
     pthread_mutex_t notify_lock; /* guards notify_fds */
     int *notify_fds;             /* by rank: the eventfd its poll fd waits on, or -1 */
     uint32_t channel_depth;
+    ferry__ring_tx *rings;       /* by rank: the producer's own state of its ring (lock) */
+    ferry__ring_sent *ring_sent; /* their records, channel_depth each */
 
     ferry__broker *broker;
     struct ferry__remote_server *remote; /* consumers on other hosts (cfg.listen), else NULL */
@@ -135,6 +140,10 @@ void ferry__channel_forget_rank_locked(ferry_pool *pool, uint32_t rank);
  * the one it had, and signals it once (for what was queued before it came). */
 void ferry__channel_set_notify(ferry_pool *pool, uint32_t rank, int fd);
 
+/* Sets the mark of every lease in flight still queued in rank's ring (its receiver has not
+ * taken it); none if the ring is corrupt. */
+void ferry__channel_mark_queued_locked(ferry_pool *pool, uint32_t rank);
+
 /* ---- remote.c ------------------------------------------------------------------------- */
 
 /* Starts serving remote consumers when the config has a listen address (a no-op otherwise). */
@@ -147,8 +156,11 @@ uint64_t ferry__reclaim_locked(ferry_pool *pool);
 /* Checks attached ranks' processes; acknowledges every lease of a dead rank for it. Returns
  * how many acknowledgements were written. */
 uint64_t ferry__reap_dead_locked(ferry_pool *pool);
-/* Acknowledges for rank every lease in flight leased before before_ns; returns how many. */
-uint64_t ferry__ack_for_rank_locked(ferry_pool *pool, uint32_t rank, uint64_t before_ns);
+/* Acknowledges for rank every lease in flight that which (NULL: every lease) picks; returns
+ * how many acknowledgements were written. The caller synced the control words. */
+uint64_t ferry__ack_for_rank_locked(ferry_pool *pool, uint32_t rank,
+                                    int (*which)(const ferry_pool *pool, uint32_t slot, void *arg),
+                                    void *arg);
 /* 1 if every word of the slot's row equals its generation (mem.control in sync). */
 int ferry__row_released_locked(const ferry_pool *pool, uint32_t slot);
 /* Returns a leased slot and its slice to the free lists. */

@@ -1,6 +1,9 @@
 /* Rank liveness (ranks.h): attach, takeover, the death verdict and its reversal. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "common/clock.h"
 #include "common/error.h"
@@ -10,11 +13,16 @@
 
 /* ---- holders: the only code that knows their kinds ------------------------------------ */
 
-static ferry__liveness holder_check(const ferry__holder *h)
+/* A look at the holder now; *err is errno when it failed (UNKNOWN). */
+static ferry__liveness holder_check(const ferry__holder *h, int *err)
 {
     switch (h->kind) {
-    case FERRY__HOLDER_PROCESS:
-        return ferry__proc_alive(h->pid, h->starttime) ? FERRY__RANK_ALIVE : FERRY__RANK_DEAD;
+    case FERRY__HOLDER_PROCESS: {
+        int alive = ferry__proc_check(h->pid, h->starttime, h->pidfd);
+        if (alive < 0)
+            *err = errno;
+        return alive > 0 ? FERRY__RANK_ALIVE : alive == 0 ? FERRY__RANK_DEAD : FERRY__RANK_UNKNOWN;
+    }
     case FERRY__HOLDER_REMOTE:
         return h->gone ? FERRY__RANK_DEAD : FERRY__RANK_ALIVE;
     case FERRY__HOLDER_NONE:
@@ -23,10 +31,31 @@ static ferry__liveness holder_check(const ferry__holder *h)
     return FERRY__RANK_FREE;
 }
 
-/* 1 if h is process pid, which started at start. */
-static int holder_same(const ferry__holder *h, pid_t pid, uint64_t start)
+/* A process that claims a rank, as the producer watches it: its pidfd (a look at it needs no
+ * descriptor), and its start time where it can be read. SYSTEM if neither can be had. */
+static ferry_status holder_watch(ferry__holder *h, pid_t pid)
 {
-    return h->kind == FERRY__HOLDER_PROCESS && h->pid == pid && h->starttime == start;
+    int fd = ferry__proc_watch(pid);
+    int err = errno;
+    uint64_t start = ferry__proc_starttime(pid);
+    if (fd < 0 && !start && (err == EMFILE || err == ENFILE || err == ENOMEM))
+        return ferry__fail_errno(FERRY_SYSTEM, err, "cannot watch process %d", (int)pid);
+    *h =
+        (ferry__holder){.kind = FERRY__HOLDER_PROCESS, .pid = pid, .starttime = start, .pidfd = fd};
+    return FERRY_OK;
+}
+
+/* 1 if the holder is the process pid. A holder's pid is nobody else's while its pidfd says
+ * it lives (a pid is reused only once its process is gone); without a pidfd, start times
+ * tell. */
+static int holder_is(const ferry__holder *h, pid_t pid)
+{
+    if (h->kind != FERRY__HOLDER_PROCESS || h->pid != pid)
+        return 0;
+    if (h->pidfd >= 0)
+        return ferry__proc_check(pid, 0, h->pidfd) == 1;
+    uint64_t start = ferry__proc_starttime(pid);
+    return start && start == h->starttime;
 }
 
 static void holder_describe(const ferry__holder *h, const char *state, char *buf, size_t size)
@@ -40,7 +69,10 @@ static void holder_describe(const ferry__holder *h, const char *state, char *buf
 
 static void holder_release(ferry__holder *h)
 {
+    if (h->kind == FERRY__HOLDER_PROCESS && h->pidfd >= 0)
+        close(h->pidfd);
     h->kind = FERRY__HOLDER_NONE;
+    h->pidfd = -1;
 }
 
 static const char *liveness_name(ferry__liveness l)
@@ -50,6 +82,8 @@ static const char *liveness_name(ferry__liveness l)
         return "alive";
     case FERRY__RANK_DEAD:
         return "dead";
+    case FERRY__RANK_UNKNOWN:
+        return "liveness unknown";
     case FERRY__RANK_FREE:
         break;
     }
@@ -64,6 +98,8 @@ ferry_status ferry__ranks_init(ferry_pool *pool)
     if (!pool->ranks)
         return ferry__fail(FERRY_NO_MEMORY, "%s pool: out of memory for its ranks",
                            pool->ops->name);
+    for (uint32_t r = 0; r < pool->consumers; r++)
+        pool->ranks[r].holder.pidfd = -1;
     return FERRY_OK;
 }
 
@@ -84,12 +120,19 @@ int ferry__rank_dead_locked(const ferry_pool *pool, uint32_t rank)
     return pool->ranks[rank].dead;
 }
 
-ferry__liveness ferry__rank_liveness_locked(const ferry_pool *pool, uint32_t rank)
+/* The verdict, or a look now; *err is errno when the look failed. */
+static ferry__liveness liveness_locked(const ferry_pool *pool, uint32_t rank, int *err)
 {
     const ferry__rank *rk = &pool->ranks[rank];
     if (rk->holder.kind == FERRY__HOLDER_NONE)
         return FERRY__RANK_FREE;
-    return rk->dead ? FERRY__RANK_DEAD : holder_check(&rk->holder);
+    return rk->dead ? FERRY__RANK_DEAD : holder_check(&rk->holder, err);
+}
+
+ferry__liveness ferry__rank_liveness_locked(const ferry_pool *pool, uint32_t rank)
+{
+    int err;
+    return liveness_locked(pool, rank, &err);
 }
 
 /* Reading /proc costs microseconds per consumer: holders are looked at no more often than
@@ -106,13 +149,15 @@ static int look_due_locked(ferry_pool *pool)
     return 1;
 }
 
+/* Only a look that found the holder gone gives the verdict: one that failed (out of file
+ * descriptors) says nothing, and the rank keeps its holder and its messages. */
 int ferry__ranks_look_locked(ferry_pool *pool)
 {
-    int look = look_due_locked(pool), any = 0;
+    int look = look_due_locked(pool), any = 0, err = 0;
     for (uint32_t r = 0; r < pool->consumers; r++) {
         ferry__rank *rk = &pool->ranks[r];
         if (look && rk->holder.kind != FERRY__HOLDER_NONE && !rk->dead &&
-            holder_check(&rk->holder) == FERRY__RANK_DEAD)
+            holder_check(&rk->holder, &err) == FERRY__RANK_DEAD)
             rk->dead = 1;
         any |= rk->dead;
     }
@@ -122,13 +167,19 @@ int ferry__ranks_look_locked(ferry_pool *pool)
 int ferry__rank_held_by_locked(const ferry_pool *pool, uint32_t rank, pid_t pid)
 {
     const ferry__rank *rk = &pool->ranks[rank];
-    return holder_same(&rk->holder, pid, ferry__proc_starttime(pid)) && !rk->dead;
+    return holder_is(&rk->holder, pid) && !rk->dead;
 }
 
 void ferry__rank_describe_locked(const ferry_pool *pool, uint32_t rank, char *buf, size_t size)
 {
-    holder_describe(&pool->ranks[rank].holder,
-                    liveness_name(ferry__rank_liveness_locked(pool, rank)), buf, size);
+    int err = 0;
+    char state[96];
+    ferry__liveness l = liveness_locked(pool, rank, &err);
+    if (l == FERRY__RANK_UNKNOWN)
+        snprintf(state, sizeof(state), "%s: %s", liveness_name(l), strerror(err));
+    else
+        snprintf(state, sizeof(state), "%s", liveness_name(l));
+    holder_describe(&pool->ranks[rank].holder, state, buf, size);
 }
 
 void ferry__rank_note_reaped_locked(ferry_pool *pool, uint32_t rank, uint64_t acked)
@@ -150,7 +201,7 @@ void ferry__rank_info_locked(const ferry_pool *pool, uint32_t rank, ferry_consum
     const ferry__holder *h = &pool->ranks[rank].holder;
     info->attached = h->kind != FERRY__HOLDER_NONE;
     info->pid = h->kind != FERRY__HOLDER_NONE ? h->pid : 0;
-    info->alive = ferry__rank_liveness_locked(pool, rank) == FERRY__RANK_ALIVE;
+    info->alive = info->attached && ferry__rank_liveness_locked(pool, rank) != FERRY__RANK_DEAD;
 }
 
 void ferry__ranks_count_locked(const ferry_pool *pool, uint64_t *attached, uint64_t *alive)
@@ -159,23 +210,39 @@ void ferry__ranks_count_locked(const ferry_pool *pool, uint64_t *attached, uint6
     for (uint32_t r = 0; r < pool->consumers; r++) {
         ferry__liveness l = ferry__rank_liveness_locked(pool, r);
         *attached += l != FERRY__RANK_FREE;
-        *alive += l == FERRY__RANK_ALIVE;
+        *alive += l == FERRY__RANK_ALIVE || l == FERRY__RANK_UNKNOWN;
     }
 }
 
 /* ---- attach and takeover --------------------------------------------------------------- */
 
-/* A rank whose holder died is taken over: its leases in flight were sent to that holder, so
- * they are acknowledged on its behalf first, in the same critical section as the takeover
- * (a lease published between the death and the reclaimer's next look would otherwise wait
- * forever for an acknowledgement the new process knows nothing of). Leases published after
- * the new process started may already be on their way to it: those are left to it. */
-static uint64_t settle_dead_rank_locked(ferry_pool *pool, uint32_t rank, pid_t successor)
+/* Whether the dead holder of a rank took the lease in flight in slot (which the successor
+ * will then never see): a lease sent through the rings was taken if it was pushed and is not
+ * queued any more (mark: ferry__channel_mark_queued_locked); a lease whose descriptor went
+ * out through the user's own channel was, as far as the pool can tell, if it is older than
+ * the successor, which may already have been handed the newer ones. */
+static int taken_by_dead(const ferry_pool *pool, uint32_t slot, void *arg)
+{
+    const ferry__slot *s = &pool->slots[slot];
+    if (s->sent)
+        return s->pushed && !s->mark;
+    return s->leased_ns < *(const uint64_t *)arg;
+}
+
+/* A rank whose holder died is taken over: what the dead holder took is acknowledged on its
+ * behalf, in the same critical section as the takeover (a lease it took and never
+ * acknowledged would otherwise wait forever for an acknowledgement the new process knows
+ * nothing of); what is still queued in the rank's ring, or on its way there, is left to the
+ * successor, which receives it. born: when the successor started (CLOCK_MONOTONIC ns;
+ * UINT64_MAX where unknown, or for a remote one, whose clock is another host's). */
+static uint64_t settle_dead_rank_locked(ferry_pool *pool, uint32_t rank, uint64_t born)
 {
     if (pool->ops->sync_control(&pool->mem) != FERRY_OK)
         return 0;
-    uint64_t born = ferry__proc_start_ns(successor);
-    uint64_t n = ferry__ack_for_rank_locked(pool, rank, born ? born : UINT64_MAX);
+    ferry__channel_mark_queued_locked(pool, rank);
+    uint64_t n = ferry__ack_for_rank_locked(pool, rank, taken_by_dead, &born);
+    for (uint32_t i = 0; i < pool->inflight_count; i++)
+        pool->slots[pool->inflight[i]].mark = 0;
     pool->stats.acked_for_dead += n;
     if (n) {
         char who[FERRY__HOLDER_TEXT];
@@ -188,23 +255,56 @@ static uint64_t settle_dead_rank_locked(ferry_pool *pool, uint32_t rank, pid_t s
     return n;
 }
 
+/* Whether pid may take rank over from its holder: FERRY_OK if the holder is gone, else the
+ * refusal (RANK_IN_USE while it lives, SYSTEM while nobody can tell). */
+static ferry_status may_take_over_locked(ferry_pool *pool, uint32_t rank, pid_t *holder)
+{
+    int err = 0;
+    switch (liveness_locked(pool, rank, &err)) {
+    case FERRY__RANK_ALIVE:
+        *holder = pool->ranks[rank].holder.pid;
+        return FERRY_RANK_IN_USE;
+    case FERRY__RANK_UNKNOWN:
+        return ferry__fail_errno(FERRY_SYSTEM, err,
+                                 "%s pool: cannot tell whether the holder of rank %u lives",
+                                 pool->ops->name, rank);
+    case FERRY__RANK_FREE:
+    case FERRY__RANK_DEAD:
+        break;
+    }
+    return FERRY_OK;
+}
+
 ferry_status ferry__ranks_attach(void *arg, uint32_t rank, pid_t pid, pid_t *holder)
 {
     ferry_pool *pool = arg;
-    uint64_t start = ferry__proc_starttime(pid), settled = 0;
+    ferry__holder fresh;
+    uint64_t settled = 0;
     pthread_mutex_lock(&pool->lock);
     ferry__rank *rk = &pool->ranks[rank];
-    if (rk->holder.kind != FERRY__HOLDER_NONE && !holder_same(&rk->holder, pid, start)) {
-        if (ferry__rank_liveness_locked(pool, rank) == FERRY__RANK_ALIVE) {
-            *holder = rk->holder.pid;
-            pthread_mutex_unlock(&pool->lock);
-            return FERRY_RANK_IN_USE;
-        }
-        settled = settle_dead_rank_locked(pool, rank, pid);
+    ferry_status st = FERRY_OK;
+    if (holder_is(&rk->holder, pid)) { /* the holder again */
+        pthread_mutex_unlock(&pool->lock);
+        return FERRY_OK;
+    }
+    if (rk->holder.kind != FERRY__HOLDER_NONE)
+        st = may_take_over_locked(pool, rank, holder);
+    if (st == FERRY_OK)
+        st = holder_watch(&fresh, pid);
+    if (st != FERRY_OK) {
+        pthread_mutex_unlock(&pool->lock);
+        if (st != FERRY_RANK_IN_USE)
+            ferry__log(FERRY_LOG_WARN, "%s; rank %u is not given to process %d", ferry_last_error(),
+                       rank, (int)pid);
+        return st;
+    }
+    if (rk->holder.kind != FERRY__HOLDER_NONE) {
+        uint64_t born = ferry__proc_start_ns(pid);
+        settled = settle_dead_rank_locked(pool, rank, born ? born : UINT64_MAX);
         ferry__channel_forget_rank_locked(pool, rank);
     }
     holder_release(&rk->holder);
-    rk->holder = (ferry__holder){.kind = FERRY__HOLDER_PROCESS, .pid = pid, .starttime = start};
+    rk->holder = fresh;
     rk->dead = 0;
     rk->warned = 0;
     pthread_mutex_unlock(&pool->lock);
@@ -227,16 +327,14 @@ ferry_status ferry__ranks_attach_remote(ferry_pool *pool, uint32_t rank, uint32_
             pthread_mutex_unlock(&pool->lock);
             return FERRY_RANK_IN_USE;
         }
-        /* Whatever the dead holder was sent is settled; a remote successor started after
-         * every lease in flight, as far as the producer can know. */
-        settled = pool->ops->sync_control(&pool->mem) == FERRY_OK
-                      ? ferry__ack_for_rank_locked(pool, rank, UINT64_MAX)
-                      : 0;
-        pool->stats.acked_for_dead += settled;
+        /* As for a local successor: what the server forwarded to the dead holder (moving
+         * the ring's head) is settled, what is still queued is the successor's. */
+        settled = settle_dead_rank_locked(pool, rank, UINT64_MAX);
         ferry__channel_forget_rank_locked(pool, rank);
     }
     holder_release(&rk->holder);
-    rk->holder = (ferry__holder){.kind = FERRY__HOLDER_REMOTE, .pid = pid, .conn = conn};
+    rk->holder =
+        (ferry__holder){.kind = FERRY__HOLDER_REMOTE, .pid = pid, .pidfd = -1, .conn = conn};
     snprintf(rk->holder.host, sizeof(rk->holder.host), "%s", host);
     rk->dead = 0;
     rk->warned = 0;

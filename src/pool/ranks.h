@@ -3,11 +3,10 @@
  * Every question "is rank r attached, alive, dead" is answered here, for reclaim, send,
  * drain, statistics, consumer_info, metrics and the broker.
  *
- * A rank is held by a holder of some kind. Today the only kind is a local process that
- * claimed the rank through the pool's broker; another kind (a remote consumer whose
- * liveness is its connection) is a new ferry__holder_kind and one more case in the few
- * functions of ranks.c that switch on the kind (holder_check, holder_describe, holder_same,
- * holder_release). Nothing outside ranks.c looks inside a holder.
+ * A rank is held by a holder of some kind: a local process that claimed the rank through the
+ * pool's broker, or a remote consumer admitted by the remote server, whose liveness is its
+ * connection. Only the few functions of ranks.c that switch on the kind (holder_check,
+ * holder_describe, holder_is, holder_release) look inside a holder.
  *
  * Functions whose names end in _locked are called under the pool lock. */
 #ifndef FERRY_POOL_RANKS_H
@@ -30,7 +29,8 @@ typedef enum ferry__holder_kind {
 typedef struct ferry__holder {
     ferry__holder_kind kind;
     pid_t pid;          /* PROCESS: as the producer sees it */
-    uint64_t starttime; /* PROCESS: guards against pid reuse */
+    uint64_t starttime; /* PROCESS: guards against pid reuse (0: unknown) */
+    int pidfd;          /* PROCESS: held from attach; -1 where none could be had */
     uint32_t conn;      /* REMOTE: the connection's id */
     int gone;           /* REMOTE: its connection ended */
     char host[64];      /* REMOTE: its host name (pid is its pid there) */
@@ -49,9 +49,10 @@ typedef struct ferry__rank {
 
 /* What a look at a rank's holder found. */
 typedef enum ferry__liveness {
-    FERRY__RANK_FREE,  /* nobody attached yet */
-    FERRY__RANK_ALIVE, /* its holder lives */
-    FERRY__RANK_DEAD,  /* its holder is gone */
+    FERRY__RANK_FREE,    /* nobody attached yet */
+    FERRY__RANK_ALIVE,   /* its holder lives */
+    FERRY__RANK_DEAD,    /* its holder is gone */
+    FERRY__RANK_UNKNOWN, /* the look failed (out of file descriptors): no verdict */
 } ferry__liveness;
 
 /* The pool's table of ranks (pool->ranks), all free; fini releases it. */
@@ -60,7 +61,9 @@ void ferry__ranks_fini(ferry_pool *pool);
 
 /* Broker callback (ferry__broker_attach_fn): pid claims rank. FERRY_OK for the holder itself,
  * a free rank, or a successor of a dead holder (whose leases in flight are settled first,
- * under the same hold of the lock); RANK_IN_USE with *holder while the holder lives. */
+ * under the same hold of the lock); RANK_IN_USE with *holder while the holder lives; SYSTEM
+ * when the producer cannot watch the claimant or cannot tell whether the holder lives (out of
+ * file descriptors: logged, never taken for a death). */
 ferry_status ferry__ranks_attach(void *pool, uint32_t rank, pid_t pid, pid_t *holder);
 
 /* Remote server callbacks (remote/remote.h hooks): connection conn, of process pid on host,
@@ -71,7 +74,8 @@ ferry_status ferry__ranks_attach_remote(ferry_pool *pool, uint32_t rank, uint32_
 void ferry__ranks_detach_remote(ferry_pool *pool, uint32_t rank, uint32_t conn);
 
 /* Looks at the attached holders (when a look is due: at most every reclaim interval, and at
- * most every 10 ms) and gives the verdict on those found gone. 1 if any rank is dead. */
+ * most every 10 ms) and gives the verdict on those found gone (a look that fails gives
+ * none). 1 if any rank is dead. */
 int ferry__ranks_look_locked(ferry_pool *pool);
 
 /* The verdict as last given: 1 if rank's holder was found gone and nobody took it over. */
@@ -84,17 +88,18 @@ ferry__liveness ferry__rank_liveness_locked(const ferry_pool *pool, uint32_t ran
 int ferry__rank_held_by_locked(const ferry_pool *pool, uint32_t rank, pid_t pid);
 
 /* Describes rank's holder for messages: "pid P, alive", "pid P, dead", "pid 0, not attached
- * yet". */
+ * yet", "pid P, liveness unknown: <why>". */
 void ferry__rank_describe_locked(const ferry_pool *pool, uint32_t rank, char *buf, size_t size);
 
 /* Logs, once per death, that rank's holder is gone and acked leases were acknowledged for
  * it (the reclaimer's reaping). */
 void ferry__rank_note_reaped_locked(ferry_pool *pool, uint32_t rank, uint64_t acked);
 
-/* Fills the attached, pid and alive fields of *info for rank. */
+/* Fills the attached, pid and alive fields of *info for rank (alive unless found dead: an
+ * unknown liveness is no verdict). */
 void ferry__rank_info_locked(const ferry_pool *pool, uint32_t rank, ferry_consumer_info *info);
 
-/* Ranks attached at least once, and those whose holder lives. */
+/* Ranks attached at least once, and those whose holder is not found dead. */
 void ferry__ranks_count_locked(const ferry_pool *pool, uint64_t *attached, uint64_t *alive);
 
 #endif

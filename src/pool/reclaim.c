@@ -31,6 +31,7 @@ static void inflight_remove(ferry_pool *pool, uint32_t slot)
 
 void ferry__slot_release_locked(ferry_pool *pool, uint32_t slot)
 {
+    ferry__shm_lease_end(&pool->mem.shm, slot, pool->slots[slot].generation);
     ferry__alloc_free(&pool->alloc, pool->slots[slot].handle);
     inflight_remove(pool, slot);
     pool->free_slots[(pool->free_head + pool->free_count) % pool->max_inflight] = slot;
@@ -58,12 +59,14 @@ uint64_t ferry__reclaim_locked(ferry_pool *pool)
     return n;
 }
 
-uint64_t ferry__ack_for_rank_locked(ferry_pool *pool, uint32_t rank, uint64_t before_ns)
+uint64_t ferry__ack_for_rank_locked(ferry_pool *pool, uint32_t rank,
+                                    int (*which)(const ferry_pool *pool, uint32_t slot, void *arg),
+                                    void *arg)
 {
     uint64_t n = 0;
     for (uint32_t i = 0; i < pool->inflight_count; i++) {
         uint32_t slot = pool->inflight[i];
-        if (pool->slots[slot].leased_ns >= before_ns)
+        if (which && !which(pool, slot, arg))
             continue;
         uint64_t word = ferry__shm_ack_word(&pool->mem.shm.layout, slot, rank);
         uint32_t gen = pool->slots[slot].generation;
@@ -82,7 +85,7 @@ uint64_t ferry__reap_dead_locked(ferry_pool *pool)
     for (uint32_t r = 0; r < pool->consumers; r++) {
         if (!ferry__rank_dead_locked(pool, r))
             continue;
-        uint64_t acked = ferry__ack_for_rank_locked(pool, r, UINT64_MAX);
+        uint64_t acked = ferry__ack_for_rank_locked(pool, r, NULL, NULL);
         ferry__rank_note_reaped_locked(pool, r, acked);
         n += acked;
     }

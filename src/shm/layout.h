@@ -32,6 +32,9 @@
  * bit, so consumers tell a cancelled lease from a live one without reading control words
  * (which may live on the device). */
 #define FERRY_GEN_CANCELLED 0x80000000u
+/* A slot's generation word once its lease is over and its slice freed (a lease never has
+ * generation 0): a reader whose slice was reused under another slot sees it. */
+#define FERRY_GEN_OVER 0u
 /* The largest pool a producer makes and a consumer accepts (config.c, segment.c). */
 #define FERRY_MAX_CONSUMERS 65535
 #define FERRY_MAX_INFLIGHT  (1 << 24)

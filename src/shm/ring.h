@@ -17,14 +17,43 @@
 
 /* ---- the producer's half -------------------------------------------------------------- */
 
-/* Entries queued (the sender's view: its own tail, the receiver's head). */
-uint32_t ferry__ring_queued(ferry__ring *ring);
+/* The lease the producer pushed at one position of a ring. */
+typedef struct ferry__ring_sent {
+    uint32_t slot;
+    uint32_t generation;
+} ferry__ring_sent;
 
-/* Drops every queued entry (a dead rank's: its process reads nothing any more). */
-void ferry__ring_drop(ferry__ring *ring);
+/* The producer's own state of one rank's ring. The shared tail is only ever a copy of tail
+ * (a stray write into it is mended by the next push); head, which the rank's process writes,
+ * is checked against tail before it is used: tail - depth <= head <= tail. */
+typedef struct ferry__ring_tx {
+    ferry__ring *ring;      /* the shared counters and entries */
+    ferry__ring_sent *sent; /* depth records: the lease pushed at each position */
+    uint32_t depth;
+    uint32_t tail;     /* entries ever pushed */
+    uint32_t reserved; /* entries promised to sends in progress (room made, not pushed yet) */
+    uint32_t mended;   /* times it was found corrupt and emptied */
+} ferry__ring_tx;
 
-/* Queues count encoded descriptors (the caller made room for them) and publishes them. */
-void ferry__ring_push(ferry__ring *ring, uint32_t depth, const uint8_t *encoded, uint32_t count);
+/* The receiver's head if it is consistent with tail (0), else -1: the ring is corrupt. */
+int ferry__ring_head(const ferry__ring_tx *tx, uint32_t *head);
+
+/* Entries queued, or UINT32_MAX when the ring is corrupt. */
+uint32_t ferry__ring_queued(const ferry__ring_tx *tx);
+
+/* Drops every queued entry (a dead rank's, whose process reads nothing any more, or a corrupt
+ * ring's): head := tail. */
+void ferry__ring_drop(ferry__ring_tx *tx);
+
+/* Queues count encoded descriptors of the lease (slot, generation) (the caller made room for
+ * them) and publishes them. */
+void ferry__ring_push(ferry__ring_tx *tx, const uint8_t *encoded, uint32_t count, uint32_t slot,
+                      uint32_t generation);
+
+/* Calls each for every lease pushed at the positions [from, tail) (at most the last depth;
+ * a lease of several parts once per part). */
+void ferry__ring_each_sent(const ferry__ring_tx *tx, uint32_t from,
+                           void (*each)(void *arg, uint32_t slot, uint32_t generation), void *arg);
 
 /* Wakes the receivers asleep on the tail; 1 if the rank's poll fd is to be signalled (force,
  * or it asked for a signal at this push). */
@@ -33,9 +62,8 @@ int ferry__ring_wake_receivers(ferry__ring *ring, int force);
 /* Wakes the senders asleep on the head (close: they see the pool closing). */
 void ferry__ring_wake_senders(ferry__ring *ring);
 
-/* Sleeps at most ns until the receiver takes entries, unless the ring has room for need
- * entries already. */
-void ferry__ring_sleep_on_head(ferry__ring *ring, uint32_t depth, uint32_t need, uint64_t ns);
+/* Sleeps at most ns until the receiver moves head on from seen (the head a look found). */
+void ferry__ring_sleep_on_head(ferry__ring *ring, uint32_t seen, uint64_t ns);
 
 /* A new process takes the rank over: a dead one killed in its sleep left its count of
  * sleeping receivers raised (the successor has no thread asleep yet). */

@@ -66,12 +66,13 @@ void ferry__shm_header_write(ferry__shm *s, uint32_t backend, uint64_t memory_si
 /* ---- the consumer's side: one look at the header, checked ------------------------------ */
 
 /* A copy of the header, word by word (another process may be writing it). */
-static void header_copy(const ferry__shm_header *h, ferry__shm_header *out)
+static void header_copy(const void *base, ferry__shm_header *out)
 {
-    const uint32_t *from = (const uint32_t *)h;
-    uint32_t *to = (uint32_t *)out;
-    for (size_t i = 0; i < sizeof(*out) / sizeof(uint32_t); i++)
-        to[i] = ferry__load_relaxed32(&from[i]);
+    const uint32_t *from = base;
+    uint32_t words[sizeof(*out) / sizeof(uint32_t)];
+    for (size_t i = 0; i < sizeof(words) / sizeof(words[0]); i++)
+        words[i] = ferry__load_relaxed32(&from[i]);
+    memcpy(out, words, sizeof(*out));
 }
 
 /* The layout the header describes, checked for consistency; NULL or why not. The sizes are
@@ -137,10 +138,9 @@ ferry_status ferry__shm_open(ferry__shm *s, void *base, uint64_t size, const fer
 {
     ferry__shm_header h = {0}; /* gcc -O2 cannot see that a short segment stops before h is read */
     ferry__shm_layout l;
-    const char *why = NULL;
-    if (size < FERRY_GEN_TABLE_OFFSET)
-        why = "bad magic";
-    else {
+    const char *why = "bad magic";
+    memset(&h, 0, sizeof(h));
+    if (size >= FERRY_GEN_TABLE_OFFSET) {
         header_copy(base, &h);
         why = header_mismatch(&h, d);
     }

@@ -83,10 +83,32 @@ static inline void ferry__shm_lease_begin(ferry__shm *s, uint32_t slot, uint32_t
     ferry__store_relaxed64(&s->extents[slot].length, length);
 }
 
-/* Producer: marks the slot's lease cancelled (generations never use the top bit). */
+/* Producer: marks the slot's lease cancelled (generations never use the top bit), before
+ * any store that may let a reader in: the release stores that follow (host words) are
+ * ordered after it, and the fence orders it before the device writes of the control words
+ * too, so that a reader that sees any of them sees the mark when it checks again. */
 static inline void ferry__shm_lease_cancel(ferry__shm *s, uint32_t slot, uint32_t generation)
 {
     ferry__store_release32(&s->generations[slot], generation | FERRY_GEN_CANCELLED);
+    ferry__fence_seqcst();
+}
+
+/* Producer: the slot's lease is over and its slice goes back to the allocator (every rank
+ * acknowledged it): readers still copying from the slice must learn it from a word no other
+ * process writes, since their own acknowledgement word may say anything. The release store
+ * is ordered before any later lease's bytes by that lease's own fence (lease_begin), so a
+ * reader that copied a byte of it sees this when it checks again. A cancelled lease keeps
+ * its mark. */
+static inline void ferry__shm_lease_end(ferry__shm *s, uint32_t slot, uint32_t generation)
+{
+    if (ferry__load_relaxed32(&s->generations[slot]) == generation)
+        ferry__store_release32(&s->generations[slot], FERRY_GEN_OVER);
+}
+
+/* Producer: a cancel that could not write its words is undone: the lease lives on. */
+static inline void ferry__shm_lease_uncancel(ferry__shm *s, uint32_t slot, uint32_t generation)
+{
+    ferry__store_release32(&s->generations[slot], generation);
 }
 
 /* The extent the slot's lease recorded. Read once the lease is known current; the caller

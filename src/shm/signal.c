@@ -41,6 +41,10 @@ void ferry__shm_ready_store(ferry__shm *s, uint32_t *word, uint32_t generation)
 
 void ferry__shm_ready_wake(ferry__shm *s, uint32_t *word)
 {
+    /* The word was written with release stores (cancel), which do not order a later load:
+     * the full fence keeps them before the read of the sleeper count (the other half of the
+     * Dekker pair with ferry__shm_sleep_on_ready). */
+    ferry__fence_seqcst();
     if (ferry__load_seqcst32(&s->header->consumer_waiters))
         ferry__futex_wake_all(word);
 }

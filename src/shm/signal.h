@@ -39,7 +39,8 @@ void ferry__shm_sleep_on_acks(ferry__shm *s, uint32_t seen, uint64_t ns);
 /* Stores a ready word and wakes the consumers asleep on ready words. */
 void ferry__shm_ready_store(ferry__shm *s, uint32_t *word, uint32_t generation);
 
-/* Wakes the consumers asleep on word, which the caller has just written. */
+/* Wakes the consumers asleep on word, which the caller has just written (with release
+ * stores or any other way: a full fence orders them before the sleeper count is read). */
 void ferry__shm_ready_wake(ferry__shm *s, uint32_t *word);
 
 /* Wakes every consumer asleep on one of the count ready words from words, each row_words
