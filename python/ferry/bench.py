@@ -3,7 +3,8 @@
     python -m ferry.bench [--sizes 4KiB,1MiB,16MiB,64MiB] [--consumers 1,4]
                           [--producer-device 0] [--consumer-device 1] [--iterations 50]
                           [--methods floor,ferry_channel,...] [--channel pipe|spin]
-                          [--row-budget 3] [--plot FILE] [--json FILE] [--cpu]
+                          [--row-budget 3] [--listen HOST:PORT] [--plot FILE]
+                          [--json FILE] [--cpu]
 
 The producer holds a CUDA tensor and hands it to N consumer processes; each consumer ends up
 with its own copy of it on its GPU, synchronised, and says so through the bench's channel.
@@ -31,6 +32,11 @@ turn, so all rows come from the same processes in one run. Methods:
                ferry.receive(Descriptor.from_bytes(...), out=preallocated); publish/receive(out=)
   ferry        pool.publish(t); the descriptor through the channel;
                ferry.receive(d, torch=True); publish/receive
+  ferry_remote the consumers as remote ones: a pool with a listen address (--listen), each
+               consumer connected to pool.remote_address (UCX: the descriptor as an active
+               message, the bytes fetched by a get into out=, the acknowledgement as an active
+               message); send/recv(out=) as ferry_channel. Skipped, with UCX's reason, where
+               UCX cannot be loaded. Its floor over bare UCX is `ferry bench --mode remote`'s
   torch_mp     a torch.multiprocessing queue per consumer carrying the CUDA tensor (CUDA IPC
                under the hood), then a private clone on the consumer's GPU
   torch_ipc    torch.multiprocessing's CUDA IPC pickling of the tensor (what its queues
@@ -64,10 +70,11 @@ UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30,
          "kb": 1000, "mb": 1000 ** 2, "gb": 1000 ** 3}
 
 METHODS = ("floor", "channel", "ferry_channel", "ferry_channel_drain", "ferry_recv",
-           "ferry_recv_dlpack", "ferry_view", "ferry_out", "ferry", "torch_mp", "torch_ipc",
-           "cpu_pickle")
+           "ferry_recv_dlpack", "ferry_view", "ferry_out", "ferry", "ferry_remote", "torch_mp",
+           "torch_ipc", "cpu_pickle")
 # Methods whose items travel in the pool's rings (the bench's channel carries only replies).
-RING = ("ferry_channel", "ferry_channel_drain", "ferry_recv", "ferry_recv_dlpack", "ferry_view")
+RING = ("ferry_channel", "ferry_channel_drain", "ferry_recv", "ferry_recv_dlpack", "ferry_view",
+        "ferry_remote")
 # Methods that publish and send the descriptor through the bench's channel.
 PUBLISH = ("ferry_out", "ferry")
 
@@ -240,7 +247,7 @@ class Consumer:
             if m == "floor":
                 self.out.copy_(self.src)
                 got = self.out
-            elif m in ("ferry_channel", "ferry_channel_drain"):
+            elif m in ("ferry_channel", "ferry_channel_drain", "ferry_remote"):
                 got = self.rx.recv(out=self.out, stream=h)
             elif m == "ferry_recv":
                 got = self.rx.recv(torch=True, stream=h)
@@ -271,7 +278,7 @@ class Consumer:
         if m == "floor":
             np.copyto(self.out, self.src)
             return self.out
-        if m in ("ferry_channel", "ferry_channel_drain"):
+        if m in ("ferry_channel", "ferry_channel_drain", "ferry_remote"):
             return self.rx.recv(out=self.out)
         if m in ("ferry_recv", "ferry_recv_dlpack"):
             return np.from_dlpack(self.rx.recv())
@@ -493,14 +500,23 @@ def measure(args, consumers, method, size, cpu):
     tensors, sums, stream = _sources(args, size, cpu)
     pool = None
     if method in RING or method in PUBLISH:
-        pool = ferry.Pool(max(64 << 20, 8 * size), len(consumers.chans),
-                          backend="host" if cpu else args.backend,
-                          device=-1 if cpu else args.producer_device, on_full="wait",
-                          drain_timeout=0)
+        remote = {"listen": args.listen} if method == "ferry_remote" else {}
+        try:
+            pool = ferry.Pool(max(64 << 20, 8 * size), len(consumers.chans),
+                              backend="host" if cpu else args.backend,
+                              device=-1 if cpu else args.producer_device, on_full="wait",
+                              drain_timeout=0, **remote)
+        except ferry.Error as e:
+            if remote and "need UCX" in str(e):
+                return {"skipped": str(e)}
+            raise
+    address = None
+    if pool is not None:
+        address = pool.remote_address if method == "ferry_remote" else pool.address
 
     def row(count, verified):
         consumers.plan({"method": method, "size": size, "items": count, "verified": verified,
-                        "address": pool.address if pool is not None else None})
+                        "address": address})
         return _items(consumers, method, pool, tensors, sums, cpu, stream, count, verified)
 
     try:
@@ -553,6 +569,8 @@ def parser():
     ap.add_argument("--channel", choices=("pipe", "spin"), default="pipe",
                     help="how items and replies travel (see above)")
     ap.add_argument("--backend", default="cuda_ipc")
+    ap.add_argument("--listen", default="127.0.0.1:0",
+                    help="ferry_remote's listen address (HOST:PORT; port 0: any free one)")
     ap.add_argument("--producer-device", type=int, default=0)
     ap.add_argument("--consumer-device", type=int, default=0)
     ap.add_argument("--iterations", type=int, default=50)
@@ -601,7 +619,7 @@ def main(argv=None):
           f"MPS {'n/a' if mps is None else 'on' if mps else 'off'}", flush=True)
     print(f"{'method':20s} {'size':>7s} {'consumers':>9s} {'mean us':>10s} {'p50 us':>10s} "
           f"{'p99 us':>10s} {'x floor':>8s}", flush=True)
-    results = []
+    results, skipped = [], {}
     for n in counts:
         consumers = Consumers(args, n, args.cpu)
         try:
@@ -609,6 +627,11 @@ def main(argv=None):
                 floor = None
                 for method in methods:
                     r = measure(args, consumers, method, size, args.cpu)
+                    if "skipped" in r:
+                        if method not in skipped:
+                            print(f"{method:20s} skipped: {r['skipped']}", flush=True)
+                        skipped[method] = r["skipped"]
+                        continue
                     r.update(method=method, size=size, consumers=n)
                     if method == "floor":
                         floor = r["p50_us"]
@@ -624,7 +647,7 @@ def main(argv=None):
             json.dump({"cpu": args.cpu, "backend": "host" if args.cpu else args.backend,
                        "producer_device": args.producer_device,
                        "consumer_device": args.consumer_device, "channel": args.channel,
-                       "mps": mps, "results": results}, f, indent=1)
+                       "mps": mps, "results": results, "skipped": skipped}, f, indent=1)
     if args.plot:
         plot(results, args.plot, args.channel)
     return 0

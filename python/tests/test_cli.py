@@ -63,8 +63,12 @@ def test_python_bench_on_the_cpu(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     from ferry.bench import METHODS
 
-    cpu_methods = [m for m in METHODS if not m.startswith("torch")]
-    results = json.loads(out_json.read_text())["results"]
+    report = json.loads(out_json.read_text())
+    results = report["results"]
+    # ferry_remote (its consumers remote ones, over UCX) runs wherever UCX loads.
+    cpu_methods = [m for m in METHODS if not m.startswith("torch") and m not in report["skipped"]]
+    assert set(report["skipped"]) <= {"ferry_remote"}
+    assert all("need UCX" in why for why in report["skipped"].values())
     assert [(r["method"], r["size"], r["consumers"]) for r in results] == [
         (m, size, n) for n in (1, 2) for size in (4096, 96 << 10) for m in cpu_methods]
     assert all(r["items"] == 20 and 0 < r["p50_us"] <= r["p99_us"] for r in results)
@@ -79,6 +83,16 @@ def test_python_bench_on_the_cpu(tmp_path):
                           timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert [r["items"] for r in json.loads(out_json.read_text())["results"]] == [5, 5]
+    # Without UCX, ferry_remote's rows are skipped with the library's reason.
+    done = subprocess.run([sys.executable, "-m", "ferry.bench", "--cpu", "--sizes", "4KiB",
+                           "--consumers", "1", "--methods", "floor,ferry_remote", "--json",
+                           str(out_json)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "FERRY_UCX_LIBRARY": "/nonexistent/libucp.so.0"})  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(out_json.read_text())
+    assert [r["method"] for r in report["results"]] == ["floor"]
+    assert "remote pools need UCX: /nonexistent/libucp.so.0" in report["skipped"]["ferry_remote"]
+    assert "ferry_remote         skipped: " in done.stdout
     bad = subprocess.run([sys.executable, "-m", "ferry.bench", "--cpu", "--methods", "nope"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "unknown method(s) nope" in bad.stderr
