@@ -64,7 +64,7 @@ _GAUGES = (
     ("ferry_consumers_alive", "consumers_alive", "Attached ranks whose process is alive."),
     ("ferry_remote_connected", "remote_connected", "Ranks held by consumers on other hosts now."),
     ("ferry_remote_emulated", "remote_emulated",
-     "Remote consumers admitted whose reads are emulated over active messages (tcp)."),
+     "Remote consumers connected now whose reads are emulated over active messages (tcp)."),
 )  # fmt: skip
 
 # (name, value of a consumer_info(rank) dict, help)
