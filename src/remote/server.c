@@ -646,9 +646,10 @@ static void refuse(ferry__remote_server *s, conn *c, int reason, ferry_status st
     if (reason == FERRY_REMOTE_REFUSED_ERROR)
         ferry__log(FERRY_LOG_WARN, "%s: refused remote rank %u (host %s, pid %d): %s", s->label,
                    rank, c->host, (int)c->pid, ferry_last_error());
+    /* Counted before the peer hears it: whoever was refused finds the refusal in the stats. */
+    count_refused(s, reason);
     if (ferry__refuse_encode(&r, msg, sizeof(msg)) == FERRY_OK)
         write_all(c->fd, msg, sizeof(msg), ferry__now_ns() + 100000000ull);
-    count_refused(s, reason);
 }
 
 static ferry_status make_ep(ferry__remote_server *s, conn *c, const ferry__hello *h)
@@ -863,12 +864,12 @@ static void refuse_busy(ferry__remote_server *s, int fd)
 {
     uint8_t msg[FERRY_REFUSE_SIZE];
     ferry__refuse r = {.status = FERRY_TIMEOUT, .rank = 0, .holder_pid = 0};
+    count_refused(s, FERRY_REMOTE_REFUSED_FLOOD); /* before the peer hears it, as refuse() */
     if (ferry__refuse_encode(&r, msg, sizeof(msg)) == FERRY_OK &&
         send(fd, msg, sizeof(msg), MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
         /* a peer that cannot take 32 bytes now does not get them */
     }
     close(fd);
-    count_refused(s, FERRY_REMOTE_REFUSED_FLOOD);
 }
 
 /* Watches the listener again (paused: 0) or leaves it alone for a while (1). */
