@@ -231,9 +231,10 @@ static ucs_status_t set_handler(ferry__ucx_node *node, unsigned id, ucp_am_recv_
 ferry_status ferry__ucx_node_handlers(ferry__ucx_node *node, unsigned id, ucp_am_recv_callback_t cb,
                                       ucp_am_recv_callback_t other, void *arg)
 {
-    ucs_status_t rc = set_handler(node, id, cb, arg);
-    for (unsigned i = 0; i < id && rc == UCS_OK; i++)
-        rc = set_handler(node, i, other, arg);
+    /* The top entry first, so that UCX allocates the table once, then every entry below. */
+    ucs_status_t rc = set_handler(node, FERRY_UCX_AM_TABLE - 1, other, arg);
+    for (unsigned i = 0; i < FERRY_UCX_AM_TABLE - 1 && rc == UCS_OK; i++)
+        rc = set_handler(node, i, i == id ? cb : other, arg);
     return rc == UCS_OK ? FERRY_OK
                         : ferry__ucx_fail(node->ucx, "ucp_worker_set_am_recv_handler", rc);
 }

@@ -94,11 +94,12 @@ void ferry__ucx_node_close(ferry__ucx_node *node);
 #define FERRY_UCX_SPARE_FDS 32
 ferry_status ferry__ucx_fds_spare(void);
 
-/* Sets cb as the handler of the active messages of id, and other as the handler of every id
- * below it. UCX 1.13 leaves the handler table's entries below the highest id set
- * uninitialised (ucp_worker_set_am_handler_common initialises entry id where it means i),
- * and calls whatever is there when a peer sends one of those ids: every entry up to id is
- * set. Ids above it are dropped by UCX. */
+/* Sets cb as the handler of the active messages of id, and other as the handler of every
+ * other id (the ids are 16 bits). UCX 1.13 leaves the entries of its handler table
+ * uninitialised but the one set (ucp_worker_set_am_handler_common initialises entry id where
+ * it means i), and reads past the table for an id beyond it on some paths: a peer's message
+ * of such an id ran whatever was there. Every id has a handler, the table 1.5 MiB a worker. */
+#define FERRY_UCX_AM_TABLE 65536
 ferry_status ferry__ucx_node_handlers(ferry__ucx_node *node, unsigned id, ucp_am_recv_callback_t cb,
                                       ucp_am_recv_callback_t other, void *arg);
 
