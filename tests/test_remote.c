@@ -337,6 +337,31 @@ static int gone_main(const char *addr, uint32_t rank)
     return 0;
 }
 
+/* "stalled ADDR RANK": connects, reports, receives one item and reports; then, at the test's
+ * ITEM (sent once it stopped the producer), reads the item with a timeout of 1 s and reports
+ * the status the read ended with and, in count, how many milliseconds it took. */
+static int stalled_main(const char *addr, uint32_t rank)
+{
+    ferry_consumer *c = NULL;
+    ferry_status st = ferry_consumer_connect(addr, rank, -1, &c);
+    th_report(st, 0);
+    if (st != FERRY_OK)
+        return 1;
+    static uint8_t buf[1 << 20];
+    ferry_descriptor d;
+    size_t k;
+    st = ferry_consumer_recv(c, 10000 * MS, &d, 1, &k);
+    th_report(st, 0);
+    th_msg go;
+    if (st != FERRY_OK || th_recv_msg(TH_CHANNEL_FD, &go, 10000) != 0)
+        return 1;
+    uint64_t start = ferry_now_ns();
+    st = ferry_consumer_read(c, &d, buf, sizeof(buf), 1000 * MS);
+    th_report(st, ms_since(start));
+    ferry_consumer_destroy(c);
+    return 0;
+}
+
 /* "gpu-receiver ADDR RANK": as "receiver", made for GPU 0: even items are read into GPU memory
  * (and copied back to be checked), odd ones into host memory. */
 static int gpu_receiver_main(const char *addr, uint32_t rank)
@@ -447,8 +472,9 @@ static int cycles_main(const char *addr, uint64_t n)
 }
 
 /* "producer LISTEN -": a pool of 2 ranks listening there; reports its remote address (in the
- * text), sends one item to rank 1 whenever the test sends an ITEM, closes the pool when the
- * test sends DONE (then reports again), and is otherwise killed. */
+ * text), sends one item to rank 1 whenever the test sends an ITEM (of 4 KiB, or as many bytes
+ * as the ITEM's text says), closes the pool when the test sends DONE (then reports again),
+ * and is otherwise killed. */
 static int producer_main(const char *ip)
 {
     snprintf(net.ip[0], sizeof(net.ip[0]), "%s", ip);
@@ -466,7 +492,8 @@ static int producer_main(const char *ip)
             pause();
         }
         ferry_ranks one = {NULL, 1, 1};
-        send_stamped(pool, 4096, in.seed, &one, 1000 * MS);
+        size_t n = in.text[0] ? (size_t)strtoull(in.text, NULL, 10) : 4096;
+        send_stamped(pool, n, in.seed, &one, 1000 * MS);
     }
     return 0;
 }
@@ -500,6 +527,8 @@ static int helper_main(int argc, char **argv)
         return producer_main(argv[3]);
     if (strcmp(argv[2], "gone") == 0)
         return gone_main(argv[3], (uint32_t)strtoul(argv[4], NULL, 10));
+    if (strcmp(argv[2], "stalled") == 0)
+        return stalled_main(argv[3], (uint32_t)strtoul(argv[4], NULL, 10));
     if (strcmp(argv[2], "gpu-receiver") == 0)
         return gpu_receiver_main(argv[3], (uint32_t)strtoul(argv[4], NULL, 10));
     if (strcmp(argv[2], "cycles") == 0)
@@ -646,6 +675,39 @@ static void test_producer_gone(void **state)
         kill(prod.pid, SIGKILL);
         th_reap_helper(&prod);
     }
+}
+
+/* A producer stopped (SIGSTOP) while a consumer reads: its connection stays up (the kernel
+ * answers its keepalives) and the get is never served. The read ends with PRODUCER_GONE
+ * within the pool's keepalive bound (2 s here), instead of waiting for the producer to run
+ * again; a producer that runs again sees the consumer gone and frees its rank. */
+static void test_producer_stopped(void **state)
+{
+    (void)state;
+    th_helper prod = spawn_in(0, "producer", net.ip[0], "-");
+    th_msg m;
+    assert_int_equal(th_recv_msg(prod.fd, &m, 10000), 0);
+    assert_int_equal(m.status, FERRY_OK);
+    char addr[FERRY_REMOTE_ADDRESS_SIZE];
+    snprintf(addr, sizeof(addr), "%s", m.text);
+    th_helper cons = spawn_consumer(1, "stalled", addr, 1, FERRY_OK);
+    th_msg item = {.type = TH_MSG_ITEM, .seed = 7};
+    snprintf(item.text, sizeof(item.text), "%d", 256 << 10); /* read with gets, not inline */
+    assert_int_equal(th_send_msg(prod.fd, &item), 0);
+    assert_int_equal(th_recv_msg(cons.fd, &m, 10000), 0); /* received */
+    assert_int_equal(m.status, FERRY_OK);
+    kill(prod.pid, SIGSTOP);
+    th_send_type(cons.fd, TH_MSG_ITEM);
+    int answered = th_recv_msg(cons.fd, &m, 6000);
+    kill(prod.pid, SIGCONT);
+    assert_int_equal(answered, 0); /* it did not wait for the producer to run again */
+    fprintf(stderr, "test_remote: producer stopped: %s after %llu ms\n",
+            ferry_status_name((ferry_status)m.status), (unsigned long long)m.seed);
+    assert_int_equal(m.status, FERRY_PRODUCER_GONE);
+    assert_true(m.seed >= 1000 && m.seed < 4000);
+    th_reap_helper(&cons);
+    kill(prod.pid, SIGKILL);
+    th_reap_helper(&prod);
 }
 
 /* The link cut on the consumers' side, then on the producer's: the producer releases the
@@ -1116,6 +1178,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_rank_in_use),
         cmocka_unit_test(test_consumer_killed),
         cmocka_unit_test(test_producer_gone),
+        cmocka_unit_test(test_producer_stopped),
         cmocka_unit_test(test_link_cut),
         cmocka_unit_test(test_bad_peers),
         cmocka_unit_test(test_stale_under_read),

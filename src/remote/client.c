@@ -64,10 +64,12 @@ struct ferry__remote_client {
     ferry__ucx_node node;
     ucp_ep_h ep;
     ucp_rkey_h rkey[2];
-    int sock;      /* the connection to the producer */
-    int poll_fd;   /* epoll of the worker's event fd and sock, for ferry_consumer_fd */
-    int gone;      /* the producer closed the pool, died or fell silent */
-    int gpu_reads; /* UCX reaches GPU memory (cuda transports) */
+    int sock;            /* the connection to the producer */
+    int poll_fd;         /* epoll of the worker's event fd and sock, for ferry_consumer_fd */
+    int gone;            /* the producer closed the pool, died or fell silent */
+    int gpu_reads;       /* UCX reaches GPU memory (cuda transports) */
+    uint64_t silence_ns; /* the pool's keepalive bound: a request unanswered this long, with
+                          * nothing heard meanwhile, means the producer fell silent */
     char address[FERRY_REMOTE_ADDRESS_SIZE];
     uint32_t rank;
     int32_t device;
@@ -443,11 +445,34 @@ static ferry_status set_handler(ferry__remote_client *cl)
  * once a spin found nothing to do; the connection is looked at every slice. Requests are
  * freed. PRODUCER_GONE (the endpoint is closed by force, which ends the requests) if the
  * producer went away meanwhile. Called with the lock held. */
+/* Gives the endpoint up (its requests end, cancelled): the producer is gone or silent. The
+ * connection is shut down too, so that a producer that comes back sees this consumer leave
+ * and settles its rank, and pollers of the consumer's fd wake up. */
+static void abandon(ferry__remote_client *cl)
+{
+    const ferry__ucx *u = cl->node.ucx;
+    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                             .flags = UCP_EP_CLOSE_FLAG_FORCE};
+    void *close_req = u->ucp_ep_close_nbx(cl->ep, &p);
+    cl->ep = NULL;
+    while (close_req && !FERRY_UCS_PTR_IS_ERR(close_req) &&
+           u->ucp_request_check_status(close_req) == UCS_INPROGRESS)
+        u->ucp_worker_progress(cl->node.worker);
+    if (close_req && !FERRY_UCS_PTR_IS_ERR(close_req))
+        u->ucp_request_free(close_req);
+    cl->gone = 1;
+    shutdown(cl->sock, SHUT_RDWR);
+}
+
+/* Waits for requests to end. Not bounded by the caller's timeout (a get in flight writes into
+ * the caller's memory until it ends), but by the producer's liveness: its connection ending,
+ * or nothing heard from its worker for the keepalive bound while a request waits (a stopped
+ * producer keeps its TCP connection, and the kernel answers its keepalives). */
 static ferry_status wait_requests(ferry__remote_client *cl, void **reqs, int n, const char *what)
 {
     const ferry__ucx *u = cl->node.ucx;
     ucs_status_t first = UCS_OK;
-    uint64_t start = ferry__now_ns(), check = start + CLIENT_SLICE_NS;
+    uint64_t start = ferry__now_ns(), check = start + CLIENT_SLICE_NS, heard = start;
     for (int i = 0; i < n; i++) {
         if (FERRY_UCS_PTR_IS_ERR(reqs[i]) && first == UCS_OK)
             first = FERRY_UCS_PTR_STATUS(reqs[i]);
@@ -455,21 +480,20 @@ static ferry_status wait_requests(ferry__remote_client *cl, void **reqs, int n, 
             continue;
         ucs_status_t st;
         while ((st = u->ucp_request_check_status(reqs[i])) == UCS_INPROGRESS) {
-            if (u->ucp_worker_progress(cl->node.worker))
-                continue;
             uint64_t now = ferry__now_ns();
+            if (u->ucp_worker_progress(cl->node.worker)) {
+                heard = now;
+                continue;
+            }
             if (now >= check) {
                 check = now + CLIENT_SLICE_NS;
-                if (producer_gone(cl)) {
-                    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-                                             .flags = UCP_EP_CLOSE_FLAG_FORCE};
-                    void *close_req = u->ucp_ep_close_nbx(cl->ep, &p);
-                    cl->ep = NULL;
-                    while (close_req && !FERRY_UCS_PTR_IS_ERR(close_req) &&
-                           u->ucp_request_check_status(close_req) == UCS_INPROGRESS)
-                        u->ucp_worker_progress(cl->node.worker);
-                    if (close_req && !FERRY_UCS_PTR_IS_ERR(close_req))
-                        u->ucp_request_free(close_req);
+                if (cl->ep && (producer_gone(cl) || now - heard > cl->silence_ns)) {
+                    if (!cl->gone)
+                        ferry__log(FERRY_LOG_WARN,
+                                   "remote pool %.80s: nothing heard from the producer for %.0f "
+                                   "ms while a %s waited: taken for gone (rank %u)",
+                                   cl->address, (double)(now - heard) / 1e6, what, cl->rank);
+                    abandon(cl);
                 }
             }
             if (now - start > CLIENT_SPIN_NS && u->ucp_worker_arm(cl->node.worker) == UCS_OK) {
@@ -641,6 +665,7 @@ static ferry_status connect_steps(ferry__remote_client *cl, const ferry__remote_
         st = make_poll_fd(cl);
     if (st == FERRY_OK) {
         set_keepalive(cl->sock, w.timeout_ms);
+        cl->silence_ns = (uint64_t)w.timeout_ms * 1000000ull;
         gpu_capable(cl);
         send_info(cl);
     }
