@@ -14,13 +14,15 @@ import struct
 import sys
 
 MAGIC = 0x55595246  # "FRYU"
+VERSION = 2
+INLINE_MAX = 16384  # the most bytes a DESC carries inline
 
 
 def pad8(b):
     return b + bytes(-len(b) % 8)
 
 
-def header(kind, size, version=1, reserved=0):
+def header(kind, size, version=VERSION, reserved=0):
     return struct.pack("<IHHII", MAGIC, version, kind, size, reserved)
 
 
@@ -66,12 +68,14 @@ def files():
                                           sizes=(1 << 20, 1 << 30))
     yield "valid-refuse", 0, refuse()
     yield "valid-am-desc", 16, am(1, body=struct.pack("<QQ", 4096, 96))
+    # inline: one descriptor (256 bytes) and the extent's 1024 bytes, 1280 = 80 x 16
+    yield "valid-am-desc-inline", 80, am(1, flags=1, body=struct.pack("<QQ", 4096, 1024))
     yield "valid-am-ack", 0, am(2, body=ack)
     yield "valid-am-taken", 0, am(3, body=struct.pack("<I12x", 17))
     yield "valid-am-info", 2, am(4, flags=1)
     yield "invalid-empty", 0, b""
     yield "invalid-hello-magic", 0, b"X" + hello()[1:]
-    yield "invalid-hello-version", 0, header(1, 208, version=2) + hello()[16:]
+    yield "invalid-hello-version", 0, header(1, 208, version=1) + hello()[16:]
     yield "invalid-hello-reserved", 0, hello(reserved=1)
     yield "invalid-hello-size", 0, hello(size=4000)
     yield "invalid-hello-truncated", 0, hello()[:100]
@@ -83,6 +87,13 @@ def files():
     yield "invalid-welcome-truncated", 0, welcome()[:-8]
     yield "invalid-refuse-ok", 0, refuse(status=0)
     yield "invalid-am-desc-partial", 1, am(1, body=struct.pack("<QQ", 0, 96))
+    yield "invalid-am-desc-flags", 16, am(1, flags=2, body=struct.pack("<QQ", 4096, 96))
+    # inline bytes fewer than the extent's length, two descriptors with them, none, too many
+    yield "invalid-am-desc-inline-short", 80, am(1, flags=1, body=struct.pack("<QQ", 0, 1040))
+    yield "invalid-am-desc-inline-parts", 96, am(1, flags=1, body=struct.pack("<QQ", 0, 1024))
+    yield "invalid-am-desc-inline-empty", 16, am(1, flags=1, body=struct.pack("<QQ", 0, 0))
+    yield "invalid-am-desc-inline-over", 255, am(1, flags=1,
+                                                 body=struct.pack("<QQ", 0, INLINE_MAX + 16))
     yield "invalid-am-ack-payload", 16, am(2, body=ack)
     yield "invalid-am-taken-reserved", 0, am(3, body=struct.pack("<I4xQ", 1, 1))
     yield "invalid-am-type", 0, am(9)

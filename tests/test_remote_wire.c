@@ -205,6 +205,65 @@ static void test_am_headers(void **state)
     assert_int_equal(ferry__am_decode(buf, sizeof(buf), 256, &back), FERRY_MALFORMED);
 }
 
+/* A DESC with its lease's bytes inline: exactly one descriptor and the extent's length of
+ * bytes, 1 to FERRY_REMOTE_INLINE_MAX of them; everything else is refused. */
+static void test_am_desc_inline(void **state)
+{
+    (void)state;
+    uint8_t buf[FERRY_AM_HEADER];
+    const size_t D = FERRY_DESCRIPTOR_SIZE, T = FERRY_REMOTE_INLINE_MAX;
+    ferry__am m = {.type = FERRY_AM_DESC, .flags = FERRY_AM_DESC_INLINE, .u.desc = {4096, 1000}};
+    ferry__am back;
+    ferry__am_encode(&m, buf);
+    assert_int_equal(ferry__am_decode(buf, sizeof(buf), D + 1000, &back), FERRY_OK);
+    assert_int_equal(back.flags, FERRY_AM_DESC_INLINE);
+    assert_true(back.u.desc.offset == 4096 && back.u.desc.length == 1000);
+    assert_int_equal(ferry__am_decode(buf, sizeof(buf), D + 999, &back), FERRY_MALFORMED);
+    assert_int_equal(ferry__am_decode(buf, sizeof(buf), D + 1001, &back), FERRY_MALFORMED);
+    assert_int_equal(ferry__am_decode(buf, sizeof(buf), 2 * D + 1000, &back), FERRY_MALFORMED);
+    assert_int_equal(ferry__am_decode(buf, sizeof(buf), D, &back), FERRY_MALFORMED);
+    /* without the flag, the same payload is no whole number of descriptors */
+    m.flags = 0;
+    ferry__am_encode(&m, buf);
+    assert_int_equal(ferry__am_decode(buf, sizeof(buf), D + 1000, &back), FERRY_MALFORMED);
+    /* the bound: T bytes decode, T + 1 do not; nor an empty extent, nor other flags */
+    m.flags = FERRY_AM_DESC_INLINE;
+    m.u.desc.length = T;
+    ferry__am_encode(&m, buf);
+    assert_int_equal(ferry__am_decode(buf, sizeof(buf), D + T, &back), FERRY_OK);
+    m.u.desc.length = T + 1;
+    ferry__am_encode(&m, buf);
+    assert_int_equal(ferry__am_decode(buf, sizeof(buf), D + T + 1, &back), FERRY_MALFORMED);
+    m.u.desc.length = 0;
+    ferry__am_encode(&m, buf);
+    assert_int_equal(ferry__am_decode(buf, sizeof(buf), D, &back), FERRY_MALFORMED);
+    m.u.desc.length = 1000;
+    m.flags = FERRY_AM_DESC_INLINE | 2;
+    ferry__am_encode(&m, buf);
+    assert_int_equal(ferry__am_decode(buf, sizeof(buf), D + 1000, &back), FERRY_MALFORMED);
+    /* an extent length that wraps the payload's sum is refused too */
+    m.flags = FERRY_AM_DESC_INLINE;
+    m.u.desc.length = UINT64_MAX - D + 1;
+    ferry__am_encode(&m, buf);
+    assert_int_equal(ferry__am_decode(buf, sizeof(buf), 0, &back), FERRY_MALFORMED);
+    /* docs/wire-format.md's example, byte for byte */
+    static const uint8_t example[FERRY_AM_HEADER] = {
+        0x01, 0x00, 0x01, 0x00, 0x03, 0x00, 0x01, 0x00, 0x88, 0x77, 0x66,
+        0x55, 0x44, 0x33, 0x22, 0x11, 0x00, 0x10, 0x00, 0x00, 0x00, 0x00,
+        0x00, 0x00, 0xe8, 0x03, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00};
+    m = (ferry__am){.type = FERRY_AM_DESC,
+                    .flags = FERRY_AM_DESC_INLINE,
+                    .conn_id = 0x00010003,
+                    .token = 0x1122334455667788ull,
+                    .u.desc = {4096, 1000}};
+    ferry__am_encode(&m, buf);
+    assert_memory_equal(buf, example, sizeof(example));
+    /* the flag means nothing on other types */
+    m = (ferry__am){.type = FERRY_AM_ACK, .flags = FERRY_AM_DESC_INLINE, .u.ack = {1, 1, 0, 1}};
+    ferry__am_encode(&m, buf);
+    assert_int_equal(ferry__am_decode(buf, sizeof(buf), 0, &back), FERRY_MALFORMED);
+}
+
 static void test_secret_compare(void **state)
 {
     (void)state;
@@ -301,8 +360,8 @@ int main(void)
         cmocka_unit_test(test_hello_round_trip),   cmocka_unit_test(test_hello_refusals),
         cmocka_unit_test(test_welcome_round_trip), cmocka_unit_test(test_welcome_refusals),
         cmocka_unit_test(test_refuse_and_peek),    cmocka_unit_test(test_am_headers),
-        cmocka_unit_test(test_secret_compare),     cmocka_unit_test(test_addresses),
-        cmocka_unit_test(test_seed_corpus),
+        cmocka_unit_test(test_am_desc_inline),     cmocka_unit_test(test_secret_compare),
+        cmocka_unit_test(test_addresses),          cmocka_unit_test(test_seed_corpus),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -395,15 +395,27 @@ void ferry__am_encode(const ferry__am *m, uint8_t out[FERRY_AM_HEADER])
     }
 }
 
+/* A DESC's payload: its descriptors, and with FERRY_AM_DESC_INLINE the lease's bytes after
+ * its one descriptor, as many as the extent's length says. */
+static ferry_status desc_shape(const ferry__am *m, size_t payload_len)
+{
+    if (m->flags == FERRY_AM_DESC_INLINE)
+        return m->u.desc.length == 0 || m->u.desc.length > FERRY_REMOTE_INLINE_MAX ||
+                       payload_len != FERRY_DESCRIPTOR_SIZE + m->u.desc.length
+                   ? malformed("inline bytes that are not one lease's whole extent")
+                   : FERRY_OK;
+    if (m->flags || payload_len == 0 || payload_len % FERRY_DESCRIPTOR_SIZE ||
+        payload_len / FERRY_DESCRIPTOR_SIZE > 65535u)
+        return malformed("descriptor message with a bad payload");
+    return FERRY_OK;
+}
+
 /* Flags each type may carry, and the bytes of its body that must be zero. */
 static ferry_status am_shape(const ferry__am *m, const uint8_t *b, size_t payload_len)
 {
     switch (m->type) {
     case FERRY_AM_DESC:
-        if (m->flags || payload_len == 0 || payload_len % FERRY_DESCRIPTOR_SIZE ||
-            payload_len / FERRY_DESCRIPTOR_SIZE > 65535u)
-            return malformed("descriptor message with a bad payload");
-        return FERRY_OK;
+        return desc_shape(m, payload_len);
     case FERRY_AM_ACK:
         return m->flags || payload_len ? malformed("bad acknowledgement") : FERRY_OK;
     case FERRY_AM_TAKEN:
@@ -429,9 +441,6 @@ ferry_status ferry__am_decode(const uint8_t *buf, size_t len, size_t payload_len
     a.conn_id = ferry__get_le32(buf + AM_CONN);
     a.token = ferry__get_le64(buf + AM_TOKEN);
     const uint8_t *b = buf + AM_BODY;
-    ferry_status st = am_shape(&a, b, payload_len);
-    if (st != FERRY_OK)
-        return st;
     if (a.type == FERRY_AM_DESC) {
         a.u.desc.offset = ferry__get_le64(b);
         a.u.desc.length = ferry__get_le64(b + 8);
@@ -443,6 +452,9 @@ ferry_status ferry__am_decode(const uint8_t *buf, size_t len, size_t payload_len
     } else if (a.type == FERRY_AM_TAKEN) {
         a.u.taken.taken = ferry__get_le32(b);
     }
+    ferry_status st = am_shape(&a, b, payload_len);
+    if (st != FERRY_OK)
+        return st;
     *m = a;
     return FERRY_OK;
 }

@@ -15,8 +15,10 @@
 
 #include "ferry.h"
 
-#define FERRY_REMOTE_MAGIC   0x55595246u /* "FRYU" */
-#define FERRY_REMOTE_VERSION 1u
+#define FERRY_REMOTE_MAGIC 0x55595246u /* "FRYU" */
+/* Version 2: a DESC may carry its lease's bytes (FERRY_AM_DESC_INLINE); peers of version 1
+ * would drop such a DESC, so the two refuse each other at the bootstrap. */
+#define FERRY_REMOTE_VERSION 2u
 #define FERRY_REMOTE_HEADER  16u
 /* The largest UCX worker address and packed remote key ferry accepts (a worker address over
  * several RDMA devices is a few hundred bytes; keys are tens). */
@@ -107,6 +109,15 @@ ferry_status ferry__refuse_decode(const uint8_t *buf, size_t len, ferry__refuse 
 #define FERRY_AM_HEADER   32u
 #define FERRY_AM_MAX_INFO 256u
 
+/* DESC flags: the lease's bytes follow its one descriptor (a host pool's lease of at most
+ * FERRY_REMOTE_INLINE_MAX bytes; docs/wire-format.md, "Active messages"). */
+#define FERRY_AM_DESC_INLINE 0x1u
+/* The largest lease whose bytes travel inside its DESC: a read of it is then a copy on the
+ * consumer's host instead of gets (each a round trip through the producer's thread where UCX
+ * emulates them). Chosen by measurement (docs/BENCHMARKS.md, "Remote consumers"); a
+ * consumer keeps at most ring depth x this many bytes. */
+#define FERRY_REMOTE_INLINE_MAX 16384u
+
 enum ferry__am_type {
     FERRY_AM_DESC = 1,  /* producer -> consumer: count encoded descriptors of one lease */
     FERRY_AM_ACK = 2,   /* consumer -> producer: acknowledge a lease for ranks */
@@ -117,7 +128,7 @@ enum ferry__am_type {
 /* The 32-byte header of every active message. */
 typedef struct ferry__am {
     uint16_t type;
-    uint16_t flags; /* INFO: 1 if reads are emulated; 0 otherwise */
+    uint16_t flags; /* INFO: 1 if reads are emulated; DESC: FERRY_AM_DESC_INLINE; 0 otherwise */
     uint32_t conn_id;
     uint64_t token;
     union {
@@ -136,8 +147,9 @@ typedef struct ferry__am {
 void ferry__am_encode(const ferry__am *m, uint8_t out[FERRY_AM_HEADER]);
 
 /* MALFORMED unless len is FERRY_AM_HEADER, the type is known, reserved fields are zero and
- * payload_len fits the type (DESC: 1 to 65535 whole descriptors; INFO: at most
- * FERRY_AM_MAX_INFO bytes; others: none). */
+ * payload_len fits the type (DESC: 1 to 65535 whole descriptors, or with
+ * FERRY_AM_DESC_INLINE exactly one descriptor and the extent's length, 1 to
+ * FERRY_REMOTE_INLINE_MAX bytes; INFO: at most FERRY_AM_MAX_INFO bytes; others: none). */
 ferry_status ferry__am_decode(const uint8_t *buf, size_t len, size_t payload_len, ferry__am *m);
 
 /* Compares n bytes in time that does not depend on where they differ: 0 if equal. */
