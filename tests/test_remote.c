@@ -18,6 +18,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
+#include <semaphore.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +32,7 @@
 
 #include "ferry.h"
 #include "helpers.h"
+#include "pool/pool.h"
 #include "procs.h"
 #include "remote/remote.h"
 #include "remote/ucx.h"
@@ -250,6 +252,71 @@ static uint64_t wait_settled(ferry_pool *pool, uint64_t ms)
         struct timespec ts = {0, 5 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
+}
+
+/* The pool's remote server's counters (those ferry_pool_stats does not show). */
+static ferry__remote_counts remote_counts(ferry_pool *pool)
+{
+    ferry__remote_counts rc;
+    ferry__remote_server_counts(pool->remote, &rc);
+    return rc;
+}
+
+/* The server's thread held between its check of a small lease and its copy of the lease's
+ * bytes (ferry__remote_test_before_copy), once per hold_arm. */
+static struct {
+    sem_t paused, resume;
+    int armed; /* atomic */
+} held;
+
+static void hold_hook(uint32_t slot, uint32_t generation)
+{
+    (void)slot, (void)generation;
+    if (!__atomic_exchange_n(&held.armed, 0, __ATOMIC_ACQ_REL))
+        return;
+    sem_post(&held.paused);
+    while (sem_wait(&held.resume) != 0) {
+    }
+}
+
+static void hold_install(void)
+{
+    assert_int_equal(sem_init(&held.paused, 0, 0), 0);
+    assert_int_equal(sem_init(&held.resume, 0, 0), 0);
+    ferry__remote_test_before_copy = hold_hook;
+}
+
+static void hold_remove(void)
+{
+    ferry__remote_test_before_copy = NULL;
+    sem_destroy(&held.paused);
+    sem_destroy(&held.resume);
+}
+
+/* Releases the held server's thread 5 s from now (and sets *arg to 1) unless *arg is -1 by
+ * then. */
+static void *hold_release_later(void *arg)
+{
+    int *rescued = arg;
+    for (int i = 0; i < 500; i++) {
+        if (__atomic_load_n(rescued, __ATOMIC_ACQUIRE) == -1)
+            return NULL;
+        usleep(10000);
+    }
+    int expected = 0;
+    if (__atomic_compare_exchange_n(rescued, &expected, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        sem_post(&held.resume);
+    return NULL;
+}
+
+/* Waits until the server's thread is held (it was armed before the send). */
+static void hold_wait(void)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 10;
+    while (sem_timedwait(&held.paused, &until) != 0)
+        assert_int_equal(errno, EINTR);
 }
 
 /* ---- helper processes ------------------------------------------------------------------ */
@@ -906,6 +973,139 @@ static void test_stale_under_read(void **state)
     ferry_pool_destroy(pool);
 }
 
+/* Small leases travel inline (their bytes in the DESC), larger ones are read with gets: items
+ * of sizes around FERRY_REMOTE_INLINE_MAX, mixed, to a consumer in the other namespace, every
+ * byte checked there; exactly the small ones went inline. */
+static void test_inline_sizes(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(1, 16 << 20, 5000000);
+    char addr[FERRY_REMOTE_ADDRESS_SIZE];
+    remote_address_of(pool, addr);
+    th_helper h = spawn_consumer(1, "receiver", addr, 0, FERRY_OK);
+    const size_t T = FERRY_REMOTE_INLINE_MAX;
+    const size_t sizes[] = {8,     100, 256,   4095,  4096,      4097,     T - 8,
+                            T - 1, T,   T + 1, T + 8, 2 * T + 3, 64 << 10, 1 << 20};
+    const size_t k = sizeof(sizes) / sizeof(sizes[0]);
+    uint64_t n = 0, small = 0, x = 12345;
+    for (int round = 0; round < 4; round++) {
+        for (size_t i = 0; i < k; i++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            size_t size = sizes[(i + (x >> 33)) % k]; /* a different mix each round */
+            small += size <= T;
+            if (send_stamped(pool, size, 2000 + n, NULL, 5000 * MS) != FERRY_OK)
+                fail_msg("send %zu bytes: %s", size, ferry_last_error());
+            n++;
+        }
+    }
+    send_end(pool, NULL); /* 64 bytes: inline too */
+    th_assert_result(th_finish_helper(&h, 30000), n);
+    ferry__remote_counts rc = remote_counts(pool);
+    fprintf(stderr, "test_remote: %llu items of 8 B-1 MiB, %llu inline, all bytes right\n",
+            (unsigned long long)n, (unsigned long long)rc.inlined);
+    assert_int_equal(rc.forwarded, n + 1);
+    assert_int_equal(rc.inlined, small + 1);
+    assert_int_equal(rc.inline_stale, 0);
+    wait_settled(pool, 5000);
+    ferry_pool_destroy(pool);
+}
+
+/* A read of a lease that came inline is a copy here, without a get: it completes while the
+ * producer's server thread (which serves every get over tcp) is held; a later lease, held
+ * until then, comes right too. */
+static void test_inline_read_without_gets(void **state)
+{
+    (void)state;
+    hold_install();
+    ferry_pool *pool = make_pool(1, 4 << 20, 5000000);
+    char addr[FERRY_REMOTE_ADDRESS_SIZE];
+    remote_address_of(pool, addr);
+    ferry_consumer *c = NULL; /* this process, so that it can read while the server is held */
+    assert_int_equal(ferry_consumer_connect(addr, 0, -1, &c), FERRY_OK);
+    ferry_descriptor a, b;
+    size_t k;
+    assert_int_equal(send_stamped(pool, 4096, 3000, NULL, 5000 * MS), FERRY_OK);
+    assert_int_equal(ferry_consumer_recv(c, 5000 * MS, &a, 1, &k), FERRY_OK);
+    __atomic_store_n(&held.armed, 1, __ATOMIC_RELEASE);
+    assert_int_equal(send_stamped(pool, 4096, 3001, NULL, 5000 * MS), FERRY_OK);
+    hold_wait();
+    /* The server's thread is held: a get would wait for it (until released below, 5 s on). */
+    pthread_t watchdog;
+    int rescued = 0;
+    assert_int_equal(pthread_create(&watchdog, NULL, hold_release_later, &rescued), 0);
+    uint8_t buf[4096];
+    ferry_status st = ferry_consumer_read(c, &a, buf, sizeof(buf), 1000 * MS);
+    int released = __atomic_exchange_n(&rescued, -1, __ATOMIC_ACQ_REL); /* 0: still held */
+    pthread_join(watchdog, NULL);
+    if (!released)
+        sem_post(&held.resume);
+    assert_int_equal(st, FERRY_OK);
+    assert_true(th_check_stamp(buf, sizeof(buf), 3000, NULL));
+    if (released)
+        fail_msg("the read of an inline lease waited for the producer's server thread");
+    assert_int_equal(ferry_consumer_ack(c, &a), FERRY_OK);
+    assert_int_equal(ferry_consumer_read(c, &a, buf, sizeof(buf), 0), FERRY_STALE); /* acked */
+    assert_int_equal(ferry_consumer_recv(c, 5000 * MS, &b, 1, &k), FERRY_OK);
+    assert_int_equal(ferry_consumer_read(c, &b, buf, sizeof(buf), 1000 * MS), FERRY_OK);
+    assert_true(th_check_stamp(buf, sizeof(buf), 3001, NULL));
+    assert_int_equal(ferry_consumer_ack(c, &b), FERRY_OK);
+    assert_int_equal(remote_counts(pool).inlined, 2);
+    ferry_consumer_destroy(c);
+    wait_settled(pool, 5000);
+    ferry_pool_destroy(pool);
+    hold_remove();
+}
+
+/* A small lease whose slot is recycled after the server checked it and before it copied its
+ * bytes (acknowledged on the rank's behalf, reclaimed, the slice leased again with other
+ * bytes): the copy is dropped (the generation moved on), the DESC goes without bytes, and the
+ * read ends STALE, never with the other lease's bytes. */
+static void test_inline_recycled_before_copy(void **state)
+{
+    (void)state;
+    hold_install();
+    ferry_pool *pool = make_pool(2, 4 << 20, 5000000);
+    char addr[FERRY_REMOTE_ADDRESS_SIZE];
+    remote_address_of(pool, addr);
+    ferry_consumer *c = NULL, *leader = NULL;
+    assert_int_equal(ferry_consumer_connect(addr, 1, -1, &c), FERRY_OK);
+    assert_int_equal(ferry_consumer_create(0, &leader), FERRY_OK); /* acks on rank 1's behalf */
+    const size_t size = 4096;
+    uint8_t src[4096], buf[4096];
+    th_stamp(src, size, 4000);
+    ferry_tensor t = ferry_tensor_bytes(size);
+    const void *srcs[1] = {src};
+    ferry_ranks one = {NULL, 1, 1};
+    ferry_descriptor sent, other, d;
+    __atomic_store_n(&held.armed, 1, __ATOMIC_RELEASE);
+    assert_int_equal(ferry_pool_send(pool, &t, srcs, 1, &one, NULL, 5000 * MS, &sent), FERRY_OK);
+    hold_wait(); /* checked: current and ready; not copied yet */
+    assert_int_equal(ferry_consumer_ack_range(leader, &sent, 1, 1), FERRY_OK);
+    wait_settled(pool, 2000);
+    th_stamp(src, size, 4001);
+    assert_int_equal(ferry_pool_publish(pool, &t, src, 1000 * MS, &other), FERRY_OK);
+    assert_true(other.offset == sent.offset); /* the same bytes of the pool, other ones now */
+    sem_post(&held.resume);
+    size_t k;
+    assert_int_equal(ferry_consumer_recv(c, 5000 * MS, &d, 1, &k), FERRY_OK);
+    assert_int_equal(d.slot, sent.slot);
+    assert_int_equal(d.generation, sent.generation);
+    memset(buf, 0, sizeof(buf));
+    ferry_status st = ferry_consumer_read(c, &d, buf, sizeof(buf), 1000 * MS);
+    if (st == FERRY_OK && th_check_stamp(buf, size, 4001, NULL))
+        fail_msg("a recycled lease read with the next lease's bytes");
+    assert_int_equal(st, FERRY_STALE);
+    ferry__remote_counts rc = remote_counts(pool);
+    assert_int_equal(rc.inline_stale, 1);
+    assert_int_equal(rc.inlined, 0);
+    assert_int_equal(ferry_pool_cancel(pool, &other), FERRY_OK);
+    ferry_consumer_destroy(leader);
+    ferry_consumer_destroy(c);
+    wait_settled(pool, 5000);
+    ferry_pool_destroy(pool);
+    hold_remove();
+}
+
 /* The consumer calls on a remote pool: the poll fd wakes for a lease, a view is refused with
  * the reason, a stream-ordered read completes in its call and acknowledges, wait and
  * ack_range/ack_all work; a packed lease's parts arrive together. */
@@ -1183,6 +1383,9 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_bad_peers),
         cmocka_unit_test(test_stale_under_read),
         cmocka_unit_test(test_remote_calls),
+        cmocka_unit_test(test_inline_sizes),
+        cmocka_unit_test(test_inline_read_without_gets),
+        cmocka_unit_test(test_inline_recycled_before_copy),
         cmocka_unit_test(test_many_hand_overs),
         cmocka_unit_test(test_connect_close_cycles),
         cmocka_unit_test(test_gpu_pool),

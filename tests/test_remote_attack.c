@@ -532,6 +532,67 @@ static void fp_desc(fake_producer *p, uint64_t token, uint64_t offset, uint64_t 
         u->ucp_request_free(req);
 }
 
+/* Sends one DESC with flags and a payload of n bytes as given. */
+static void fp_desc_raw(fake_producer *p, uint16_t flags, uint64_t offset, uint64_t length,
+                        const uint8_t *payload, size_t n)
+{
+    ferry__am m = {.type = FERRY_AM_DESC,
+                   .flags = flags,
+                   .conn_id = p->conn_id,
+                   .token = p->token,
+                   .u.desc = {offset, length}};
+    uint8_t hdr[FERRY_AM_HEADER];
+    ferry__am_encode(&m, hdr);
+    const ferry__ucx *u = p->node.ucx;
+    ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                              .flags = UCP_AM_SEND_FLAG_EAGER};
+    void *req = u->ucp_am_send_nbx(p->ep, FERRY_AM_ID, hdr, sizeof(hdr), payload, n, &rp);
+    while (req && !FERRY_UCS_PTR_IS_ERR(req) && u->ucp_request_check_status(req) == UCS_INPROGRESS)
+        u->ucp_worker_progress(p->node.worker);
+    if (req && !FERRY_UCS_PTR_IS_ERR(req))
+        u->ucp_request_free(req);
+}
+
+/* The forged inline DESCs of mode "inline" (bytes fewer or more than the extent's length,
+ * more than FERRY_REMOTE_INLINE_MAX, none, with both parts of a packed lease, another flag),
+ * then the good lease inline; mode "inline-gpu" (the data in region 2, as a GPU pool's):
+ * the good lease inline, which is forged there, then without its bytes. */
+static void fp_inline(fake_producer *p, int gpu)
+{
+    const size_t D = FERRY_DESCRIPTOR_SIZE, T = FERRY_REMOTE_INLINE_MAX, L = FP_LENGTH;
+    static uint8_t msg[2 * FERRY_DESCRIPTOR_SIZE + FERRY_REMOTE_INLINE_MAX + 8];
+    const uint8_t *bytes = p->region + FP_DATA;
+    ferry_descriptor good = fp_lease(p, FP_SLOT, 0, L), parts[2];
+    assert_int_equal(ferry_descriptor_encode(&good, msg), FERRY_OK);
+    memcpy(msg + D, bytes, T + 1);
+    if (gpu) {
+        fp_desc_raw(p, FERRY_AM_DESC_INLINE, 0, L, msg, D + L);
+        fp_desc_raw(p, 0, 0, L, msg, D);
+        return;
+    }
+    fp_desc_raw(p, FERRY_AM_DESC_INLINE, 0, L, msg, D + L - 1);
+    fp_desc_raw(p, FERRY_AM_DESC_INLINE, 0, L, msg, D + L + 1);
+    fp_desc_raw(p, FERRY_AM_DESC_INLINE, 0, T + 1, msg, D + T + 1);
+    fp_desc_raw(p, FERRY_AM_DESC_INLINE, 0, 0, msg, D);
+    fp_desc_raw(p, FERRY_AM_DESC_INLINE | 2, 0, L, msg, D + L);
+    for (uint32_t i = 0; i < 2; i++) { /* a packed lease's two parts, then the bytes */
+        parts[i] = good;
+        parts[i].flags = FERRY_DESC_FLAG_MULTI;
+        parts[i].part_count = 2;
+        parts[i].part_index = i;
+        parts[i].length = L / 2;
+        parts[i].offset = i * (L / 2);
+        parts[i].tensor = ferry_tensor_bytes(L / 2);
+        assert_int_equal(ferry_descriptor_encode(&parts[i], msg + i * D), FERRY_OK);
+    }
+    memcpy(msg + 2 * D, bytes, L);
+    fp_desc_raw(p, FERRY_AM_DESC_INLINE, 0, L, msg, 2 * D + L);     /* bytes too many */
+    fp_desc_raw(p, FERRY_AM_DESC_INLINE, 0, L + D, msg, 2 * D + L); /* one part of two */
+    assert_int_equal(ferry_descriptor_encode(&good, msg), FERRY_OK);
+    memcpy(msg + D, bytes, L);
+    fp_desc_raw(p, FERRY_AM_DESC_INLINE, 0, L, msg, D + L);
+}
+
 /* Sends an active message of another id than ferry's. */
 static void fp_other_id(fake_producer *p, unsigned id)
 {
@@ -588,6 +649,12 @@ static int fake_producer_main(const char *mode)
 {
     fake_producer p;
     fp_open(&p);
+    int inline_gpu = strcmp(mode, "inline-gpu") == 0;
+    if (inline_gpu) { /* a GPU pool's identity (its data: region 2 of the welcome) */
+        p.pool.backend = FERRY_BACKEND_CUDA_IPC;
+        p.pool.device = 0;
+        memset(p.pool.broker, 0, sizeof(p.pool.broker));
+    }
     th_msg m = {.type = TH_MSG_RESULT, .status = FERRY_OK};
     ferry__remote_format(&p.a, m.text, sizeof(m.text));
     th_send_msg(TH_CHANNEL_FD, &m);
@@ -620,7 +687,18 @@ static int fake_producer_main(const char *mode)
             w.rkey[0] = junk;
             w.rkey_len[0] = sizeof(junk);
         }
+        if (inline_gpu) { /* region 2 is the same memory here: UCX cannot tell */
+            w.flags = FERRY_WELCOME_DATA_IN_POOL;
+            w.region_addr[1] = w.region_addr[0];
+            w.region_size[1] = FP_REGION;
+            w.rkey[1] = p.rkey;
+            w.rkey_len[1] = (uint32_t)p.rkey_len;
+        }
         fp_send_welcome(&p, &w);
+        if (strcmp(mode, "inline") == 0 || inline_gpu) {
+            fp_ep(&p);
+            fp_inline(&p, inline_gpu);
+        }
         if (strcmp(mode, "descs") == 0) {
             fp_ep(&p);
             fp_descs(&p);
@@ -1298,6 +1376,37 @@ static void test_descriptors_that_lie(void **state)
     th_reap_helper(&h);
 }
 
+/* A producer that forwards forged inline DESCs (bytes fewer or more than the extent's
+ * length, more than FERRY_REMOTE_INLINE_MAX, an empty extent, an unknown flag, a packed
+ * lease's parts with bytes) and then a good small lease inline: the consumer queues only the
+ * good one and reads it right. A pool whose data is GPU memory (region 2) never has leases
+ * inline: such a DESC is dropped, and the lease sent again without bytes is read with gets. */
+static void test_inline_descriptors_that_lie(void **state)
+{
+    (void)state;
+    const char *modes[] = {"inline", "inline-gpu"};
+    for (int i = 0; i < 2; i++) {
+        char addr[FERRY_REMOTE_ADDRESS_SIZE];
+        th_helper h = spawn_fake_producer(modes[i], addr);
+        ferry_consumer *c = NULL;
+        assert_int_equal(ferry_consumer_connect(addr, 0, -1, &c), FERRY_OK);
+        ferry_descriptor d[4];
+        size_t k = 0;
+        assert_int_equal(ferry_consumer_recv(c, 5000 * MS, d, 4, &k), FERRY_OK);
+        assert_int_equal(k, 1);
+        assert_int_equal(d[0].slot, FP_SLOT);
+        assert_int_equal(d[0].length, FP_LENGTH);
+        uint8_t buf[FP_LENGTH];
+        assert_int_equal(ferry_consumer_read(c, &d[0], buf, sizeof(buf), 2000 * MS), FERRY_OK);
+        assert_true(th_check_stamp(buf, sizeof(buf), 4242, NULL));
+        assert_int_equal(ferry_consumer_recv(c, 300 * MS, d, 4, &k), FERRY_TIMEOUT);
+        assert_int_equal(ferry_consumer_ack(c, &d[0]), FERRY_OK);
+        ferry_consumer_destroy(c);
+        th_send_type(h.fd, TH_MSG_DONE);
+        th_reap_helper(&h);
+    }
+}
+
 /* A peer that sends active messages of ids other than ferry's (the first 300 and some up to
  * the last): dropped, counted, and the producer lives on also when the peer leaves (UCX 1.13
  * leaves the handlers of the ids but the one set uninitialised and reads past its table for
@@ -1793,6 +1902,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_bad_address_keeps_secret),
         cmocka_unit_test(test_welcome_that_lies),
         cmocka_unit_test(test_descriptors_that_lie),
+        cmocka_unit_test(test_inline_descriptors_that_lie),
         cmocka_unit_test(test_other_message_ids),
         cmocka_unit_test(test_other_message_ids_to_consumer),
         cmocka_unit_test(test_close_while_reading),

@@ -10,7 +10,9 @@
  * A read never hands out another lease's bytes: after the get of the slice, a second pair of
  * gets (ordered after it by a fence) reads the slot's generation and this rank's
  * acknowledgement word; a slot reused or a lease acknowledged on this rank's behalf since
- * (after which the producer may free the slice) ends the read STALE. */
+ * (after which the producer may free the slice) ends the read STALE. A small lease of a host
+ * pool comes with its bytes inside its DESC (copied and checked by the producer while the
+ * lease was this rank's): reads of it into host memory copy them, without a get. */
 #include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -49,7 +51,15 @@ typedef struct lease_note {
     uint32_t generation; /* 0: nothing known */
     uint32_t ready;      /* the producer forwarded it, or a read saw its ready word */
     uint64_t offset, length;
+    uint32_t inl; /* 1 + the index of its inline bytes in the client's inl; 0: none */
 } lease_note;
+
+/* The bytes of a lease that came inline: its whole extent. */
+typedef struct inline_copy {
+    uint32_t slot, generation;
+    uint64_t offset, length;
+    uint8_t *bytes; /* NULL: an empty place */
+} inline_copy;
 
 /* The parts of one packed lease acknowledged by this process for one rank. */
 typedef struct part_set {
@@ -88,6 +98,13 @@ struct ferry__remote_client {
     lease_note *notes;        /* by slot */
     uint32_t *my_acks;        /* by slot: the generation this process acknowledged its rank */
     part_set *parts;
+    /* Leases may come inline: the pool's data is host memory in region 1. Their bytes are
+     * kept in a ring of depth places, a new one taking the oldest's place: at most depth x
+     * FERRY_REMOTE_INLINE_MAX bytes. A place is emptied when this rank acknowledges its lease
+     * or its slot's note moves on. */
+    int inline_ok;
+    inline_copy *inl;
+    uint32_t inl_next;
 };
 
 /* ---- the connection ---------------------------------------------------------------------- */
@@ -330,15 +347,78 @@ static ferry_status take_layout(ferry__remote_client *cl, const ferry__remote_ad
     cl->data_addr = w->region_addr[dat] + w->data_offset;
     cl->control_rkey = ctl;
     cl->data_rkey = dat;
+    cl->inline_ok = !dat;
     cl->conn_id = w->conn_id;
     cl->token = w->token;
     cl->producer_pid = (pid_t)w->producer_pid;
     cl->inbox = calloc(cl->depth, sizeof(*cl->inbox));
     cl->notes = calloc(rows, sizeof(*cl->notes));
     cl->my_acks = calloc(rows, sizeof(*cl->my_acks));
-    if (!cl->inbox || !cl->notes || !cl->my_acks)
+    cl->inl = calloc(cl->depth, sizeof(*cl->inl));
+    if (!cl->inbox || !cl->notes || !cl->my_acks || !cl->inl)
         return ferry__fail(FERRY_NO_MEMORY, "out of memory for a remote pool's bookkeeping");
     return FERRY_OK;
+}
+
+/* ---- leases that came inline ---------------------------------------------------------------- */
+
+/* Empties place i of the inline ring (and its note's link to it). */
+static void inline_drop(ferry__remote_client *cl, uint32_t i)
+{
+    inline_copy *e = &cl->inl[i];
+    if (!e->bytes)
+        return;
+    if (cl->notes[e->slot].inl == i + 1)
+        cl->notes[e->slot].inl = 0;
+    free(e->bytes);
+    e->bytes = NULL;
+}
+
+/* Lets go of the inline bytes of the lease (slot, generation), if they are kept. */
+static void inline_forget(ferry__remote_client *cl, uint32_t slot, uint32_t generation)
+{
+    uint32_t i = cl->notes[slot].inl;
+    if (i && cl->inl[i - 1].generation == generation)
+        inline_drop(cl, i - 1);
+}
+
+/* Keeps the bytes of a lease that came inline (its extent [offset, +n)) in the oldest place
+ * of the ring. Without memory they are not kept: reads then get them. */
+static void inline_keep(ferry__remote_client *cl, const ferry_descriptor *d, uint64_t offset,
+                        const uint8_t *bytes, uint64_t n)
+{
+    uint32_t i = cl->inl_next++ % cl->depth;
+    inline_drop(cl, i);
+    uint8_t *copy = malloc(n);
+    if (!copy)
+        return;
+    memcpy(copy, bytes, n);
+    cl->inl[i] = (inline_copy){d->slot, d->generation, offset, n, copy};
+    cl->notes[d->slot].inl = i + 1;
+}
+
+/* Where d's bytes are among the inline bytes kept of its lease; NULL if they are not. */
+static const uint8_t *inline_bytes(const ferry__remote_client *cl, const ferry_descriptor *d)
+{
+    uint32_t i = cl->notes[d->slot].inl;
+    if (!i)
+        return NULL;
+    const inline_copy *e = &cl->inl[i - 1];
+    if (!e->bytes || e->slot != d->slot || e->generation != d->generation ||
+        d->offset < e->offset || d->length > e->length ||
+        d->offset - e->offset > e->length - d->length)
+        return NULL;
+    return e->bytes + (d->offset - e->offset);
+}
+
+/* What is known of the slot's lease from here on; inline bytes of an older one go. */
+static void note_set(ferry__remote_client *cl, const ferry_descriptor *d, uint64_t offset,
+                     uint64_t length)
+{
+    lease_note *n = &cl->notes[d->slot];
+    if (n->inl)
+        inline_drop(cl, n->inl - 1);
+    *n = (lease_note){d->generation, 1, offset, length, 0};
 }
 
 /* ---- UCX: the endpoint, active messages, gets ------------------------------------------------ */
@@ -351,10 +431,16 @@ static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
     cl->gone = 1; /* called inside progress, under the client's lock */
 }
 
-/* A DESC from the producer: count descriptors of one lease, checked and queued. */
+/* A DESC from the producer: count descriptors of one lease, checked and queued; or one
+ * descriptor and the lease's bytes (inline: the decoder checked that they are as many as the
+ * extent's length, at most FERRY_REMOTE_INLINE_MAX), never for a pool whose data is GPU
+ * memory. */
 static void on_desc(ferry__remote_client *cl, const ferry__am *m, const uint8_t *data, size_t len)
 {
-    uint32_t k = (uint32_t)(len / FERRY_DESCRIPTOR_SIZE);
+    int inl = (m->flags & FERRY_AM_DESC_INLINE) != 0;
+    uint32_t k = inl ? 1 : (uint32_t)(len / FERRY_DESCRIPTOR_SIZE);
+    if (inl && !cl->inline_ok)
+        return; /* the producer broke the protocol: nothing is queued */
     if (k > cl->depth - (cl->in_tail - cl->in_head))
         return; /* more than the window: the producer broke the protocol; nothing is queued */
     ferry_descriptor *slots = malloc(k * sizeof(*slots));
@@ -377,8 +463,10 @@ static void on_desc(ferry__remote_client *cl, const ferry__am *m, const uint8_t 
     for (uint32_t i = 0; i < k; i++)
         cl->inbox[(cl->in_tail + i) % cl->depth] = slots[i];
     cl->in_tail += k;
-    lease_note *n = &cl->notes[slots[0].slot];
-    *n = (lease_note){slots[0].generation, 1, m->u.desc.offset, m->u.desc.length};
+    note_set(cl, &slots[0], m->u.desc.offset, m->u.desc.length);
+    if (inl)
+        inline_keep(cl, &slots[0], m->u.desc.offset, data + FERRY_DESCRIPTOR_SIZE,
+                    m->u.desc.length);
     free(slots);
 }
 
@@ -581,6 +669,9 @@ static void client_free(ferry__remote_client *cl)
     if (cl->poll_fd >= 0)
         close(cl->poll_fd);
     free_parts(cl);
+    for (uint32_t i = 0; cl->inl && i < cl->depth; i++)
+        free(cl->inl[i].bytes);
+    free(cl->inl);
     free(cl->inbox);
     free(cl->notes);
     free(cl->my_acks);
@@ -890,7 +981,7 @@ static ferry_status wait_ready(ferry__remote_client *cl, const ferry_descriptor 
         if (gen != d->generation)
             return stale(d, gen, cl->rank);
         if (ready == d->generation) {
-            *n = (lease_note){d->generation, 1, extent[0], extent[1]};
+            note_set(cl, d, extent[0], extent[1]);
             break;
         }
         if (ferry__now_ns() >= deadline)
@@ -957,6 +1048,13 @@ static ferry_status read_checked(ferry__remote_client *cl, const ferry_descripto
     if (st != FERRY_OK || !d->length)
         return st;
     int gpu = gpu_memory(cl, dst);
+    const uint8_t *inl = gpu ? NULL : inline_bytes(cl, d);
+    if (inl) {
+        /* Copied by the producer while the lease was this rank's and unacknowledged, and
+         * checked there after the copy: no get, no check to make here. */
+        memcpy(dst, inl, d->length);
+        return FERRY_OK;
+    }
     if (gpu && !cl->gpu_reads)
         return ferry__fail(FERRY_NOT_SUPPORTED,
                            "remote pool %.80s: the destination is GPU memory and this process's "
@@ -1046,8 +1144,10 @@ static ferry_status send_ack(ferry__remote_client *cl, const ferry_descriptor *d
 {
     ferry__am m = {.type = FERRY_AM_ACK, .u.ack = {d->slot, d->generation, first, count}};
     ferry_status st = send_am(cl, &m, NULL, 0);
-    if (st == FERRY_OK && cl->rank >= first && cl->rank - first < count)
+    if (st == FERRY_OK && cl->rank >= first && cl->rank - first < count) {
         cl->my_acks[d->slot] = d->generation;
+        inline_forget(cl, d->slot, d->generation); /* no longer this rank's to read */
+    }
     return st;
 }
 

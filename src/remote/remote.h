@@ -123,6 +123,8 @@ typedef struct ferry__remote_counts {
     uint64_t emulated;      /* of those, reading over emulated RMA (each counted once) */
     uint64_t forwarded;     /* descriptors sent */
     uint64_t bad_messages;  /* active messages dropped as malformed or forged */
+    uint64_t inlined;       /* leases sent with their bytes in the DESC */
+    uint64_t inline_stale;  /* bytes copied for that and dropped: the lease moved on */
 } ferry__remote_counts;
 
 enum {
@@ -139,6 +141,12 @@ enum {
 extern const char *const ferry__remote_refused_names[FERRY_REMOTE_REFUSED_REASONS];
 
 void ferry__remote_server_counts(ferry__remote_server *server, ferry__remote_counts *counts);
+
+/* Tests only (tests/test_remote.c): when set, a server's thread calls it between its check of
+ * a small lease and its copy of the lease's bytes into the DESC, with the lease's slot and
+ * generation. Set before the pool is made and cleared after it is destroyed; NULL in every
+ * other program. */
+extern void (*ferry__remote_test_before_copy)(uint32_t slot, uint32_t generation);
 
 /* ---- consumer side ---------------------------------------------------------------------- */
 

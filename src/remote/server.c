@@ -14,7 +14,8 @@
  * checked as a consumer checks them: well formed, this pool's, a current lease, ready) and
  * sent as one FERRY_AM_DESC per lease, with the lease's extent. At most ring_depth
  * descriptors are on their way to one consumer; its FERRY_AM_TAKEN messages open the window
- * again. */
+ * again. A small lease of a host pool travels inline: its bytes follow its descriptor in the
+ * DESC (copy_inline), so that the consumer reads it without a get. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -109,6 +110,10 @@ struct ferry__remote_server {
     pthread_mutex_t lock; /* guards counts */
     ferry__remote_counts counts;
     uint8_t *entries; /* the thread's copy of the entries it forwards (ring_depth of them) */
+    /* The pool's slot generations, and its data when leases can travel inline (host memory
+     * in region 1, which this thread reads as a local consumer would); else NULL. */
+    uint32_t *generations;
+    const uint8_t *inline_data;
     int warned_emulated;
     /* The thread's: when the listener is watched again (0: it is), and whether accept's
      * failure was told. */
@@ -384,18 +389,21 @@ static void on_sent(void *request, ucs_status_t status, void *user_data)
     free(b);
 }
 
-/* Sends one active message (header and payload copied: the caller's buffers may go). */
-static int send_am(ferry__remote_server *s, conn *c, const ferry__am *m, const void *payload,
-                   size_t n)
+/* A send's buffer with room for the header and n bytes of payload; NULL without memory. */
+static am_buf *am_buf_new(ferry__remote_server *s, size_t n)
+{
+    am_buf *b = malloc(sizeof(*b) + FERRY_AM_HEADER + n);
+    if (b)
+        b->server = s;
+    return b;
+}
+
+/* Sends one active message: m's header and the n bytes of payload already in b (which UCX
+ * owns from here: freed when the send completes, or at once). */
+static int am_send(ferry__remote_server *s, conn *c, const ferry__am *m, am_buf *b, size_t n)
 {
     const ferry__ucx *u = s->node.ucx;
-    am_buf *b = malloc(sizeof(*b) + FERRY_AM_HEADER + n);
-    if (!b)
-        return -1;
-    b->server = s;
     ferry__am_encode(m, b->bytes);
-    if (n)
-        memcpy(b->bytes + FERRY_AM_HEADER, payload, n);
     ucp_request_param_t p = {
         .op_attr_mask =
             UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
@@ -500,16 +508,23 @@ static void entry_copy(ferry__ring *ring, uint32_t depth, uint32_t i, uint8_t *o
     }
 }
 
-/* Checks the lease at ring position head: *k its entries (copied into out), *ready whether
- * it may be forwarded now; -1 if the entries are not a current lease of this pool (the
- * caller drops *k of them: one if they are not even well formed). */
+/* The lease at a ring's head, as look_at found it. */
+typedef struct lease_at {
+    uint32_t k; /* its entries (parts) */
+    int ready;  /* it may be forwarded now */
+    uint32_t slot, generation;
+    uint64_t offset, length; /* its extent */
+} lease_at;
+
+/* Checks the lease at ring position head: its entries (copied into out) and state in *l;
+ * -1 if the entries are not a current lease of this pool (the caller drops l->k of them: one
+ * if they are not even well formed). */
 static int look_at(ferry__remote_server *s, conn *c, ferry__ring *ring, uint32_t head,
-                   uint32_t queued, uint8_t *out, uint32_t *k, int *ready, uint64_t *offset,
-                   uint64_t *length)
+                   uint32_t queued, uint8_t *out, lease_at *l)
 {
     uint32_t depth = s->cfg.ring_depth;
     ferry_descriptor d0, d;
-    *k = 1;
+    l->k = 1;
     entry_copy(ring, depth, head, out);
     if (ferry_descriptor_decode(out, FERRY_DESCRIPTOR_SIZE, &d0) != FERRY_OK ||
         memcmp(d0.pool_id, s->cfg.pool_id, 16) != 0 || d0.slot >= s->cfg.max_inflight ||
@@ -526,11 +541,70 @@ static int look_at(ferry__remote_server *s, conn *c, ferry__ring *ring, uint32_t
             d.generation != d0.generation || d.part_count != d0.part_count || d.part_index != i)
             return -1;
     }
-    *k = parts;
-    return s->cfg.hooks.lease(s->cfg.hooks.user, d0.slot, d0.generation, c->rank, ready, offset,
-                              length) == FERRY_OK
+    l->k = parts;
+    l->slot = d0.slot;
+    l->generation = d0.generation;
+    return s->cfg.hooks.lease(s->cfg.hooks.user, d0.slot, d0.generation, c->rank, &l->ready,
+                              &l->offset, &l->length) == FERRY_OK
                ? 0
                : -1;
+}
+
+void (*ferry__remote_test_before_copy)(uint32_t slot, uint32_t generation);
+
+/* Reads n bytes of the pool's host memory as a local consumer's copy does, with relaxed
+ * loads (the producer's threads may be writing a recycled slice meanwhile: the generation
+ * check after the copy tells). Slices start 256-aligned. */
+static void copy_relaxed(uint8_t *dst, const uint8_t *src, uint64_t n)
+{
+    uint64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t v = ferry__load_relaxed64((const uint64_t *)(src + i));
+        memcpy(dst + i, &v, 8);
+    }
+    for (; i < n; i++)
+        dst[i] = __atomic_load_n(src + i, __ATOMIC_RELAXED);
+}
+
+/* Copies a small lease's bytes into its DESC (out): 1 if they are the lease's. The lease was
+ * current and ready when look_at asked the pool (under its lock, after the ready word's
+ * acquire); the copy is kept only if the slot's generation still holds it afterwards, read
+ * as a local reader's re-check reads it (ferry__shm_generation_recheck: every load of the
+ * copy before it). A slice freed meanwhile had its slot's generation set to
+ * FERRY_GEN_OVER before any later lease's fence and bytes, and a cancelled lease carries the
+ * cancelled mark: a copy that saw any byte of another lease sees the generation changed. */
+static int copy_inline(ferry__remote_server *s, const lease_at *l, uint8_t *out)
+{
+    if (ferry__remote_test_before_copy)
+        ferry__remote_test_before_copy(l->slot, l->generation);
+    copy_relaxed(out, s->inline_data + l->offset, l->length);
+    if (ferry__load_after_reads32(&s->generations[l->slot]) == l->generation)
+        return 1;
+    count_add(s, &s->counts.inline_stale, 1);
+    return 0;
+}
+
+/* Sends a lease's DESC: its entries and, for a small lease (one descriptor, at most
+ * FERRY_REMOTE_INLINE_MAX bytes) of a host pool, its bytes (without them if the lease moved
+ * on while they were copied: the consumer's gets then find it STALE). */
+static int send_desc(ferry__remote_server *s, conn *c, const lease_at *l)
+{
+    size_t n = (size_t)l->k * FERRY_DESCRIPTOR_SIZE;
+    int inl = s->inline_data && l->k == 1 && l->length && l->length <= FERRY_REMOTE_INLINE_MAX;
+    am_buf *b = am_buf_new(s, n + (inl ? l->length : 0));
+    if (!b)
+        return -1;
+    memcpy(b->bytes + FERRY_AM_HEADER, s->entries, n);
+    ferry__am m = {.type = FERRY_AM_DESC,
+                   .conn_id = c->id,
+                   .token = c->token,
+                   .u.desc = {l->offset, l->length}};
+    if (inl && copy_inline(s, l, b->bytes + FERRY_AM_HEADER + n)) {
+        m.flags = FERRY_AM_DESC_INLINE;
+        n += l->length;
+        count_add(s, &s->counts.inlined, 1);
+    }
+    return am_send(s, c, &m, b, n);
 }
 
 /* Moves head from h to h + k (only this thread moves a remote rank's head; a stray write by
@@ -549,7 +623,6 @@ static void forward(ferry__remote_server *s, conn *c)
 {
     ferry__ring *ring = ring_of(s, c->rank);
     uint32_t depth = s->cfg.ring_depth;
-    uint8_t *entries = s->entries;
     c->not_ready = 0;
     while (!c->failed && !c->leaving) {
         uint32_t head = ferry__load_acquire32(&ring->head);
@@ -567,29 +640,25 @@ static void forward(ferry__remote_server *s, conn *c)
             advance(ring, head, tail - head);
             continue;
         }
-        uint32_t k;
-        int ready = 0;
-        uint64_t off = 0, len = 0;
-        if (look_at(s, c, ring, head, tail - head, entries, &k, &ready, &off, &len) != 0) {
-            advance(ring, head, k); /* not a current lease of this pool: dropped */
+        lease_at l = {.ready = 0};
+        if (look_at(s, c, ring, head, tail - head, s->entries, &l) != 0) {
+            advance(ring, head, l.k); /* not a current lease of this pool: dropped */
             continue;
         }
-        if (!ready) {
+        if (!l.ready) {
             c->not_ready = 1;
             break;
         }
-        if (depth - (c->sent - c->taken) < k)
+        if (depth - (c->sent - c->taken) < l.k)
             break; /* the consumer's window is full: its TAKEN opens it again */
-        if (!advance(ring, head, k))
+        if (!advance(ring, head, l.k))
             continue;
-        ferry__am m = {
-            .type = FERRY_AM_DESC, .conn_id = c->id, .token = c->token, .u.desc = {off, len}};
-        if (send_am(s, c, &m, entries, (size_t)k * FERRY_DESCRIPTOR_SIZE) != 0) {
+        if (send_desc(s, c, &l) != 0) {
             c->failed = 1;
             break;
         }
-        c->sent += k;
-        count_add(s, &s->counts.forwarded, k);
+        c->sent += l.k;
+        count_add(s, &s->counts.forwarded, l.k);
     }
 }
 
@@ -1090,6 +1159,18 @@ static ferry_status start_steps(ferry__remote_server *s)
     return st;
 }
 
+/* Where the thread finds the generations, and the data when small leases travel inline:
+ * the pool's data in its shared segment (region 1), host memory mapped in this process. GPU
+ * pools keep their data in region 2: never inline. */
+static void inline_source(ferry__remote_server *s)
+{
+    const ferry__remote_config *cfg = &s->cfg;
+    uint8_t *segment = cfg->region[0].base;
+    s->generations = (uint32_t *)(segment + cfg->gen_offset);
+    if (!(cfg->welcome_flags & FERRY_WELCOME_DATA_IN_POOL) && !cfg->region[0].gpu)
+        s->inline_data = segment + cfg->data_offset;
+}
+
 ferry_status ferry__remote_start(const ferry__remote_config *config, ferry__remote_server **out)
 {
     ferry__remote_server *s = calloc(1, sizeof(*s));
@@ -1102,6 +1183,7 @@ ferry_status ferry__remote_start(const ferry__remote_config *config, ferry__remo
     snprintf(s->label, sizeof(s->label), "%s", config->label);
     pthread_mutex_init(&s->lock, NULL);
     s->cfg.listen = config->listen;
+    inline_source(s);
     s->by_rank = calloc(config->consumers, sizeof(*s->by_rank));
     s->entries = malloc((size_t)config->ring_depth * FERRY_DESCRIPTOR_SIZE);
     ferry_status st = s->by_rank && s->entries
