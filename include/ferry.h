@@ -245,10 +245,10 @@ typedef struct ferry_pool_config {
     int64_t drain_timeout_us; /* close first waits up to this long for every published lease
                                * to be acknowledged (ferry_pool_drain); default 0: no wait */
     /* version 3 */
-    const char *listen; /* "HOST:PORT" (port 0: any free one; HOST 0.0.0.0 or [::]: every
-                         * interface): the pool also serves consumers on other hosts, over
-                         * UCX (ferry_pool_remote_address); NULL (default): local only. The
-                         * string is not kept. */
+    const char *listen;        /* "HOST:PORT" (port 0: any free one; HOST 0.0.0.0 or [::]: every
+                                * interface): the pool also serves consumers on other hosts, over
+                                * UCX (ferry_pool_remote_address); NULL (default): local only. The
+                                * string is not kept. */
     int64_t remote_timeout_us; /* a remote consumer (or its host, or the link) silent this long
                                 * is gone: its leases are acknowledged for it, and its calls
                                 * get PRODUCER_GONE when the producer falls silent; default
@@ -490,19 +490,19 @@ typedef struct ferry_pool_stats {
     uint64_t pool_full_waits;    /* publishes that found the pool full and waited (timeout > 0) */
     uint64_t pool_full_timeouts; /* publishes that waited for space and gave up with POOL_FULL */
     /* version 4: consumers on other hosts (cfg.listen) */
-    uint64_t remote_connected;    /* ranks held by remote consumers now */
-    uint64_t remote_admitted;     /* remote consumers admitted so far */
-    uint64_t remote_refused;      /* remote connections refused, for every reason below */
+    uint64_t remote_connected;         /* ranks held by remote consumers now */
+    uint64_t remote_admitted;          /* remote consumers admitted so far */
+    uint64_t remote_refused;           /* remote connections refused, for every reason below */
     uint64_t remote_refused_malformed; /* not a well-formed hello (junk, wrong version, size) */
     uint64_t remote_refused_secret;    /* a wrong secret or another pool's identity */
     uint64_t remote_refused_rank;      /* a rank out of range or held by a live holder */
     uint64_t remote_refused_silent;    /* no whole hello within 1 s */
     uint64_t remote_refused_flood;     /* 64 connections were already waiting for theirs */
     uint64_t remote_refused_error;     /* admitting failed on the producer's side (UCX, memory) */
-    uint64_t remote_emulated;     /* remote consumers connected now whose reads are emulated
-                                   * over active messages (tcp; logged once per pool) */
-    uint64_t remote_forwarded;    /* descriptors sent to remote consumers */
-    uint64_t remote_bad_messages; /* active messages dropped as malformed, forged or stale */
+    uint64_t remote_emulated;          /* remote consumers connected now whose reads are emulated
+                                        * over active messages (tcp; logged once per pool) */
+    uint64_t remote_forwarded;         /* descriptors sent to remote consumers */
+    uint64_t remote_bad_messages;      /* active messages dropped as malformed, forged or stale */
 } ferry_pool_stats;
 
 /* Fills *stats (whose struct_size and version the caller sets). */

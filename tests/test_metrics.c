@@ -314,8 +314,7 @@ static void check_text(const char *text, const ferry_pool_stats *stats,
         assert_true(fam >= 0);
         assert_int_equal(f.samples[fam], ranks);
     }
-    assert_int_equal(lines,
-                     3 * POOL_METRICS + (2 + REFUSED_REASONS) + (2 + ranks) * RANK_METRICS);
+    assert_int_equal(lines, 3 * POOL_METRICS + (2 + REFUSED_REASONS) + (2 + ranks) * RANK_METRICS);
 }
 
 /* ---- the pool ------------------------------------------------------------------------------ */

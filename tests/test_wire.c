@@ -433,10 +433,10 @@ struct field_case {
 #define SHAPE(i) (160 + 8 * (i))
 
 static const struct field_case field_cases[] = {
-    {"part 0 of 2 is invalid", {{9, 1, 0}, {228, 4, 2}}}, /* parts without MULTI */
+    {"part 0 of 2 is invalid", {{9, 1, 0}, {228, 4, 2}}},              /* parts without MULTI */
     {"part 2 of 2 is invalid", {{9, 1, 2}, {224, 4, 2}, {228, 4, 2}}}, /* index >= count */
-    {"part 0 of 1 is invalid", {{9, 1, 2}, {228, 4, 1}}},  /* one part is no pack */
-    {"part 1 of 0 is invalid", {{9, 1, 2}, {224, 4, 1}}},  /* an index without a count */
+    {"part 0 of 1 is invalid", {{9, 1, 2}, {228, 4, 1}}},              /* one part is no pack */
+    {"part 1 of 0 is invalid", {{9, 1, 2}, {224, 4, 1}}}, /* an index without a count */
     {"backend 0 is invalid", {{8, 1, 0}}},
     {"backend 4 is invalid", {{8, 1, 4}}},
     {"backend 255 is invalid", {{8, 1, 255}}},
@@ -725,26 +725,16 @@ static void test_seed_corpus(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_crc32c_vectors),
-        cmocka_unit_test(test_crc32c_paths_agree),
-        cmocka_unit_test(test_crc32c_hw_path),
-        cmocka_unit_test(test_byte_order),
-        cmocka_unit_test(test_worked_example),
-        cmocka_unit_test(test_round_trip_random),
-        cmocka_unit_test(test_round_trip_edges),
-        cmocka_unit_test(test_round_trip_gpu),
-        cmocka_unit_test(test_reject_lengths),
-        cmocka_unit_test(test_reject_bit_flips),
-        cmocka_unit_test(test_reject_checksum),
-        cmocka_unit_test(test_reject_envelope_fields),
-        cmocka_unit_test(test_reject_reserved),
-        cmocka_unit_test(test_reject_field_rules),
-        cmocka_unit_test(test_encode_rejects),
-        cmocka_unit_test(test_null_arguments),
-        cmocka_unit_test(test_tensor_bytes),
-        cmocka_unit_test(test_tensor_nbytes),
-        cmocka_unit_test(test_tensor_nbytes_errors),
-        cmocka_unit_test(test_backend_names),
+        cmocka_unit_test(test_crc32c_vectors),       cmocka_unit_test(test_crc32c_paths_agree),
+        cmocka_unit_test(test_crc32c_hw_path),       cmocka_unit_test(test_byte_order),
+        cmocka_unit_test(test_worked_example),       cmocka_unit_test(test_round_trip_random),
+        cmocka_unit_test(test_round_trip_edges),     cmocka_unit_test(test_round_trip_gpu),
+        cmocka_unit_test(test_reject_lengths),       cmocka_unit_test(test_reject_bit_flips),
+        cmocka_unit_test(test_reject_checksum),      cmocka_unit_test(test_reject_envelope_fields),
+        cmocka_unit_test(test_reject_reserved),      cmocka_unit_test(test_reject_field_rules),
+        cmocka_unit_test(test_encode_rejects),       cmocka_unit_test(test_null_arguments),
+        cmocka_unit_test(test_tensor_bytes),         cmocka_unit_test(test_tensor_nbytes),
+        cmocka_unit_test(test_tensor_nbytes_errors), cmocka_unit_test(test_backend_names),
         cmocka_unit_test(test_seed_corpus),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -46,7 +46,7 @@ int fy_range_arg(PyObject *ranks, uint32_t *first, uint32_t *count)
 typedef struct ack_request {
     ferry_descriptor desc;
     int32_t device;
-    int mode; /* 0: one rank, 1: range, 2: all */
+    int mode;  /* 0: one rank, 1: range, 2: all */
     int lease; /* the whole lease through a part (ferry_consumer_ack_lease*) */
     uint32_t first, count;
 } ack_request;
@@ -55,11 +55,11 @@ static ferry_status ack_call(fy_consumer *c, const ack_request *r)
 {
     if (r->mode == 2)
         return (r->lease ? ferry_consumer_ack_lease_all : ferry_consumer_ack_all)(c->handle,
-                                                                                 &r->desc);
+                                                                                  &r->desc);
     if (r->mode == 0 && c->rank == r->first)
         return (r->lease ? ferry_consumer_ack_lease : ferry_consumer_ack)(c->handle, &r->desc);
-    return (r->lease ? ferry_consumer_ack_lease_range : ferry_consumer_ack_range)(
-        c->handle, &r->desc, r->first, r->count);
+    return (r->lease ? ferry_consumer_ack_lease_range
+                     : ferry_consumer_ack_range)(c->handle, &r->desc, r->first, r->count);
 }
 
 static PyObject *ack_run(const ack_request *r)

@@ -189,8 +189,7 @@ uint64_t fy_tensor_elements(const ferry_tensor *t);
  * allocation and no wait for the device once the pool holds the working set). */
 ferry_status fy_cuda_alloc_async(int device, uint64_t bytes, void *stream, void **ptr);
 void fy_cuda_free_async(int device, void *ptr, void *stream);
-ferry_status fy_cuda_copy_async(int device, void *dst, const void *src, uint64_t n,
-                                void *stream);
+ferry_status fy_cuda_copy_async(int device, void *dst, const void *src, uint64_t n, void *stream);
 /* An event recorded on stream, after the work enqueued there so far. */
 ferry_status fy_cuda_event_record(int device, void *stream, void **event);
 ferry_status fy_cuda_stream_sync(int device, void *stream);
@@ -300,12 +299,12 @@ typedef struct fy_payload {
     DLDevice device;
     ferry_tensor tensor;
     uint64_t nbytes;
-    fy_lease *lease;   /* views and GPU copies */
-    void *buffer;      /* copies: memory the payload owns */
+    fy_lease *lease;      /* views and GPU copies */
+    void *buffer;         /* copies: memory the payload owns */
     uint64_t buffer_size; /* host copies: the size of buffer (fy_host_buffer) */
-    void *recv_stream; /* GPU: the stream of the receive */
-    void *use_stream;  /* GPU: the stream the consumer uses the tensor on (views acknowledge on
-                        * it, copies are freed on it) */
+    void *recv_stream;    /* GPU: the stream of the receive */
+    void *use_stream;     /* GPU: the stream the consumer uses the tensor on (views acknowledge on
+                           * it, copies are freed on it) */
     int has_use_stream;
 } fy_payload;
 

@@ -106,10 +106,11 @@ typedef struct pool_args {
 
 static int parse_pool_args(PyObject *args, PyObject *kwargs, pool_args *a)
 {
-    static char *keywords[] = {"size",         "consumers",           "backend", "device",
-                               "max_inflight", "reclaim_interval_us", "control", "on_full",
-                               "timeout",      "vmm_handle",          "channel_depth",
-                               "drain_timeout", "listen",             "remote_timeout", NULL};
+    static char *keywords[] = {"size",       "consumers",      "backend",
+                               "device",     "max_inflight",   "reclaim_interval_us",
+                               "control",    "on_full",        "timeout",
+                               "vmm_handle", "channel_depth",  "drain_timeout",
+                               "listen",     "remote_timeout", NULL};
     static const char *const controls[] = {"host", "device", NULL};
     static const char *const handles[] = {"auto", "fabric", "posix_fd", NULL};
     ferry_pool_config init = FERRY_POOL_CONFIG_INIT;
@@ -196,8 +197,7 @@ static int resolve(fy_pool *self, ferry_pool *pool)
 
 static void destroy_unshared(ferry_pool *pool)
 {
-    Py_BEGIN_ALLOW_THREADS
-    ferry_pool_destroy(pool);
+    Py_BEGIN_ALLOW_THREADS ferry_pool_destroy(pool);
     Py_END_ALLOW_THREADS
 }
 
@@ -219,8 +219,7 @@ static int pool_init(PyObject *obj, PyObject *args, PyObject *kwargs)
     self->channel_depth = a.config.channel_depth;
     self->drain_set = a.drain_timeout != Py_None;
     ferry_status st;
-    Py_BEGIN_ALLOW_THREADS
-    st = ferry_pool_create(&a.config, &pool);
+    Py_BEGIN_ALLOW_THREADS st = ferry_pool_create(&a.config, &pool);
     Py_END_ALLOW_THREADS if (st != FERRY_OK)
     {
         fy_raise(st);
@@ -447,8 +446,8 @@ static PyObject *pool_enter(PyObject *obj, PyObject *unused)
 static PyObject *pool_exit(PyObject *obj, PyObject *args)
 {
     fy_pool *self = (fy_pool *)obj;
-    PyObject *type = PyTuple_Check(args) && PyTuple_GET_SIZE(args) > 0 ? PyTuple_GET_ITEM(args, 0)
-                                                                        : Py_None;
+    PyObject *type =
+        PyTuple_Check(args) && PyTuple_GET_SIZE(args) > 0 ? PyTuple_GET_ITEM(args, 0) : Py_None;
     uint64_t ns = 0;
     drain_arg(self, type == Py_None ? Py_True : Py_None, FY_EXIT_DRAIN_NS, &ns);
     PyObject *r = close_draining(self, ns);
@@ -495,17 +494,36 @@ static const struct stat_field {
     const char *name;
     size_t offset;
 } stat_fields[] = {
-    FY_STAT_(capacity),          FY_STAT_(usable_bytes),       FY_STAT_(bytes_in_use),
-    FY_STAT_(largest_free),      FY_STAT_(leases_in_flight),   FY_STAT_(high_water_bytes),
-    FY_STAT_(high_water_leases), FY_STAT_(publishes),          FY_STAT_(pool_full_events),
-    FY_STAT_(reclaimed),         FY_STAT_(cancelled),          FY_STAT_(acked_for_dead),
-    FY_STAT_(broker_refused),    FY_STAT_(consumers_attached), FY_STAT_(consumers_alive),
-    FY_STAT_(too_large),         FY_STAT_(pool_full_waits),    FY_STAT_(pool_full_timeouts),
-    FY_STAT_(remote_connected),  FY_STAT_(remote_admitted),    FY_STAT_(remote_refused),
-    FY_STAT_(remote_emulated),   FY_STAT_(remote_forwarded),   FY_STAT_(remote_bad_messages),
-    FY_STAT_(remote_refused_malformed), FY_STAT_(remote_refused_secret),
-    FY_STAT_(remote_refused_rank),      FY_STAT_(remote_refused_silent),
-    FY_STAT_(remote_refused_flood),     FY_STAT_(remote_refused_error),
+    FY_STAT_(capacity),
+    FY_STAT_(usable_bytes),
+    FY_STAT_(bytes_in_use),
+    FY_STAT_(largest_free),
+    FY_STAT_(leases_in_flight),
+    FY_STAT_(high_water_bytes),
+    FY_STAT_(high_water_leases),
+    FY_STAT_(publishes),
+    FY_STAT_(pool_full_events),
+    FY_STAT_(reclaimed),
+    FY_STAT_(cancelled),
+    FY_STAT_(acked_for_dead),
+    FY_STAT_(broker_refused),
+    FY_STAT_(consumers_attached),
+    FY_STAT_(consumers_alive),
+    FY_STAT_(too_large),
+    FY_STAT_(pool_full_waits),
+    FY_STAT_(pool_full_timeouts),
+    FY_STAT_(remote_connected),
+    FY_STAT_(remote_admitted),
+    FY_STAT_(remote_refused),
+    FY_STAT_(remote_emulated),
+    FY_STAT_(remote_forwarded),
+    FY_STAT_(remote_bad_messages),
+    FY_STAT_(remote_refused_malformed),
+    FY_STAT_(remote_refused_secret),
+    FY_STAT_(remote_refused_rank),
+    FY_STAT_(remote_refused_silent),
+    FY_STAT_(remote_refused_flood),
+    FY_STAT_(remote_refused_error),
 };
 #undef FY_STAT_
 
@@ -548,8 +566,8 @@ static PyObject *pool_consumer_info(PyObject *obj, PyObject *rank_obj)
     Py_END_ALLOW_THREADS if (st != FERRY_OK) return fy_raise_pool(st, self->pool);
     return Py_BuildValue("{s:O,s:O,s:L,s:K,s:K,s:K}", "attached",
                          info.attached ? Py_True : Py_False, "alive",
-                         info.alive ? Py_True : Py_False, "pid", (long long)info.pid,
-                         "outstanding", (unsigned long long)info.outstanding, "oldest_age_ns",
+                         info.alive ? Py_True : Py_False, "pid", (long long)info.pid, "outstanding",
+                         (unsigned long long)info.outstanding, "oldest_age_ns",
                          (unsigned long long)info.oldest_age_ns, "partly_acknowledged",
                          (unsigned long long)info.partly_acknowledged);
 }
@@ -561,8 +579,7 @@ int fy_pool_cancel_lease(fy_pool *self, const ferry_descriptor *d)
     if (fy_pool_check(self) < 0)
         return -1;
     ferry_status st;
-    Py_BEGIN_ALLOW_THREADS
-    st = ferry_pool_cancel(self->pool, d);
+    Py_BEGIN_ALLOW_THREADS st = ferry_pool_cancel(self->pool, d);
     Py_END_ALLOW_THREADS if (st != FERRY_OK)
     {
         fy_raise_pool(st, self->pool);
@@ -612,8 +629,7 @@ static PyObject *pool_reclaim(PyObject *obj, PyObject *unused)
         return NULL;
     uint64_t n = 0;
     ferry_status st;
-    Py_BEGIN_ALLOW_THREADS
-    st = ferry_pool_reclaim(self->pool, &n);
+    Py_BEGIN_ALLOW_THREADS st = ferry_pool_reclaim(self->pool, &n);
     Py_END_ALLOW_THREADS if (st != FERRY_OK) return fy_raise_pool(st, self->pool);
     return PyLong_FromUnsignedLongLong(n);
 }
@@ -690,8 +706,7 @@ static PyGetSetDef pool_getset[] = {
      "other hosts (ferry.connect), or None for a pool made without listen=. It carries the "
      "pool's secret: whoever has it can read every lease.",
      NULL},
-    {"channel_depth", get_channel_depth, NULL, "Descriptors each rank's ring holds (send).",
-     NULL},
+    {"channel_depth", get_channel_depth, NULL, "Descriptors each rank's ring holds (send).", NULL},
     {"drain_timeout", get_drain_timeout, NULL,
      "Seconds close() waits for every lease to be acknowledged first (None: not given: no "
      "wait, 10 s at the end of a with block; 0: never).",
@@ -773,7 +788,8 @@ static PyMethodDef pool_methods[] = {
      "releases the memory. Waiting consumers see ProducerGone. Closing twice is harmless. "
      "drain: wait for every published lease to be acknowledged first, up to drain seconds "
      "(True: the pool's drain_timeout if one was given, else 10 s; None: the pool's "
-     "drain_timeout, else no wait; False: no wait); a drain that runs out is logged ('ferry' logger) and the pool "
+     "drain_timeout, else no wait; False: no wait); a drain that runs out is logged ('ferry' "
+     "logger) and the pool "
      "closed anyway; Ctrl-C closes at once. A with block that ends normally closes with "
      "drain=True, one that raised as close(). While a "
      "reservation's buffer or DLPack tensor is alive, the pool refuses every call from here "

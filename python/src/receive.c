@@ -295,7 +295,8 @@ static int parse_options(const recv_args *a, recv_call *c)
 {
     int copy = flag_arg(a->copy, 1);
     if (copy < 0 || fy_consumer_device(&c->descs[0], a->device, &c->device) < 0 ||
-        (!a->has_timeout_ns && fy_timeout_arg(a->timeout, FY_DEFAULT_WAIT_NS, &c->timeout_ns) < 0) ||
+        (!a->has_timeout_ns &&
+         fy_timeout_arg(a->timeout, FY_DEFAULT_WAIT_NS, &c->timeout_ns) < 0) ||
         (c->gpu && fy_stream_arg(a->stream, &c->stream) < 0))
         return -1;
     if (a->has_timeout_ns)
@@ -443,8 +444,8 @@ static int check_given(const fy_consumer *given, const recv_call *c)
  * *status (may be NULL) gets the library's status of a failed receive, FERRY_OK for other
  * failures (an argument refused: nothing read or acknowledged). */
 static PyObject *receive_descs(const ferry_descriptor *descs, size_t count, PyObject *const *items,
-                               const recv_args *a, fy_consumer *given, uint32_t rank,
-                               int single, ferry_status *status)
+                               const recv_args *a, fy_consumer *given, uint32_t rank, int single,
+                               ferry_status *status)
 {
     recv_call c;
     memset(&c, 0, sizeof(c));
@@ -519,7 +520,8 @@ PyObject *fy_receive_leased(fy_consumer *consumer, const ferry_descriptor *descs
                             PyObject *copy, PyObject *stream, PyObject *out, int torch,
                             uint64_t timeout_ns, int single, ferry_status *status)
 {
-    recv_args a = {NULL, NULL, copy, stream, NULL, out, torch ? Py_True : Py_False, timeout_ns, 1, 0};
+    recv_args a = {NULL,       NULL, copy, stream, NULL, out, torch ? Py_True : Py_False,
+                   timeout_ns, 1,    0};
     return receive_descs(descs, count, NULL, &a, consumer, consumer->rank, single, status);
 }
 
@@ -551,8 +553,8 @@ static int recv_kwargs(fy_keywords *kw, PyObject *const *args, Py_ssize_t nargs,
         PyErr_Format(PyExc_TypeError, "%s() needs rank= (this consumer's rank)", kw->fn);
         return -1;
     }
-    *a = (recv_args){v[K_RANK], v[K_DEVICE], v[K_COPY], v[K_STREAM], v[K_TIMEOUT], v[K_OUT],
-                     v[K_TORCH], 0,          0,        0};
+    *a = (recv_args){v[K_RANK], v[K_DEVICE], v[K_COPY], v[K_STREAM], v[K_TIMEOUT],
+                     v[K_OUT],  v[K_TORCH],  0,         0,           0};
     *first = v[K_DESC];
     return 0;
 }

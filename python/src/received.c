@@ -7,7 +7,7 @@
 
 typedef struct {
     PyObject_HEAD
-    fy_payload *payload; /* NULL once exported */
+    fy_payload *payload;  /* NULL once exported */
     PyObject *descriptor; /* NULL until asked for (made from desc) */
     ferry_descriptor desc;
     Py_ssize_t buffers; /* live buffer-protocol exports */

@@ -243,8 +243,8 @@ static uint64_t ready_wait(const fy_wait *w)
 
 /* Every out= tensor against its part, before any part is read and acknowledged: a refusal
  * leaves the whole lease to the next recv. */
-static int check_outs(fy_consumer *c, const ferry_descriptor *descs, size_t count,
-                      PyObject *stream, PyObject *outs)
+static int check_outs(fy_consumer *c, const ferry_descriptor *descs, size_t count, PyObject *stream,
+                      PyObject *outs)
 {
     for (size_t i = 0; i < count; i++)
         if (fy_receive_check_out(c, &descs[i], stream, PyTuple_GET_ITEM(outs, (Py_ssize_t)i)) < 0)

@@ -182,8 +182,9 @@ static void text_mps(out *o, const ferry__mps *m)
 static void text_ucx(out *o, const ferry__ucx_report *u)
 {
     if (!u->loaded) {
-        put(o, "UCX: not found: %s (consumers on other hosts need it: the site's UCX, or pip "
-               "install 'ferry-tensors[ucx]')\n",
+        put(o,
+            "UCX: not found: %s (consumers on other hosts need it: the site's UCX, or pip "
+            "install 'ferry-tensors[ucx]')\n",
             u->error);
         return;
     }
