@@ -43,6 +43,10 @@
 #define CLIENT_SPIN_NS 50000ull
 /* The longest sleep between looks at the connection. */
 #define CLIENT_SLICE_NS 10000000ull
+/* A read's slice is got in pieces of at most this many bytes: each ends within ~40 ms at the
+ * slowest rate measured (0.4 GB/s), far within the keepalive bound (2 s at least), so a
+ * piece that does not end within it means a producer that serves nothing. */
+#define CLIENT_GET_PIECE (16ull << 20)
 /* How often a read polls the ready word of a lease that is not ready yet. */
 #define CLIENT_READY_POLL_NS 20000ull
 
@@ -78,8 +82,8 @@ struct ferry__remote_client {
     int poll_fd;         /* epoll of the worker's event fd and sock, for ferry_consumer_fd */
     int gone;            /* the producer closed the pool, died or fell silent */
     int gpu_reads;       /* UCX reaches GPU memory (cuda transports) */
-    uint64_t silence_ns; /* the pool's keepalive bound: a request unanswered this long, with
-                          * nothing heard meanwhile, means the producer fell silent */
+    uint64_t silence_ns; /* the pool's keepalive bound: no request ending for this long, while
+                          * one waits, means the producer fell silent */
     char address[FERRY_REMOTE_ADDRESS_SIZE];
     uint32_t rank;
     int32_t device;
@@ -554,8 +558,10 @@ static void abandon(ferry__remote_client *cl)
 
 /* Waits for requests to end. Not bounded by the caller's timeout (a get in flight writes into
  * the caller's memory until it ends), but by the producer's liveness: its connection ending,
- * or nothing heard from its worker for the keepalive bound while a request waits (a stopped
- * producer keeps its TCP connection, and the kernel answers its keepalives). */
+ * or no request ending for the keepalive bound (a stopped producer keeps its TCP connection,
+ * and the kernel answers its keepalives). What ends is what counts: the worker's progress
+ * says nothing (UCX 1.22 reports progress of its own while the producer is stopped), and a
+ * read's slice is got in pieces of CLIENT_GET_PIECE, each ending well within the bound. */
 static ferry_status wait_requests(ferry__remote_client *cl, void **reqs, int n, const char *what)
 {
     const ferry__ucx *u = cl->node.ucx;
@@ -568,19 +574,17 @@ static ferry_status wait_requests(ferry__remote_client *cl, void **reqs, int n, 
             continue;
         ucs_status_t st;
         while ((st = u->ucp_request_check_status(reqs[i])) == UCS_INPROGRESS) {
-            uint64_t now = ferry__now_ns();
-            if (u->ucp_worker_progress(cl->node.worker)) {
-                heard = now;
+            if (u->ucp_worker_progress(cl->node.worker))
                 continue;
-            }
+            uint64_t now = ferry__now_ns();
             if (now >= check) {
                 check = now + CLIENT_SLICE_NS;
                 if (cl->ep && (producer_gone(cl) || now - heard > cl->silence_ns)) {
                     if (!cl->gone)
                         ferry__log(FERRY_LOG_WARN,
-                                   "remote pool %.80s: nothing heard from the producer for %.0f "
-                                   "ms while a %s waited: taken for gone (rank %u)",
-                                   cl->address, (double)(now - heard) / 1e6, what, cl->rank);
+                                   "remote pool %.80s: no %s ended for %.0f ms: the producer is "
+                                   "taken for gone (rank %u)",
+                                   cl->address, what, (double)(now - heard) / 1e6, cl->rank);
                     abandon(cl);
                 }
             }
@@ -590,6 +594,7 @@ static ferry_status wait_requests(ferry__remote_client *cl, void **reqs, int n, 
             }
         }
         u->ucp_request_free(reqs[i]);
+        heard = ferry__now_ns();
         if (st != UCS_OK && first == UCS_OK)
             first = st;
     }
@@ -1062,13 +1067,22 @@ static ferry_status read_checked(ferry__remote_client *cl, const ferry_descripto
                            "libucx-cu13, or read into host memory)",
                            cl->address);
     uint32_t gen = 0, ack = 0;
-    void *reqs[3];
-    reqs[0] = get(cl, dst, d->length, cl->data_addr + d->offset, cl->data_rkey, gpu);
+    uint64_t pieces = (d->length + CLIENT_GET_PIECE - 1) / CLIENT_GET_PIECE;
+    void *few[8], **reqs = pieces + 2 <= 8 ? few : malloc((pieces + 2) * sizeof(*reqs));
+    if (!reqs)
+        return ferry__fail(FERRY_NO_MEMORY, "out of memory for a remote read's requests");
+    for (uint64_t i = 0; i < pieces; i++) {
+        uint64_t at = i * CLIENT_GET_PIECE, n = d->length - at;
+        reqs[i] = get(cl, (uint8_t *)dst + at, n < CLIENT_GET_PIECE ? n : CLIENT_GET_PIECE,
+                      cl->data_addr + d->offset + at, cl->data_rkey, gpu);
+    }
     /* The checks are read after the slice (a fence orders them behind it). */
     cl->node.ucx->ucp_worker_fence(cl->node.worker);
-    reqs[1] = get(cl, &gen, 4, cl->gen_addr + 4ull * d->slot, 0, 0);
-    reqs[2] = get(cl, &ack, 4, ack_word_addr(cl, d->slot), cl->control_rkey, 0);
-    st = wait_requests(cl, reqs, 3, "ucp_get_nbx");
+    reqs[pieces] = get(cl, &gen, 4, cl->gen_addr + 4ull * d->slot, 0, 0);
+    reqs[pieces + 1] = get(cl, &ack, 4, ack_word_addr(cl, d->slot), cl->control_rkey, 0);
+    st = wait_requests(cl, reqs, (int)(pieces + 2), "ucp_get_nbx");
+    if (reqs != few)
+        free(reqs);
     if (st == FERRY_OK && (gen != d->generation || ack == d->generation))
         st = stale(d, gen, cl->rank);
     return st;
