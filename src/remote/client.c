@@ -560,7 +560,7 @@ static void abandon(ferry__remote_client *cl)
  * the caller's memory until it ends), but by the producer's liveness: its connection ending,
  * or no request ending for the keepalive bound (a stopped producer keeps its TCP connection,
  * and the kernel answers its keepalives). What ends is what counts: the worker's progress
- * says nothing (UCX 1.22 reports progress of its own while the producer is stopped), and a
+ * says nothing (UCX 1.22 reports progress of its own while the producer is stopped), so a
  * read's slice is got in pieces of CLIENT_GET_PIECE, each ending well within the bound. */
 static ferry_status wait_requests(ferry__remote_client *cl, void **reqs, int n, const char *what)
 {
@@ -574,8 +574,9 @@ static ferry_status wait_requests(ferry__remote_client *cl, void **reqs, int n, 
             continue;
         ucs_status_t st;
         while ((st = u->ucp_request_check_status(reqs[i])) == UCS_INPROGRESS) {
-            if (u->ucp_worker_progress(cl->node.worker))
-                continue;
+            /* Looked at on every turn, busy or not: UCX 1.22's progress reports work of its
+             * own forever while the producer is stopped. */
+            int busy = u->ucp_worker_progress(cl->node.worker) != 0;
             uint64_t now = ferry__now_ns();
             if (now >= check) {
                 check = now + CLIENT_SLICE_NS;
@@ -588,7 +589,8 @@ static ferry_status wait_requests(ferry__remote_client *cl, void **reqs, int n, 
                     abandon(cl);
                 }
             }
-            if (now - start > CLIENT_SPIN_NS && u->ucp_worker_arm(cl->node.worker) == UCS_OK) {
+            if (!busy && now - start > CLIENT_SPIN_NS &&
+                u->ucp_worker_arm(cl->node.worker) == UCS_OK) {
                 struct pollfd p = {.fd = cl->node.efd, .events = POLLIN};
                 poll(&p, 1, 1);
             }
