@@ -7,8 +7,8 @@
  * regions. Every call holds the client's lock while it uses UCX (the worker is SERIALIZED)
  * and lets it go while it sleeps on the worker's event fd and the connection.
  *
- * A read never hands out another lease's bytes: after the get of the slice, a second pair of
- * gets (ordered after it by a fence) reads the slot's generation and this rank's
+ * A read never hands out another lease's bytes: once the get of the slice ended, a second pair
+ * of gets reads the slot's generation and this rank's
  * acknowledgement word; a slot reused or a lease acknowledged on this rank's behalf since
  * (after which the producer may free the slice) ends the read STALE. A small lease of a host
  * pool comes with its bytes inside its DESC (copied and checked by the producer while the
@@ -547,8 +547,11 @@ static void abandon(ferry__remote_client *cl)
                              .flags = UCP_EP_CLOSE_FLAG_FORCE};
     void *close_req = u->ucp_ep_close_nbx(cl->ep, &p);
     cl->ep = NULL;
+    /* A forced close ends locally; 100 ms at most all the same (a request freed before it
+     * ends is released by UCX when it does). */
+    uint64_t until = ferry__now_ns() + 100000000ull;
     while (close_req && !FERRY_UCS_PTR_IS_ERR(close_req) &&
-           u->ucp_request_check_status(close_req) == UCS_INPROGRESS)
+           u->ucp_request_check_status(close_req) == UCS_INPROGRESS && ferry__now_ns() < until)
         u->ucp_worker_progress(cl->node.worker);
     if (close_req && !FERRY_UCS_PTR_IS_ERR(close_req))
         u->ucp_request_free(close_req);
@@ -1070,7 +1073,7 @@ static ferry_status read_checked(ferry__remote_client *cl, const ferry_descripto
                            cl->address);
     uint32_t gen = 0, ack = 0;
     uint64_t pieces = (d->length + CLIENT_GET_PIECE - 1) / CLIENT_GET_PIECE;
-    void *few[8], **reqs = pieces + 2 <= 8 ? few : malloc((pieces + 2) * sizeof(*reqs));
+    void *few[8], **reqs = pieces <= 8 ? few : malloc(pieces * sizeof(*reqs));
     if (!reqs)
         return ferry__fail(FERRY_NO_MEMORY, "out of memory for a remote read's requests");
     for (uint64_t i = 0; i < pieces; i++) {
@@ -1078,13 +1081,17 @@ static ferry_status read_checked(ferry__remote_client *cl, const ferry_descripto
         reqs[i] = get(cl, (uint8_t *)dst + at, n < CLIENT_GET_PIECE ? n : CLIENT_GET_PIECE,
                       cl->data_addr + d->offset + at, cl->data_rkey, gpu);
     }
-    /* The checks are read after the slice (a fence orders them behind it). */
-    cl->node.ucx->ucp_worker_fence(cl->node.worker);
-    reqs[pieces] = get(cl, &gen, 4, cl->gen_addr + 4ull * d->slot, 0, 0);
-    reqs[pieces + 1] = get(cl, &ack, 4, ack_word_addr(cl, d->slot), cl->control_rkey, 0);
-    st = wait_requests(cl, reqs, (int)(pieces + 2), "ucp_get_nbx");
+    /* The checks are read once the slice is in (issued after its gets ended: a fence would
+     * order them too, but UCX 1.22's fence waits for the slice inside UCX, where nothing
+     * bounds the wait when the producer is stopped). */
+    st = wait_requests(cl, reqs, (int)pieces, "ucp_get_nbx");
     if (reqs != few)
         free(reqs);
+    if (st != FERRY_OK)
+        return st;
+    void *checks[2] = {get(cl, &gen, 4, cl->gen_addr + 4ull * d->slot, 0, 0),
+                       get(cl, &ack, 4, ack_word_addr(cl, d->slot), cl->control_rkey, 0)};
+    st = wait_requests(cl, checks, 2, "ucp_get_nbx");
     if (st == FERRY_OK && (gen != d->generation || ack == d->generation))
         st = stale(d, gen, cl->rank);
     return st;

@@ -34,7 +34,6 @@
     X(ucp_worker_get_efd, ucs_status_t, (ucp_worker_h, int *))                                     \
     X(ucp_worker_arm, ucs_status_t, (ucp_worker_h))                                                \
     X(ucp_worker_signal, ucs_status_t, (ucp_worker_h))                                             \
-    X(ucp_worker_fence, ucs_status_t, (ucp_worker_h))                                              \
     X(ucp_worker_set_am_recv_handler, ucs_status_t,                                                \
       (ucp_worker_h, const ucp_am_handler_param_t *))                                              \
     X(ucp_ep_create, ucs_status_t, (ucp_worker_h, const ucp_ep_params_t *, ucp_ep_h *))            \
