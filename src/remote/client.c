@@ -570,6 +570,7 @@ static ferry_status wait_requests(ferry__remote_client *cl, void **reqs, int n, 
     const ferry__ucx *u = cl->node.ucx;
     ucs_status_t first = UCS_OK;
     uint64_t start = ferry__now_ns(), check = start + CLIENT_SLICE_NS, heard = start;
+    uint64_t given_up = 0; /* when the endpoint was found given up */
     for (int i = 0; i < n; i++) {
         if (FERRY_UCS_PTR_IS_ERR(reqs[i]) && first == UCS_OK)
             first = FERRY_UCS_PTR_STATUS(reqs[i]);
@@ -592,6 +593,13 @@ static ferry_status wait_requests(ferry__remote_client *cl, void **reqs, int n, 
                     abandon(cl);
                 }
             }
+            /* A forced close ends the endpoint's requests at once (cancelled: UCX purges
+             * them); should one not end, it is let go after 100 ms rather than waited for
+             * forever (UCX releases a freed request when it ends). */
+            if (!cl->ep && !given_up)
+                given_up = now;
+            if (given_up && now - given_up > 100000000ull)
+                break;
             if (!busy && now - start > CLIENT_SPIN_NS &&
                 u->ucp_worker_arm(cl->node.worker) == UCS_OK) {
                 struct pollfd p = {.fd = cl->node.efd, .events = POLLIN};
