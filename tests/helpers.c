@@ -1,3 +1,5 @@
+#include <dirent.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -94,4 +96,29 @@ uint64_t th_scaled(uint64_t n, uint64_t min)
 {
     double v = (double)n * th_stress_scale();
     return v < (double)min ? min : (uint64_t)v;
+}
+
+int th_count_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    if (!d)
+        return -1;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n - 1;
+}
+
+long th_status_field(const char *name)
+{
+    char line[256];
+    long v = -1;
+    FILE *f = fopen("/proc/self/status", "r");
+    while (f && fgets(line, sizeof(line), f))
+        if (strncmp(line, name, strlen(name)) == 0)
+            v = strtol(line + strlen(name), NULL, 10);
+    if (f)
+        fclose(f);
+    return v;
 }

@@ -31,4 +31,12 @@ int th_sanitized(void);
 /* n scaled by th_stress_scale(), at least min. */
 uint64_t th_scaled(uint64_t n, uint64_t min);
 
+/* The descriptors this process has open (the listing's own left out); -1 if /proc/self/fd
+ * cannot be read. */
+int th_count_fds(void);
+
+/* The number after the field name (with its colon: "Threads:", "VmRSS:") in
+ * /proc/self/status; -1 if there is none. */
+long th_status_field(const char *name);
+
 #endif

@@ -1,6 +1,5 @@
 /* The pool broker: fd hand-off to real processes, refusals, client errors, fd hygiene,
  * concurrent connections, rank claims, fork and client timeouts. */
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
@@ -114,8 +113,8 @@ static int make_memfd(size_t size, uint64_t seed)
 
 static ferry__broker_config fixture_config(fixture *f)
 {
-    ferry__broker_config config = {f->pool_id, f->memfd,      POOL_SIZE, CONSUMERS,
-                                   LABEL,      record_attach, &f->log, NULL, NULL};
+    ferry__broker_config config = {f->pool_id,    f->memfd, POOL_SIZE, CONSUMERS, LABEL,
+                                   record_attach, &f->log,  NULL,      NULL};
     return config;
 }
 
@@ -283,19 +282,6 @@ static int raw_exchange(const uint8_t name[16], const void *buf, size_t len, int
     return raw_exchange_fds(name, buf, len, &fd_to_pass, fd_to_pass >= 0);
 }
 
-static int count_fds(void)
-{
-    DIR *d = opendir("/proc/self/fd");
-    struct dirent *e;
-    int n = 0;
-    assert_non_null(d);
-    while ((e = readdir(d)) != NULL)
-        if (e->d_name[0] != '.')
-            n++;
-    closedir(d);
-    return n;
-}
-
 /* A listening socket on a fresh random abstract name that nobody accepts from. */
 static int make_listener_with_backlog(uint8_t name[16], int backlog)
 {
@@ -312,6 +298,13 @@ static int make_listener_with_backlog(uint8_t name[16], int backlog)
 static int make_listener(uint8_t name[16])
 {
     return make_listener_with_backlog(name, 8);
+}
+
+static int count_fds(void)
+{
+    int n = th_count_fds();
+    assert_true(n >= 0);
+    return n;
 }
 
 /* Waits (5 s at most) until this process has want descriptors open, as count_fds counts

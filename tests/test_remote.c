@@ -321,6 +321,16 @@ static void hold_wait(void)
 
 /* ---- helper processes ------------------------------------------------------------------ */
 
+/* A helper's connect as rank (made for device), reported to the test: the consumer, or NULL
+ * when the connect failed. */
+static ferry_consumer *connect_reported(const char *addr, uint32_t rank, int device)
+{
+    ferry_consumer *c = NULL;
+    ferry_status st = ferry_consumer_connect(addr, rank, device, &c);
+    th_report(st, 0);
+    return st == FERRY_OK ? c : NULL;
+}
+
 /* "receiver ADDR RANK": connects, reports, then receives, reads (checking the stamp of every
  * byte) and acknowledges every lease until END or the producer is gone; reports how many it
  * verified. "hold ADDR RANK": receives (without acknowledging) until killed. "gone ADDR RANK":
@@ -328,11 +338,10 @@ static void hold_wait(void)
  * request (an ITEM message from the test marks the start). */
 static int receiver_main(const char *role, const char *addr, uint32_t rank)
 {
-    ferry_consumer *c = NULL;
-    ferry_status st = ferry_consumer_connect(addr, rank, -1, &c);
-    th_report(st, 0);
-    if (st != FERRY_OK)
+    ferry_consumer *c = connect_reported(addr, rank, -1);
+    if (!c)
         return 1;
+    ferry_status st;
     uint64_t verified = 0;
     size_t cap = 17u << 20;
     uint8_t *buf = malloc(cap);
@@ -375,11 +384,10 @@ static int receiver_main(const char *role, const char *addr, uint32_t rank)
  * to that end. */
 static int gone_main(const char *addr, uint32_t rank)
 {
-    ferry_consumer *c = NULL;
-    ferry_status st = ferry_consumer_connect(addr, rank, -1, &c);
-    th_report(st, 0);
-    if (st != FERRY_OK)
+    ferry_consumer *c = connect_reported(addr, rank, -1);
+    if (!c)
         return 1;
+    ferry_status st;
     static uint8_t buf[1 << 16];
     /* The clock starts at the test's ITEM, taken before anything can end the loop (a helper
      * that leaves with it unread resets its channel: the test would lose the RESULT). */
@@ -409,11 +417,10 @@ static int gone_main(const char *addr, uint32_t rank)
  * the status the read ended with and, in count, how many milliseconds it took. */
 static int stalled_main(const char *addr, uint32_t rank)
 {
-    ferry_consumer *c = NULL;
-    ferry_status st = ferry_consumer_connect(addr, rank, -1, &c);
-    th_report(st, 0);
-    if (st != FERRY_OK)
+    ferry_consumer *c = connect_reported(addr, rank, -1);
+    if (!c)
         return 1;
+    ferry_status st;
     static uint8_t buf[1 << 20];
     ferry_descriptor d;
     size_t k;
@@ -433,11 +440,10 @@ static int stalled_main(const char *addr, uint32_t rank)
  * (and copied back to be checked), odd ones into host memory. */
 static int gpu_receiver_main(const char *addr, uint32_t rank)
 {
-    ferry_consumer *c = NULL;
-    ferry_status st = ferry_consumer_connect(addr, rank, 0, &c);
-    th_report(st, 0);
-    if (st != FERRY_OK)
+    ferry_consumer *c = connect_reported(addr, rank, 0);
+    if (!c)
         return 1;
+    ferry_status st;
     size_t cap = 65u << 20;
     uint8_t *host = malloc(cap);
     void *dev = NULL;
@@ -480,30 +486,6 @@ static int gpu_receiver_main(const char *addr, uint32_t rank)
 
 /* "cycles ADDR N": connects and closes N times as rank 0; reports OK only if this process's
  * fds, threads and memory after the cycles are what they were after the first ten. */
-static int count_fds(void)
-{
-    int n = 0;
-    DIR *d = opendir("/proc/self/fd");
-    for (struct dirent *e; d && (e = readdir(d));)
-        n += e->d_name[0] != '.';
-    if (d)
-        closedir(d);
-    return n;
-}
-
-static long status_field(const char *name)
-{
-    char line[256];
-    long v = -1;
-    FILE *f = fopen("/proc/self/status", "r");
-    while (f && fgets(line, sizeof(line), f))
-        if (strncmp(line, name, strlen(name)) == 0)
-            v = strtol(line + strlen(name), NULL, 10);
-    if (f)
-        fclose(f);
-    return v;
-}
-
 static int cycles_main(const char *addr, uint64_t n)
 {
     int fds0 = 0;
@@ -517,16 +499,16 @@ static int cycles_main(const char *addr, uint64_t n)
         }
         ferry_consumer_destroy(c);
         if (i == 9) { /* settled in: both sides count from here */
-            fds0 = count_fds();
-            threads0 = status_field("Threads:");
-            rss0 = status_field("VmRSS:");
+            fds0 = th_count_fds();
+            threads0 = th_status_field("Threads:");
+            rss0 = th_status_field("VmRSS:");
             th_msg m = {.type = TH_MSG_ITEM};
             th_send_msg(TH_CHANNEL_FD, &m);
             th_recv_msg(TH_CHANNEL_FD, &m, -1); /* the producer counted its own */
         }
     }
-    int fds = count_fds();
-    long threads = status_field("Threads:"), rss = status_field("VmRSS:");
+    int fds = th_count_fds();
+    long threads = th_status_field("Threads:"), rss = th_status_field("VmRSS:");
     char text[256];
     snprintf(text, sizeof(text), "fds %d -> %d, threads %ld -> %ld, rss %ld -> %ld kB", fds0, fds,
              threads0, threads, rss0, rss);
@@ -1181,8 +1163,8 @@ static void test_connect_close_cycles(void **state)
     uint64_t t0 = ferry_now_ns();
     while (th_stats(pool).remote_connected && ms_since(t0) < 5000)
         usleep(10000);
-    int fds0 = count_fds();
-    long threads0 = status_field("Threads:");
+    int fds0 = th_count_fds();
+    long threads0 = th_status_field("Threads:");
     th_send_type(h.fd, TH_MSG_ITEM);
     m = th_finish_helper(&h, 600000);
     fprintf(stderr, "test_remote: %s\n", m.text);
@@ -1197,11 +1179,11 @@ static void test_connect_close_cycles(void **state)
     assert_int_equal(th_stats(pool).remote_admitted, cycles);
     /* UCX closes a departed peer's transport socket when it next progresses: one or two may
      * come and go; a leak would grow with the cycles. */
-    int fds = count_fds();
+    int fds = th_count_fds();
     fprintf(stderr, "test_remote: the producer's fds %d -> %d over %llu cycles\n", fds0, fds,
             (unsigned long long)cycles);
     assert_true(fds <= fds0 + 2);
-    assert_int_equal(status_field("Threads:"), threads0);
+    assert_int_equal(th_status_field("Threads:"), threads0);
     ferry_pool_destroy(pool);
 }
 

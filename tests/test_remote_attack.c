@@ -12,7 +12,6 @@
 #include <cmocka.h>
 
 #include <arpa/inet.h>
-#include <dirent.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -94,30 +93,6 @@ static void sleep_ms(int ms)
             sleep_ms(2);                                                                           \
         v_;                                                                                        \
     })
-
-static int count_fds(void)
-{
-    int n = 0;
-    DIR *d = opendir("/proc/self/fd");
-    for (struct dirent *e; d && (e = readdir(d));)
-        n += e->d_name[0] != '.';
-    if (d)
-        closedir(d);
-    return n;
-}
-
-static long status_field(const char *name)
-{
-    char line[256];
-    long v = -1;
-    FILE *f = fopen("/proc/self/status", "r");
-    while (f && fgets(line, sizeof(line), f))
-        if (strncmp(line, name, strlen(name)) == 0)
-            v = strtol(line + strlen(name), NULL, 10);
-    if (f)
-        fclose(f);
-    return v;
-}
 
 /* ---- raw TCP ------------------------------------------------------------------------------ */
 
@@ -1338,12 +1313,12 @@ static void test_welcome_that_lies(void **state)
                         ferry_status_name(st), ferry_last_error());
             assert_int_equal(st, FERRY_MISMATCH);
             if (k == 1) {
-                fds0 = count_fds();
-                threads0 = status_field("Threads:");
+                fds0 = th_count_fds();
+                threads0 = th_status_field("Threads:");
             }
         }
-        assert_int_equal(count_fds(), fds0);
-        assert_int_equal(status_field("Threads:"), threads0);
+        assert_int_equal(th_count_fds(), fds0);
+        assert_int_equal(th_status_field("Threads:"), threads0);
         th_send_type(h.fd, TH_MSG_DONE);
         th_reap_helper(&h);
     }
@@ -1704,15 +1679,15 @@ static int refused_cycles_main(const char *addr, uint64_t n)
             return 1;
         }
         if (i == 9) {
-            fds0 = count_fds();
-            threads0 = status_field("Threads:");
+            fds0 = th_count_fds();
+            threads0 = th_status_field("Threads:");
         }
     }
     th_msg m = {.type = TH_MSG_RESULT, .seed = n};
     m.status =
-        count_fds() == fds0 && status_field("Threads:") == threads0 ? FERRY_OK : FERRY_SYSTEM;
-    snprintf(m.text, sizeof(m.text), "fds %d -> %d, threads %ld -> %ld", fds0, count_fds(),
-             threads0, status_field("Threads:"));
+        th_count_fds() == fds0 && th_status_field("Threads:") == threads0 ? FERRY_OK : FERRY_SYSTEM;
+    snprintf(m.text, sizeof(m.text), "fds %d -> %d, threads %ld -> %ld", fds0, th_count_fds(),
+             threads0, th_status_field("Threads:"));
     th_send_msg(TH_CHANNEL_FD, &m);
     return 0;
 }
@@ -1757,9 +1732,9 @@ static void test_killed_during_bootstrap(void **state)
         ferry_consumer_destroy(c);
         assert_int_equal(WAIT_STAT(pool, remote_connected, 0, 3000), 0);
         if (fds0 < 0)
-            fds0 = count_fds();
+            fds0 = th_count_fds();
     }
-    int fds = count_fds();
+    int fds = th_count_fds();
     fprintf(stderr, "test_remote_attack: the producer's fds %d -> %d\n", fds0, fds);
     assert_true(fds <= fds0 + 2);
     ferry_pool_destroy(pool);
@@ -1809,16 +1784,16 @@ static void test_refused_cycles(void **state)
     address_of(pool, addr, &a);
     uint64_t cycles = th_scaled(200, 30);
     snprintf(n, sizeof(n), "%llu", (unsigned long long)cycles);
-    int fds0 = count_fds();
-    long threads0 = status_field("Threads:");
+    int fds0 = th_count_fds();
+    long threads0 = th_status_field("Threads:");
     th_helper h = th_spawn_helper("refused-cycles", addr, n);
     th_msg m = th_finish_helper(&h, 120000);
     fprintf(stderr, "test_remote_attack: %llu refused twice: %s\n", (unsigned long long)cycles,
             m.text);
     assert_int_equal(m.status, FERRY_OK);
     assert_int_equal(th_stats(pool).remote_refused, 2 * cycles);
-    assert_true(count_fds() <= fds0 + 2);
-    assert_int_equal(status_field("Threads:"), threads0);
+    assert_true(th_count_fds() <= fds0 + 2);
+    assert_int_equal(th_status_field("Threads:"), threads0);
     ferry_pool_destroy(pool);
 }
 

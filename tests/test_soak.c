@@ -11,7 +11,6 @@
  * Both measure the consumer's footprint (open fds, mappings, RSS) after a warm-up and at the
  * end, print it, and require it flat: fds exactly, mappings within +4, RSS within 4 MiB.
  * Counts scale with th_stress_scale() (FERRY_STRESS_SCALE; less under sanitizers). */
-#include <dirent.h>
 #include <errno.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -67,26 +66,14 @@ typedef struct footprint {
     unsigned long long rss; /* bytes */
 } footprint;
 
-static long count_fds_once(void)
-{
-    DIR *dir = opendir("/proc/self/fd");
-    long n = 0;
-    if (!dir)
-        return -1;
-    for (struct dirent *e; (e = readdir(dir));)
-        n += e->d_name[0] != '.';
-    closedir(dir);
-    return n - 1; /* the directory's own fd */
-}
-
 /* ferry's own threads open fds for a moment (the reclaimer reads /proc/<pid>/stat, the
  * broker accepts a connection): the fewest of a few looks is what the process holds. */
 static long count_fds(void)
 {
-    long least = count_fds_once();
+    long least = th_count_fds();
     for (int i = 0; i < 8; i++) {
         usleep(1000);
-        long n = count_fds_once();
+        long n = th_count_fds();
         if (n < least)
             least = n;
     }
