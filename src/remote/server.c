@@ -10,8 +10,9 @@
  * that remote reads emulated over active messages (tcp) are served whenever they arrive.
  *
  * Forwarding: an admitted rank's descriptor ring in the shared segment is consumed by this
- * thread, as a local consumer's process would consume it: entries are taken from head (each
- * checked as a consumer checks them: well formed, this pool's, a current lease, ready) and
+ * thread with the receiver's half of the ring (shm/ring.c), as a local consumer's process
+ * consumes it: each lease at head is checked as a consumer checks it (well formed, this
+ * pool's, its parts in order, current), taken once it is ready and the window has room, and
  * sent as one FERRY_AM_DESC per lease, with the lease's extent. At most ring_depth
  * descriptors are on their way to one consumer; its FERRY_AM_TAKEN messages open the window
  * again. A small lease of a host pool travels inline: its bytes follow its descriptor in the
@@ -41,6 +42,7 @@
 #include "common/proc.h"
 #include "driver/driver.h"
 #include "shm/layout.h"
+#include "shm/ring.h"
 #include "remote/remote.h"
 #include "remote/ucx.h"
 #include "wire/remote.h"
@@ -109,7 +111,7 @@ struct ferry__remote_server {
     conn **by_rank;       /* admitted connections by rank (thread) */
     pthread_mutex_t lock; /* guards counts */
     ferry__remote_counts counts;
-    uint8_t *entries; /* the thread's copy of the entries it forwards (ring_depth of them) */
+    ferry_descriptor *descs; /* the lease the thread forwards (ring_depth parts at most) */
     /* The pool's slot generations, and its data when leases can travel inline (host memory
      * in region 1, which this thread reads as a local consumer would); else NULL. */
     uint32_t *generations;
@@ -499,55 +501,32 @@ static ferry__ring *ring_of(ferry__remote_server *s, uint32_t rank)
     return (ferry__ring *)(s->cfg.rings + (uint64_t)rank * s->cfg.ring_stride);
 }
 
-static void entry_copy(ferry__ring *ring, uint32_t depth, uint32_t i, uint8_t *out)
-{
-    const uint8_t *e = ferry__ring_entry(ring, depth, i);
-    for (size_t w = 0; w < FERRY_DESCRIPTOR_SIZE; w += 8) {
-        uint64_t v = ferry__load_relaxed64((const uint64_t *)(e + w));
-        memcpy(out + w, &v, 8);
-    }
-}
-
-/* The lease at a ring's head, as look_at found it. */
+/* The lease at a ring's head, as the pool described it. */
 typedef struct lease_at {
-    uint32_t k; /* its entries (parts) */
-    int ready;  /* it may be forwarded now */
+    int ready; /* it may be forwarded now */
     uint32_t slot, generation;
     uint64_t offset, length; /* its extent */
 } lease_at;
 
-/* Checks the lease at ring position head: its entries (copied into out) and state in *l;
- * -1 if the entries are not a current lease of this pool (the caller drops l->k of them: one
- * if they are not even well formed). */
-static int look_at(ferry__remote_server *s, conn *c, ferry__ring *ring, uint32_t head,
-                   uint32_t queued, uint8_t *out, lease_at *l)
+/* What a look at a rank's ring asks the pool of the lease at head (ferry__ring_reader's
+ * current): whether it is still the rank's, with its state in *l. */
+typedef struct lease_look {
+    ferry__remote_server *s;
+    conn *c;
+    lease_at *l;
+} lease_look;
+
+static int lease_current(void *arg, const ferry_descriptor *d)
 {
-    uint32_t depth = s->cfg.ring_depth;
-    ferry_descriptor d0, d;
-    l->k = 1;
-    entry_copy(ring, depth, head, out);
-    if (ferry_descriptor_decode(out, FERRY_DESCRIPTOR_SIZE, &d0) != FERRY_OK ||
-        memcmp(d0.pool_id, s->cfg.pool_id, 16) != 0 || d0.slot >= s->cfg.max_inflight ||
-        (d0.flags & FERRY_DESC_FLAG_POOL_ONLY))
-        return -1;
-    uint32_t parts = d0.part_count ? d0.part_count : 1;
-    if (parts > queued || parts > depth || (d0.part_count && d0.part_index != 0))
-        return -1;
-    for (uint32_t i = 1; i < parts; i++) {
-        uint8_t *e = out + (size_t)i * FERRY_DESCRIPTOR_SIZE;
-        entry_copy(ring, depth, head + i, e);
-        if (ferry_descriptor_decode(e, FERRY_DESCRIPTOR_SIZE, &d) != FERRY_OK ||
-            memcmp(d.pool_id, d0.pool_id, 16) != 0 || d.slot != d0.slot ||
-            d.generation != d0.generation || d.part_count != d0.part_count || d.part_index != i)
-            return -1;
-    }
-    l->k = parts;
-    l->slot = d0.slot;
-    l->generation = d0.generation;
-    return s->cfg.hooks.lease(s->cfg.hooks.user, d0.slot, d0.generation, c->rank, &l->ready,
-                              &l->offset, &l->length) == FERRY_OK
-               ? 0
-               : -1;
+    lease_look *look = arg;
+    lease_at *l = look->l;
+    ferry__remote_server *s = look->s;
+    if (d->flags & FERRY_DESC_FLAG_POOL_ONLY)
+        return 0;
+    l->slot = d->slot;
+    l->generation = d->generation;
+    return s->cfg.hooks.lease(s->cfg.hooks.user, d->slot, d->generation, look->c->rank, &l->ready,
+                              &l->offset, &l->length) == FERRY_OK;
 }
 
 void (*ferry__remote_test_before_copy)(uint32_t slot, uint32_t generation);
@@ -587,14 +566,20 @@ static int copy_inline(ferry__remote_server *s, const lease_at *l, uint8_t *out)
 /* Sends a lease's DESC: its entries and, for a small lease (one descriptor, at most
  * FERRY_REMOTE_INLINE_MAX bytes) of a host pool, its bytes (without them if the lease moved
  * on while they were copied: the consumer's gets then find it STALE). */
-static int send_desc(ferry__remote_server *s, conn *c, const lease_at *l)
+static int send_desc(ferry__remote_server *s, conn *c, const lease_at *l, uint32_t k)
 {
-    size_t n = (size_t)l->k * FERRY_DESCRIPTOR_SIZE;
-    int inl = s->inline_data && l->k == 1 && l->length && l->length <= FERRY_REMOTE_INLINE_MAX;
+    size_t n = (size_t)k * FERRY_DESCRIPTOR_SIZE;
+    int inl = s->inline_data && k == 1 && l->length && l->length <= FERRY_REMOTE_INLINE_MAX;
     am_buf *b = am_buf_new(s, n + (inl ? l->length : 0));
     if (!b)
         return -1;
-    memcpy(b->bytes + FERRY_AM_HEADER, s->entries, n);
+    for (uint32_t i = 0; i < k; i++)
+        if (ferry_descriptor_encode(&s->descs[i], b->bytes + FERRY_AM_HEADER +
+                                                      (size_t)i * FERRY_DESCRIPTOR_SIZE) !=
+            FERRY_OK) {
+            free(b);
+            return -1;
+        }
     ferry__am m = {.type = FERRY_AM_DESC,
                    .conn_id = c->id,
                    .token = c->token,
@@ -607,58 +592,54 @@ static int send_desc(ferry__remote_server *s, conn *c, const lease_at *l)
     return am_send(s, c, &m, b, n);
 }
 
-/* Moves head from h to h + k (only this thread moves a remote rank's head; a stray write by
- * another process makes the exchange fail, and the caller looks again). */
-static int advance(ferry__ring *ring, uint32_t h, uint32_t k)
-{
-    if (!ferry__cas_seqcst32(&ring->head, &h, h + k))
-        return 0;
-    if (ferry__load_seqcst32(&ring->senders))
-        ferry__futex_wake_all(&ring->head);
-    return 1;
-}
-
-/* Sends what the rank's ring holds, as far as the consumer's window and readiness allow. */
+/* Sends what the rank's ring holds, as far as the consumer's window and readiness allow. The
+ * ring is read as a local receiver reads it (shm/ring.c): the lease at head is looked at,
+ * checked and, once forwarded, taken. */
 static void forward(ferry__remote_server *s, conn *c)
 {
+    static const uint32_t never = 0; /* the pool's closing ends this thread instead */
     ferry__ring *ring = ring_of(s, c->rank);
     uint32_t depth = s->cfg.ring_depth;
+    lease_at l;
+    lease_look look = {s, c, &l};
+    ferry__ring_reader r = {.ring = ring,
+                            .depth = depth,
+                            .rank = c->rank,
+                            .pool_id = s->cfg.pool_id,
+                            .max_inflight = s->cfg.max_inflight,
+                            .current = lease_current,
+                            .arg = &look};
     c->not_ready = 0;
     while (!c->failed && !c->leaving) {
-        uint32_t head = ferry__load_acquire32(&ring->head);
-        uint32_t tail = ferry__load_acquire32(&ring->tail);
-        if (head == tail) {
-            /* Ask senders to signal the notify fd, then look once more (Dekker with the
-             * sender's tail store and its exchange of armed). */
-            ferry__store_seqcst32(&ring->armed, 1);
-            if (ferry__load_seqcst32(&ring->tail) == head)
-                break;
-            continue;
+        size_t k;
+        uint32_t head, before = ferry__load_acquire32(&ring->head);
+        int got = ferry__ring_peek(&r, s->descs, depth, &k, &head);
+        if (got == FERRY__RING_EMPTY) {
+            if (ferry__ring_arm(ring, &never))
+                continue; /* entries came in meanwhile */
+            break;
         }
-        if (tail - head > depth) { /* a stray write: what is queued is unknowable */
+        if (got != FERRY_OK) { /* a stray write into the ring */
             count_add(s, &s->counts.bad_messages, 1);
-            advance(ring, head, tail - head);
-            continue;
-        }
-        lease_at l = {.ready = 0};
-        if (look_at(s, c, ring, head, tail - head, s->entries, &l) != 0) {
-            advance(ring, head, l.k); /* not a current lease of this pool: dropped */
-            continue;
+            if (ferry__load_acquire32(&ring->head) != before)
+                continue;     /* what was malformed was taken off */
+            c->not_ready = 1; /* a corrupt ring, until the producer mends it: look again soon */
+            break;
         }
         if (!l.ready) {
             c->not_ready = 1;
             break;
         }
-        if (depth - (c->sent - c->taken) < l.k)
+        if (depth - (c->sent - c->taken) < k)
             break; /* the consumer's window is full: its TAKEN opens it again */
-        if (!advance(ring, head, l.k))
+        if (!ferry__ring_advance(ring, head, (uint32_t)k))
             continue;
-        if (send_desc(s, c, &l) != 0) {
+        if (send_desc(s, c, &l, (uint32_t)k) != 0) {
             c->failed = 1;
             break;
         }
-        c->sent += l.k;
-        count_add(s, &s->counts.forwarded, l.k);
+        c->sent += (uint32_t)k;
+        count_add(s, &s->counts.forwarded, k);
     }
 }
 
@@ -1128,7 +1109,7 @@ static void release(ferry__remote_server *s)
     if (s->wake_fd >= 0)
         close(s->wake_fd);
     pthread_mutex_destroy(&s->lock);
-    free(s->entries);
+    free(s->descs);
     free(s->by_rank);
     free(s);
 }
@@ -1185,8 +1166,8 @@ ferry_status ferry__remote_start(const ferry__remote_config *config, ferry__remo
     s->cfg.listen = config->listen;
     inline_source(s);
     s->by_rank = calloc(config->consumers, sizeof(*s->by_rank));
-    s->entries = malloc((size_t)config->ring_depth * FERRY_DESCRIPTOR_SIZE);
-    ferry_status st = s->by_rank && s->entries
+    s->descs = malloc((size_t)config->ring_depth * sizeof(*s->descs));
+    ferry_status st = s->by_rank && s->descs
                           ? start_steps(s)
                           : ferry__fail(FERRY_NO_MEMORY, "out of memory for the remote server");
     s->cfg.listen = NULL; /* the caller's string is not kept */
@@ -1238,7 +1219,7 @@ void ferry__remote_forget(ferry__remote_server *s)
         close(s->epoll_fd);
     if (s->wake_fd >= 0)
         close(s->wake_fd);
-    free(s->entries);
+    free(s->descs);
     free(s->by_rank);
     free(s);
 }

@@ -179,8 +179,18 @@ static int look_at_head(const ferry__ring_reader *r, uint32_t head, uint32_t tai
     return r->current(r->arg, &descs[0]) ? FERRY_OK : LOOK_SKIP;
 }
 
-int ferry__ring_take(const ferry__ring_reader *r, ferry_descriptor *descs, size_t max,
-                     size_t *count)
+int ferry__ring_advance(ferry__ring *ring, uint32_t head, uint32_t k)
+{
+    /* seq_cst: the store half of a Dekker pair with a sender's sleep on head. */
+    if (!ferry__cas_seqcst32(&ring->head, &head, head + k))
+        return 0;
+    if (ferry__load_seqcst32(&ring->senders))
+        ferry__futex_wake_all(&ring->head);
+    return 1;
+}
+
+int ferry__ring_peek(const ferry__ring_reader *r, ferry_descriptor *descs, size_t max,
+                     size_t *count, uint32_t *at)
 {
     ferry__ring *ring = r->ring;
     for (;;) {
@@ -198,23 +208,38 @@ int ferry__ring_take(const ferry__ring_reader *r, ferry_descriptor *descs, size_
         }
         size_t k;
         int got = look_at_head(r, head, tail, descs, max, &k);
-        if (got == FERRY_OK && k > max) {
-            if (ferry__load_after_reads32(&ring->head) != head)
+        if (got == FERRY_OK) {
+            *count = k;
+            *at = head;
+            return FERRY_OK;
+        }
+        if (!ferry__ring_advance(ring, head, (uint32_t)k))
+            continue; /* another thread took them: the copies may be torn */
+        if (got != LOOK_SKIP)
+            return got;
+    }
+}
+
+int ferry__ring_take(const ferry__ring_reader *r, ferry_descriptor *descs, size_t max,
+                     size_t *count)
+{
+    for (;;) {
+        size_t k;
+        uint32_t head;
+        int got = ferry__ring_peek(r, descs, max, &k, &head);
+        if (got != FERRY_OK)
+            return got;
+        if (k > max) {
+            if (ferry__load_after_reads32(&r->ring->head) != head)
                 continue; /* the copies may be torn */
             *count = k;
             return ferry__fail(FERRY_INVALID_ARGUMENT,
                                "the next lease has %zu tensors; the output holds %zu", k, max);
         }
-        /* seq_cst: the store half of a Dekker pair with a sender's sleep on head. */
-        if (!ferry__cas_seqcst32(&ring->head, &head, head + (uint32_t)k))
+        if (!ferry__ring_advance(r->ring, head, (uint32_t)k))
             continue; /* another thread took them: the copies may be torn */
-        if (ferry__load_seqcst32(&ring->senders))
-            ferry__futex_wake_all(&ring->head);
-        if (got == LOOK_SKIP)
-            continue;
-        if (got == FERRY_OK)
-            *count = k;
-        return got;
+        *count = k;
+        return FERRY_OK;
     }
 }
 

@@ -86,6 +86,18 @@ typedef struct ferry__ring_reader {
     void *arg;
 } ferry__ring_reader;
 
+/* Looks at the next current lease at head without taking it: FERRY_OK with its parts'
+ * number in *count, those that fit in max decoded into descs, and the head they were found
+ * at in *at (the copies hold only if ferry__ring_advance from there succeeds); otherwise as
+ * ferry__ring_take (what is no longer current, or malformed, is taken off on the way). */
+int ferry__ring_peek(const ferry__ring_reader *r, ferry_descriptor *descs, size_t max,
+                     size_t *count, uint32_t *at);
+
+/* Moves head from at to at + k: 1, or 0 if head is no longer at (another thread took the
+ * entries, or a stray write moved it: the copies made at it may be torn). Wakes the senders
+ * waiting for room. */
+int ferry__ring_advance(ferry__ring *ring, uint32_t at, uint32_t k);
+
 /* Takes the next current lease's entries at head: FERRY_OK with its descriptors in descs and
  * their number in *count, FERRY__RING_EMPTY, or an error (INVALID_ARGUMENT with *count set to
  * the lease's parts when it has more than max: the entries stay queued; MALFORMED for a
