@@ -23,6 +23,16 @@ static void hook_detach(void *user, uint32_t rank, uint32_t conn)
     ferry__ranks_detach_remote(user, rank, conn);
 }
 
+/* 1 if the slot holds the lease (slot, generation), not cancelled, in a pool still open, and
+ * the control words are in view (a GPU pool's device table copied to its mirror). Under the
+ * pool's lock. */
+static int holds_locked(ferry_pool *pool, uint32_t slot, uint32_t generation)
+{
+    const ferry__slot *s = &pool->slots[slot];
+    return !pool->closing && s->inflight_pos != FERRY_NIL && s->generation == generation &&
+           !s->cancelled && pool->ops->sync_control(&pool->mem) == FERRY_OK;
+}
+
 /* A lease is the rank's to read while its slot holds it (not cancelled) and the rank's
  * acknowledgement is not written. Under the pool's lock, from the producer's own records:
  * nothing here comes from memory another process can write, but the control words. */
@@ -34,8 +44,7 @@ static ferry_status hook_lease(void *user, uint32_t slot, uint32_t generation, u
     pthread_mutex_lock(&pool->lock);
     const ferry__slot *s = &pool->slots[slot];
     const ferry__shm_layout *l = &pool->mem.shm.layout;
-    if (!pool->closing && s->inflight_pos != FERRY_NIL && s->generation == generation &&
-        !s->cancelled && pool->ops->sync_control(&pool->mem) == FERRY_OK &&
+    if (holds_locked(pool, slot, generation) &&
         ferry__load_acquire32(&pool->mem.control[ferry__shm_ack_word(l, slot, rank)]) !=
             generation) {
         *ready =
@@ -57,9 +66,7 @@ static void hook_ack(void *user, uint32_t slot, uint32_t generation, uint32_t fi
     const ferry__shm_layout *l = &pool->mem.shm.layout;
     uint64_t written = 0;
     pthread_mutex_lock(&pool->lock);
-    const ferry__slot *s = &pool->slots[slot];
-    if (!pool->closing && s->inflight_pos != FERRY_NIL && s->generation == generation &&
-        !s->cancelled && pool->ops->sync_control(&pool->mem) == FERRY_OK) {
+    if (holds_locked(pool, slot, generation)) {
         for (uint32_t r = first; r < first + count; r++) {
             uint64_t w = ferry__shm_ack_word(l, slot, r);
             if (ferry__load_acquire32(&pool->mem.control[w]) != generation &&
