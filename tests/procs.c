@@ -1,4 +1,5 @@
 #include <setjmp.h>
+#include <signal.h>
 #include <spawn.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -77,6 +78,14 @@ void th_reap_helper(th_helper *h)
     int status;
     waitpid(h->pid, &status, 0);
     close(h->fd);
+}
+
+void th_stop_helper(const th_helper *h)
+{
+    int status = 0;
+    assert_int_equal(kill(h->pid, SIGSTOP), 0);
+    assert_int_equal(waitpid(h->pid, &status, WUNTRACED), h->pid);
+    assert_true(WIFSTOPPED(status));
 }
 
 void th_assert_result(th_msg m, uint64_t count)

@@ -40,6 +40,9 @@ void th_send_type(int fd, uint32_t type);
 th_msg th_finish_helper(th_helper *h, int timeout_ms);
 /* Waits for a helper's exit (one that was killed). */
 void th_reap_helper(th_helper *h);
+/* Stops a helper (SIGSTOP) and returns once every thread of it has stopped: kill() alone
+ * returns before that, and a thread may still run for a moment. SIGCONT lets it go on. */
+void th_stop_helper(const th_helper *h);
 /* Fails the test unless the result is OK with count items. */
 void th_assert_result(th_msg m, uint64_t count);
 

@@ -745,7 +745,7 @@ static void test_producer_stopped(void **state)
     assert_int_equal(th_send_msg(prod.fd, &item), 0);
     assert_int_equal(th_recv_msg(cons.fd, &m, 10000), 0); /* received */
     assert_int_equal(m.status, FERRY_OK);
-    kill(prod.pid, SIGSTOP);
+    th_stop_helper(&prod);
     th_send_type(cons.fd, TH_MSG_ITEM);
     int answered = th_recv_msg(cons.fd, &m, 6000);
     kill(prod.pid, SIGCONT);

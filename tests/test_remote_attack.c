@@ -954,7 +954,7 @@ static void test_leader_acks_then_leaves(void **state)
         producer_ask(&prod, 10 + (uint64_t)i); /* a lease for both ranks */
         assert_int_equal(th_recv_msg(h.fd, &m, 10000), 0);
         assert_int_equal(m.status, FERRY_OK); /* it has it */
-        kill(prod.pid, SIGSTOP);
+        th_stop_helper(&prod);
         th_send_type(h.fd, TH_MSG_ITEM);
         m = th_finish_helper(&h, 10000);
         kill(prod.pid, SIGCONT);
