@@ -14,7 +14,7 @@ import struct
 import sys
 
 MAGIC = 0x55595246  # "FRYU"
-VERSION = 2
+VERSION = 3
 INLINE_MAX = 16384  # the most bytes a DESC carries inline
 
 
@@ -71,11 +71,12 @@ def files():
     # inline: one descriptor (256 bytes) and the extent's 1024 bytes, 1280 = 80 x 16
     yield "valid-am-desc-inline", 80, am(1, flags=1, body=struct.pack("<QQ", 4096, 1024))
     yield "valid-am-ack", 0, am(2, body=ack)
+    yield "valid-am-ack-partial", 0, am(2, flags=1, body=ack)
     yield "valid-am-taken", 0, am(3, body=struct.pack("<I12x", 17))
     yield "valid-am-info", 2, am(4, flags=1)
     yield "invalid-empty", 0, b""
     yield "invalid-hello-magic", 0, b"X" + hello()[1:]
-    yield "invalid-hello-version", 0, header(1, 208, version=1) + hello()[16:]
+    yield "invalid-hello-version", 0, header(1, 208, version=2) + hello()[16:]
     yield "invalid-hello-reserved", 0, hello(reserved=1)
     yield "invalid-hello-size", 0, hello(size=4000)
     yield "invalid-hello-truncated", 0, hello()[:100]
@@ -95,6 +96,7 @@ def files():
     yield "invalid-am-desc-inline-over", 255, am(1, flags=1,
                                                  body=struct.pack("<QQ", 0, INLINE_MAX + 16))
     yield "invalid-am-ack-payload", 16, am(2, body=ack)
+    yield "invalid-am-ack-flags", 0, am(2, flags=2, body=ack)
     yield "invalid-am-taken-reserved", 0, am(3, body=struct.pack("<I4xQ", 1, 1))
     yield "invalid-am-type", 0, am(9)
 

@@ -436,6 +436,40 @@ static int stalled_main(const char *addr, uint32_t rank)
     return 0;
 }
 
+/* "parts ADDR RANK": connects, reports, receives the three parts of one packed lease and
+ * reports how many came; at the test's first ITEM acknowledges part 0 for ranks [0, 2) (as
+ * their leader), at its second parts 1 and 2, reporting each time; stays connected until
+ * the test's DONE. */
+static int parts_main(const char *addr, uint32_t rank)
+{
+    ferry_consumer *c = connect_reported(addr, rank, -1);
+    if (!c)
+        return 1;
+    ferry_descriptor d[3];
+    size_t got = 0;
+    ferry_status st = FERRY_OK;
+    while (st == FERRY_OK && got < 3) {
+        size_t k = 0;
+        st = ferry_consumer_recv(c, 10000 * MS, d + got, 3 - got, &k);
+        got += k;
+    }
+    th_report(st, got);
+    th_msg go;
+    if (st == FERRY_OK && th_recv_msg(TH_CHANNEL_FD, &go, 10000) == 0) {
+        st = ferry_consumer_ack_range(c, &d[0], 0, 2);
+        th_report(st, 1);
+    }
+    if (st == FERRY_OK && th_recv_msg(TH_CHANNEL_FD, &go, 10000) == 0) {
+        st = ferry_consumer_ack_range(c, &d[1], 0, 2);
+        if (st == FERRY_OK)
+            st = ferry_consumer_ack_range(c, &d[2], 0, 2);
+        th_report(st, 3);
+    }
+    th_recv_msg(TH_CHANNEL_FD, &go, 10000);
+    ferry_consumer_destroy(c);
+    return 0;
+}
+
 /* "gpu-receiver ADDR RANK": as "receiver", made for GPU 0: even items are read into GPU memory
  * (and copied back to be checked), odd ones into host memory. */
 static int gpu_receiver_main(const char *addr, uint32_t rank)
@@ -576,6 +610,8 @@ static int helper_main(int argc, char **argv)
         return producer_main(argv[3]);
     if (strcmp(argv[2], "gone") == 0)
         return gone_main(argv[3], (uint32_t)strtoul(argv[4], NULL, 10));
+    if (strcmp(argv[2], "parts") == 0)
+        return parts_main(argv[3], (uint32_t)strtoul(argv[4], NULL, 10));
     if (strcmp(argv[2], "stalled") == 0)
         return stalled_main(argv[3], (uint32_t)strtoul(argv[4], NULL, 10));
     if (strcmp(argv[2], "gpu-receiver") == 0)
@@ -757,6 +793,66 @@ static void test_producer_stopped(void **state)
     th_reap_helper(&cons);
     kill(prod.pid, SIGKILL);
     th_reap_helper(&prod);
+}
+
+static ferry_consumer_info info_of(ferry_pool *pool, uint32_t rank)
+{
+    ferry_consumer_info info = FERRY_CONSUMER_INFO_INIT;
+    assert_int_equal(ferry_pool_consumer_info(pool, rank, &info), FERRY_OK);
+    return info;
+}
+
+/* A remote leader acknowledges one part of a packed lease for two ranks: the producer's
+ * consumer_info shows the lease partly acknowledged for both, as for a local consumer, and
+ * the lease stays in flight until the other parts are acknowledged. */
+static void test_parts_marked_partial(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(2, 16 << 20, 5000000);
+    char addr[FERRY_REMOTE_ADDRESS_SIZE];
+    remote_address_of(pool, addr);
+    th_helper h = spawn_consumer(1, "parts", addr, 0, FERRY_OK);
+    static uint8_t bytes[3][1000];
+    ferry_tensor t[3];
+    const void *src[3];
+    for (int i = 0; i < 3; i++) {
+        th_stamp(bytes[i], sizeof(bytes[i]), 40 + (uint64_t)i);
+        t[i] = ferry_tensor_bytes(sizeof(bytes[i]));
+        src[i] = bytes[i];
+    }
+    assert_int_equal(ferry_pool_send(pool, t, src, 3, NULL, NULL, 5000 * MS, NULL), FERRY_OK);
+    th_msg m;
+    assert_int_equal(th_recv_msg(h.fd, &m, 10000), 0);
+    th_assert_result(m, 3);
+    assert_int_equal(info_of(pool, 1).partly_acknowledged, 0);
+
+    th_send_type(h.fd, TH_MSG_ITEM); /* part 0 for ranks 0 and 1 */
+    assert_int_equal(th_recv_msg(h.fd, &m, 10000), 0);
+    th_assert_result(m, 1);
+    uint64_t t0 = ferry_now_ns(); /* the mark comes with the server's next turn */
+    while ((!info_of(pool, 0).partly_acknowledged || !info_of(pool, 1).partly_acknowledged) &&
+           ms_since(t0) < 5000)
+        usleep(2000);
+    for (uint32_t r = 0; r < 2; r++) {
+        ferry_consumer_info info = info_of(pool, r);
+        assert_int_equal(info.outstanding, 1);
+        assert_int_equal(info.partly_acknowledged, 1);
+    }
+    assert_int_equal(th_stats(pool).leases_in_flight, 1);
+
+    th_send_type(h.fd, TH_MSG_ITEM); /* parts 1 and 2 */
+    assert_int_equal(th_recv_msg(h.fd, &m, 10000), 0);
+    th_assert_result(m, 3);
+    wait_settled(pool, 5000);
+    for (uint32_t r = 0; r < 2; r++) {
+        ferry_consumer_info info = info_of(pool, r);
+        assert_int_equal(info.outstanding, 0);
+        assert_int_equal(info.partly_acknowledged, 0);
+    }
+    assert_int_equal(remote_counts(pool).bad_messages, 0);
+    th_send_type(h.fd, TH_MSG_DONE);
+    th_reap_helper(&h);
+    ferry_pool_destroy(pool);
 }
 
 /* The link cut on the consumers' side, then on the producer's: the producer releases the
@@ -1360,6 +1456,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_consumer_killed),
         cmocka_unit_test(test_producer_gone),
         cmocka_unit_test(test_producer_stopped),
+        cmocka_unit_test(test_parts_marked_partial),
         cmocka_unit_test(test_link_cut),
         cmocka_unit_test(test_bad_peers),
         cmocka_unit_test(test_stale_under_read),

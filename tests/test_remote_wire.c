@@ -195,6 +195,13 @@ static void test_am_headers(void **state)
     assert_int_equal(back.u.ack.count, 4);
     assert_int_equal(ferry__am_decode(buf, sizeof(buf), 8, &back), FERRY_MALFORMED);
     assert_int_equal(ferry__am_decode(buf, sizeof(buf) - 1, 0, &back), FERRY_MALFORMED);
+    m.flags = FERRY_AM_ACK_PARTIAL; /* some parts of a packed lease */
+    ferry__am_encode(&m, buf);
+    assert_int_equal(ferry__am_decode(buf, sizeof(buf), 0, &back), FERRY_OK);
+    assert_int_equal(back.flags, FERRY_AM_ACK_PARTIAL);
+    m.flags = 2; /* no other flag */
+    ferry__am_encode(&m, buf);
+    assert_int_equal(ferry__am_decode(buf, sizeof(buf), 0, &back), FERRY_MALFORMED);
     m = (ferry__am){.type = FERRY_AM_DESC, .u.desc = {4096, 96}};
     ferry__am_encode(&m, buf);
     assert_int_equal(ferry__am_decode(buf, sizeof(buf), 2 * FERRY_DESCRIPTOR_SIZE, &back),
@@ -258,8 +265,8 @@ static void test_am_desc_inline(void **state)
                     .u.desc = {4096, 1000}};
     ferry__am_encode(&m, buf);
     assert_memory_equal(buf, example, sizeof(example));
-    /* the flag means nothing on other types */
-    m = (ferry__am){.type = FERRY_AM_ACK, .flags = FERRY_AM_DESC_INLINE, .u.ack = {1, 1, 0, 1}};
+    /* the flag means nothing on a type that has no flags (ACK's flag 1 is its own) */
+    m = (ferry__am){.type = FERRY_AM_TAKEN, .flags = FERRY_AM_DESC_INLINE, .u.taken = {1}};
     ferry__am_encode(&m, buf);
     assert_int_equal(ferry__am_decode(buf, sizeof(buf), 0, &back), FERRY_MALFORMED);
 }

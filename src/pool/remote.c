@@ -59,23 +59,28 @@ static ferry_status hook_lease(void *user, uint32_t slot, uint32_t generation, u
 }
 
 /* A remote consumer's acknowledgement, written as a local one would be: each rank's word
- * from what it held, for the current lease only. */
-static void hook_ack(void *user, uint32_t slot, uint32_t generation, uint32_t first, uint32_t count)
+ * from what it held, for the current lease only. A partial one (some parts of a packed
+ * lease) marks the words generation | FERRY_ACK_PARTIAL, never over an acknowledgement:
+ * the two messages may come in either order. */
+static void hook_ack(void *user, uint32_t slot, uint32_t generation, uint32_t first, uint32_t count,
+                     int partial)
 {
     ferry_pool *pool = user;
     const ferry__shm_layout *l = &pool->mem.shm.layout;
+    uint32_t mark = partial ? generation | FERRY_ACK_PARTIAL : generation;
     uint64_t written = 0;
     pthread_mutex_lock(&pool->lock);
     if (holds_locked(pool, slot, generation)) {
         for (uint32_t r = first; r < first + count; r++) {
             uint64_t w = ferry__shm_ack_word(l, slot, r);
-            if (ferry__load_acquire32(&pool->mem.control[w]) != generation &&
-                pool->ops->write_words(&pool->mem, w, 1, generation) == FERRY_OK)
+            uint32_t now = ferry__load_acquire32(&pool->mem.control[w]);
+            if (now != generation && now != mark &&
+                pool->ops->write_words(&pool->mem, w, 1, mark) == FERRY_OK)
                 written++;
         }
     }
     pthread_mutex_unlock(&pool->lock);
-    if (written)
+    if (written && !partial)
         ferry__shm_acked(&pool->mem.shm); /* publishers waiting for space look again */
 }
 

@@ -1125,8 +1125,15 @@ ferry_status ferry__remote_read(ferry__remote_client *cl, const ferry_descriptor
 
 /* ---- acknowledging ------------------------------------------------------------------------- */
 
-/* Records that rank acknowledged a part: 1 if the lease is complete for it (its word must be
- * written now), 0 if parts remain, -1 if that part was acknowledged already. */
+/* What part_done found. */
+enum {
+    PART_AGAIN = -1, /* that part was acknowledged already */
+    PART_MORE = 0,   /* parts remain, and some were acknowledged before */
+    PART_LAST = 1,   /* the lease is complete for the rank: its word must be written now */
+    PART_FIRST = 2,  /* the rank's first part of several: parts remain */
+};
+
+/* Records that rank acknowledged a part (PART_*). */
 static int part_done(ferry__remote_client *cl, const ferry_descriptor *d, uint32_t rank)
 {
     part_set **pp = &cl->parts;
@@ -1145,7 +1152,7 @@ static int part_done(ferry__remote_client *cl, const ferry_descriptor *d, uint32
         size_t words = ((size_t)d->part_count + 63) / 64;
         part_set *s = calloc(1, sizeof(*s) + words * sizeof(uint64_t));
         if (!s)
-            return 1; /* no memory to count parts: acknowledge the whole lease */
+            return PART_LAST; /* no memory to count parts: acknowledge the whole lease */
         *s = (part_set){NULL, d->slot, d->generation, rank, d->part_count, 0};
         s->next = cl->parts;
         cl->parts = s;
@@ -1154,13 +1161,13 @@ static int part_done(ferry__remote_client *cl, const ferry_descriptor *d, uint32
     part_set *s = *pp;
     uint64_t bit = 1ull << (d->part_index % 64), *word = &s->bits[d->part_index / 64];
     if (*word & bit)
-        return -1;
+        return PART_AGAIN;
     *word |= bit;
     if (++s->done < s->count)
-        return 0;
+        return s->done == 1 ? PART_FIRST : PART_MORE;
     *pp = s->next;
     free(s);
-    return 1;
+    return PART_LAST;
 }
 
 static ferry_status acked_stale(ferry__remote_client *cl, const ferry_descriptor *d)
@@ -1182,9 +1189,21 @@ static ferry_status send_ack(ferry__remote_client *cl, const ferry_descriptor *d
     return st;
 }
 
+/* Tells the producer that rank acknowledged some parts of d's packed lease and others
+ * remain: it marks the rank's word partly acknowledged, as a local consumer's part does, for
+ * consumer_info and the pool-full message. */
+static ferry_status send_partial(ferry__remote_client *cl, const ferry_descriptor *d, uint32_t rank)
+{
+    ferry__am m = {.type = FERRY_AM_ACK,
+                   .flags = FERRY_AM_ACK_PARTIAL,
+                   .u.ack = {d->slot, d->generation, rank, 1}};
+    return send_am(cl, &m, NULL, 0);
+}
+
 /* One part of a packed lease for each rank of the range, as a local consumer counts them: a
- * rank's acknowledgement goes out with its last part. STALE (strict) if this process had
- * acknowledged that part for every rank of the range already. */
+ * rank's acknowledgement goes out with its last part, its partial mark with its first.
+ * STALE (strict) if this process had acknowledged that part for every rank of the range
+ * already. */
 static ferry_status ack_parts(ferry__remote_client *cl, const ferry_descriptor *d, uint32_t first,
                               uint32_t count, int strict)
 {
@@ -1192,9 +1211,11 @@ static ferry_status ack_parts(ferry__remote_client *cl, const ferry_descriptor *
     uint32_t taken = 0;
     for (uint32_t r = first; r < first + count && st == FERRY_OK; r++) {
         int done_parts = part_done(cl, d, r);
-        taken += done_parts >= 0;
-        if (done_parts == 1)
+        taken += done_parts != PART_AGAIN;
+        if (done_parts == PART_LAST)
             st = send_ack(cl, d, r, 1);
+        else if (done_parts == PART_FIRST)
+            st = send_partial(cl, d, r);
     }
     if (st == FERRY_OK && (!taken || (strict && taken < count)))
         st = acked_stale(cl, d);

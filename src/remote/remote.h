@@ -65,8 +65,11 @@ typedef struct ferry__remote_hooks {
     ferry_status (*lease)(void *user, uint32_t slot, uint32_t generation, uint32_t rank, int *ready,
                           uint64_t *offset, uint64_t *length);
     /* Acknowledges the lease (slot, generation) for ranks [first, first + count) on behalf
-     * of a remote consumer (nothing if it is no longer current). */
-    void (*ack)(void *user, uint32_t slot, uint32_t generation, uint32_t first, uint32_t count);
+     * of a remote consumer, or with partial set marks it partly acknowledged for them (some
+     * parts of a packed lease; nothing where a rank's acknowledgement is written). Nothing
+     * if the lease is no longer current. */
+    void (*ack)(void *user, uint32_t slot, uint32_t generation, uint32_t first, uint32_t count,
+                int partial);
     /* Hands rank's notify eventfd to the pool (-1: take it back); the pool signals it when
      * the rank's ring gets entries, as for a local consumer's poll fd. */
     void (*notify)(void *user, uint32_t rank, int fd);

@@ -473,7 +473,7 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_len, void
         if (m.u.ack.slot < s->cfg.max_inflight && m.u.ack.count &&
             m.u.ack.first < s->cfg.consumers && m.u.ack.count <= s->cfg.consumers - m.u.ack.first)
             s->cfg.hooks.ack(s->cfg.hooks.user, m.u.ack.slot, m.u.ack.generation, m.u.ack.first,
-                             m.u.ack.count);
+                             m.u.ack.count, m.flags & FERRY_AM_ACK_PARTIAL);
         else
             count_add(s, &s->counts.bad_messages, 1);
         break;

@@ -417,7 +417,8 @@ static ferry_status am_shape(const ferry__am *m, const uint8_t *b, size_t payloa
     case FERRY_AM_DESC:
         return desc_shape(m, payload_len);
     case FERRY_AM_ACK:
-        return m->flags || payload_len ? malformed("bad acknowledgement") : FERRY_OK;
+        return (m->flags & ~FERRY_AM_ACK_PARTIAL) || payload_len ? malformed("bad acknowledgement")
+                                                                 : FERRY_OK;
     case FERRY_AM_TAKEN:
         return m->flags || payload_len || !all_zero(b + 4, 12) ? malformed("bad taken message")
                                                                : FERRY_OK;

@@ -16,9 +16,11 @@
 #include "ferry.h"
 
 #define FERRY_REMOTE_MAGIC 0x55595246u /* "FRYU" */
-/* Version 2: a DESC may carry its lease's bytes (FERRY_AM_DESC_INLINE); peers of version 1
- * would drop such a DESC, so the two refuse each other at the bootstrap. */
-#define FERRY_REMOTE_VERSION 2u
+/* Version 2: a DESC may carry its lease's bytes (FERRY_AM_DESC_INLINE). Version 3: an ACK
+ * may mark a packed lease partly acknowledged (FERRY_AM_ACK_PARTIAL). A peer of another
+ * version would drop such a message, so peers of different versions refuse each other at
+ * the bootstrap. */
+#define FERRY_REMOTE_VERSION 3u
 #define FERRY_REMOTE_HEADER  16u
 /* The largest UCX worker address and packed remote key ferry accepts (a worker address over
  * several RDMA devices is a few hundred bytes; keys are tens). */
@@ -117,6 +119,9 @@ ferry_status ferry__refuse_decode(const uint8_t *buf, size_t len, ferry__refuse 
  * emulates them). Chosen by measurement (docs/BENCHMARKS.md, "Remote consumers"); a
  * consumer keeps at most ring depth x this many bytes. */
 #define FERRY_REMOTE_INLINE_MAX 16384u
+/* ACK flags: the ranks acknowledged some parts of the packed lease and others remain; the
+ * producer marks their words generation | FERRY_ACK_PARTIAL, as a local consumer does. */
+#define FERRY_AM_ACK_PARTIAL 0x1u
 
 enum ferry__am_type {
     FERRY_AM_DESC = 1,  /* producer -> consumer: count encoded descriptors of one lease */
@@ -128,7 +133,8 @@ enum ferry__am_type {
 /* The 32-byte header of every active message. */
 typedef struct ferry__am {
     uint16_t type;
-    uint16_t flags; /* INFO: 1 if reads are emulated; DESC: FERRY_AM_DESC_INLINE; 0 otherwise */
+    uint16_t flags; /* INFO: 1 if reads are emulated; DESC: FERRY_AM_DESC_INLINE; ACK:
+                     * FERRY_AM_ACK_PARTIAL; 0 otherwise */
     uint32_t conn_id;
     uint64_t token;
     union {
