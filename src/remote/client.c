@@ -438,7 +438,8 @@ static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
 /* A DESC from the producer: count descriptors of one lease, checked and queued; or one
  * descriptor and the lease's bytes (inline: the decoder checked that they are as many as the
  * extent's length, at most FERRY_REMOTE_INLINE_MAX), never for a pool whose data is GPU
- * memory. */
+ * memory. They are decoded into the inbox's free places and queued (in_tail moved) only when
+ * all pass: nothing is allocated here, so no lease is dropped for want of memory. */
 static void on_desc(ferry__remote_client *cl, const ferry__am *m, const uint8_t *data, size_t len)
 {
     int inl = (m->flags & FERRY_AM_DESC_INLINE) != 0;
@@ -447,31 +448,23 @@ static void on_desc(ferry__remote_client *cl, const ferry__am *m, const uint8_t 
         return; /* the producer broke the protocol: nothing is queued */
     if (k > cl->depth - (cl->in_tail - cl->in_head))
         return; /* more than the window: the producer broke the protocol; nothing is queued */
-    ferry_descriptor *slots = malloc(k * sizeof(*slots));
-    if (!slots)
-        return;
+    const ferry_descriptor *first = &cl->inbox[cl->in_tail % cl->depth];
     for (uint32_t i = 0; i < k; i++) {
-        ferry_descriptor *d = &slots[i];
+        ferry_descriptor *d = &cl->inbox[(cl->in_tail + i) % cl->depth];
         if (ferry_descriptor_decode(data + (size_t)i * FERRY_DESCRIPTOR_SIZE, FERRY_DESCRIPTOR_SIZE,
                                     d) != FERRY_OK ||
             memcmp(d->pool_id, cl->pool.pool_id, 16) != 0 || d->slot >= cl->max_inflight ||
-            (d->flags & FERRY_DESC_FLAG_POOL_ONLY) || d->slot != slots[0].slot ||
-            d->generation != slots[0].generation || (k > 1 && d->part_index != i) ||
+            (d->flags & FERRY_DESC_FLAG_POOL_ONLY) || d->slot != first->slot ||
+            d->generation != first->generation || (k > 1 && d->part_index != i) ||
             (k > 1 ? d->part_count != k : d->part_count > 1) || d->offset < m->u.desc.offset ||
             d->length > m->u.desc.length ||
-            d->offset - m->u.desc.offset > m->u.desc.length - d->length) {
-            free(slots);
-            return;
-        }
+            d->offset - m->u.desc.offset > m->u.desc.length - d->length)
+            return; /* in_tail did not move: nothing is queued */
     }
-    for (uint32_t i = 0; i < k; i++)
-        cl->inbox[(cl->in_tail + i) % cl->depth] = slots[i];
     cl->in_tail += k;
-    note_set(cl, &slots[0], m->u.desc.offset, m->u.desc.length);
+    note_set(cl, first, m->u.desc.offset, m->u.desc.length);
     if (inl)
-        inline_keep(cl, &slots[0], m->u.desc.offset, data + FERRY_DESCRIPTOR_SIZE,
-                    m->u.desc.length);
-    free(slots);
+        inline_keep(cl, first, m->u.desc.offset, data + FERRY_DESCRIPTOR_SIZE, m->u.desc.length);
 }
 
 static ucs_status_t on_am(void *arg, const void *header, size_t header_len, void *data, size_t len,
