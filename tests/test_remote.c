@@ -439,8 +439,11 @@ static int stalled_main(const char *addr, uint32_t rank)
 /* "parts ADDR RANK": connects, reports, receives the three parts of one packed lease and
  * reports how many came; at the test's first ITEM acknowledges part 0 for ranks [0, 2) (as
  * their leader), at its second parts 1 and 2, reporting each time; stays connected until
- * the test's DONE. */
-static int parts_main(const char *addr, uint32_t rank)
+ * the test's DONE. "parts-after-ack": first acknowledges the whole lease for rank 0 alone,
+ * so that rank 0's partial mark comes after its acknowledgement. "parts-forged": after part
+ * 0, acknowledges a copy of part 1 that claims to be part 150 of 200, and reports that
+ * status instead. */
+static int parts_main(const char *mode, const char *addr, uint32_t rank)
 {
     ferry_consumer *c = connect_reported(addr, rank, -1);
     if (!c)
@@ -456,8 +459,20 @@ static int parts_main(const char *addr, uint32_t rank)
     th_report(st, got);
     th_msg go;
     if (st == FERRY_OK && th_recv_msg(TH_CHANNEL_FD, &go, 10000) == 0) {
-        st = ferry_consumer_ack_range(c, &d[0], 0, 2);
-        th_report(st, 1);
+        if (strcmp(mode, "parts-after-ack") == 0)
+            st = ferry_consumer_ack_lease_range(c, &d[0], 0, 1);
+        if (st == FERRY_OK)
+            st = ferry_consumer_ack_range(c, &d[0], 0, 2);
+        if (st == FERRY_OK && strcmp(mode, "parts-forged") == 0) {
+            ferry_descriptor forged = d[1];
+            forged.part_index = 150;
+            forged.part_count = 200;
+            st = ferry_consumer_ack_range(c, &forged, 0, 2);
+            th_report(st, 1);
+            st = FERRY_OK;
+        } else {
+            th_report(st, 1);
+        }
     }
     if (st == FERRY_OK && th_recv_msg(TH_CHANNEL_FD, &go, 10000) == 0) {
         st = ferry_consumer_ack_range(c, &d[1], 0, 2);
@@ -610,8 +625,8 @@ static int helper_main(int argc, char **argv)
         return producer_main(argv[3]);
     if (strcmp(argv[2], "gone") == 0)
         return gone_main(argv[3], (uint32_t)strtoul(argv[4], NULL, 10));
-    if (strcmp(argv[2], "parts") == 0)
-        return parts_main(argv[3], (uint32_t)strtoul(argv[4], NULL, 10));
+    if (strncmp(argv[2], "parts", 5) == 0)
+        return parts_main(argv[2], argv[3], (uint32_t)strtoul(argv[4], NULL, 10));
     if (strcmp(argv[2], "stalled") == 0)
         return stalled_main(argv[3], (uint32_t)strtoul(argv[4], NULL, 10));
     if (strcmp(argv[2], "gpu-receiver") == 0)
@@ -802,16 +817,14 @@ static ferry_consumer_info info_of(ferry_pool *pool, uint32_t rank)
     return info;
 }
 
-/* A remote leader acknowledges one part of a packed lease for two ranks: the producer's
- * consumer_info shows the lease partly acknowledged for both, as for a local consumer, and
- * the lease stays in flight until the other parts are acknowledged. */
-static void test_parts_marked_partial(void **state)
+/* A pool of two ranks with a "parts" helper (of the given mode) as rank 0, the three parts
+ * of one lease sent to both and received there. */
+static ferry_pool *parts_setup(const char *mode, th_helper *h)
 {
-    (void)state;
     ferry_pool *pool = make_pool(2, 16 << 20, 5000000);
     char addr[FERRY_REMOTE_ADDRESS_SIZE];
     remote_address_of(pool, addr);
-    th_helper h = spawn_consumer(1, "parts", addr, 0, FERRY_OK);
+    *h = spawn_consumer(1, mode, addr, 0, FERRY_OK);
     static uint8_t bytes[3][1000];
     ferry_tensor t[3];
     const void *src[3];
@@ -822,26 +835,32 @@ static void test_parts_marked_partial(void **state)
     }
     assert_int_equal(ferry_pool_send(pool, t, src, 3, NULL, NULL, 5000 * MS, NULL), FERRY_OK);
     th_msg m;
-    assert_int_equal(th_recv_msg(h.fd, &m, 10000), 0);
+    assert_int_equal(th_recv_msg(h->fd, &m, 10000), 0);
     th_assert_result(m, 3);
     assert_int_equal(info_of(pool, 1).partly_acknowledged, 0);
+    return pool;
+}
 
-    th_send_type(h.fd, TH_MSG_ITEM); /* part 0 for ranks 0 and 1 */
-    assert_int_equal(th_recv_msg(h.fd, &m, 10000), 0);
+/* Asks the helper for its first step and waits until rank's lease shows partly
+ * acknowledged (the mark comes with the server's next turn). */
+static void parts_first_step(ferry_pool *pool, th_helper *h, uint32_t rank)
+{
+    th_msg m;
+    th_send_type(h->fd, TH_MSG_ITEM);
+    assert_int_equal(th_recv_msg(h->fd, &m, 10000), 0);
     th_assert_result(m, 1);
-    uint64_t t0 = ferry_now_ns(); /* the mark comes with the server's next turn */
-    while ((!info_of(pool, 0).partly_acknowledged || !info_of(pool, 1).partly_acknowledged) &&
-           ms_since(t0) < 5000)
+    uint64_t t0 = ferry_now_ns();
+    while (!info_of(pool, rank).partly_acknowledged && ms_since(t0) < 5000)
         usleep(2000);
-    for (uint32_t r = 0; r < 2; r++) {
-        ferry_consumer_info info = info_of(pool, r);
-        assert_int_equal(info.outstanding, 1);
-        assert_int_equal(info.partly_acknowledged, 1);
-    }
-    assert_int_equal(th_stats(pool).leases_in_flight, 1);
+}
 
-    th_send_type(h.fd, TH_MSG_ITEM); /* parts 1 and 2 */
-    assert_int_equal(th_recv_msg(h.fd, &m, 10000), 0);
+/* Asks the helper for the other parts: every lease is recycled, nothing marked, no message
+ * dropped. */
+static void parts_finish(ferry_pool *pool, th_helper *h)
+{
+    th_msg m;
+    th_send_type(h->fd, TH_MSG_ITEM);
+    assert_int_equal(th_recv_msg(h->fd, &m, 10000), 0);
     th_assert_result(m, 3);
     wait_settled(pool, 5000);
     for (uint32_t r = 0; r < 2; r++) {
@@ -850,9 +869,83 @@ static void test_parts_marked_partial(void **state)
         assert_int_equal(info.partly_acknowledged, 0);
     }
     assert_int_equal(remote_counts(pool).bad_messages, 0);
-    th_send_type(h.fd, TH_MSG_DONE);
-    th_reap_helper(&h);
+    th_send_type(h->fd, TH_MSG_DONE);
+    th_reap_helper(h);
     ferry_pool_destroy(pool);
+}
+
+static void assert_info(ferry_pool *pool, uint32_t rank, uint64_t outstanding, uint64_t partly)
+{
+    ferry_consumer_info info = info_of(pool, rank);
+    if (info.outstanding != outstanding || info.partly_acknowledged != partly)
+        fail_msg("rank %u: %llu leases outstanding, %llu partly acknowledged; expected %llu and "
+                 "%llu",
+                 rank, (unsigned long long)info.outstanding,
+                 (unsigned long long)info.partly_acknowledged, (unsigned long long)outstanding,
+                 (unsigned long long)partly);
+}
+
+/* A remote leader acknowledges one part of a packed lease for two ranks: the producer's
+ * consumer_info shows the lease partly acknowledged for both, as for a local consumer, and
+ * the lease stays in flight until the other parts are acknowledged. */
+static void test_parts_marked_partial(void **state)
+{
+    (void)state;
+    th_helper h;
+    ferry_pool *pool = parts_setup("parts", &h);
+    parts_first_step(pool, &h, 1);
+    assert_info(pool, 0, 1, 1);
+    assert_info(pool, 1, 1, 1);
+    assert_int_equal(th_stats(pool).leases_in_flight, 1);
+    parts_finish(pool, &h);
+}
+
+/* As a local leader may acknowledge a remote rank without the pool's lock: rank 1's word
+ * written between the producer's read of it and its mark. */
+static void ack_rank_1(ferry_pool *pool, uint32_t slot, uint32_t rank)
+{
+    if (rank == 1)
+        __atomic_store_n(&pool->mem.control[ferry__shm_ack_word(&pool->mem.shm.layout, slot, 1)],
+                         pool->slots[slot].generation, __ATOMIC_RELEASE);
+}
+
+/* A partial mark never replaces an acknowledgement: not one that came first from the same
+ * consumer (rank 0, acknowledged whole, then part 0 for ranks 0 and 1), nor one another
+ * process wrote while the producer was about to mark (rank 1, written from the hook). */
+static void test_partial_mark_never_over_ack(void **state)
+{
+    (void)state;
+    th_helper h;
+    ferry_pool *pool = parts_setup("parts-after-ack", &h);
+    parts_first_step(pool, &h, 1);
+    assert_info(pool, 0, 0, 0);
+    assert_info(pool, 1, 1, 1);
+    parts_finish(pool, &h);
+
+    pool = parts_setup("parts", &h);
+    __atomic_store_n(&ferry__pool_test_before_mark, ack_rank_1, __ATOMIC_RELEASE);
+    parts_first_step(pool, &h, 0);
+    __atomic_store_n(&ferry__pool_test_before_mark, NULL, __ATOMIC_RELEASE);
+    assert_info(pool, 0, 1, 1);
+    assert_info(pool, 1, 0, 0);
+    parts_finish(pool, &h);
+}
+
+/* A copy of a part that claims another part count than its lease's (part 150 of 200 where
+ * this consumer acknowledged part 0 of 3): MISMATCH, nothing recorded (the bits of a part set
+ * are sized by the first count), and the real parts still complete the lease. */
+static void test_forged_part_count(void **state)
+{
+    (void)state;
+    th_helper h;
+    ferry_pool *pool = parts_setup("parts-forged", &h);
+    th_msg m;
+    th_send_type(h.fd, TH_MSG_ITEM);
+    assert_int_equal(th_recv_msg(h.fd, &m, 10000), 0);
+    assert_int_equal(m.status, FERRY_MISMATCH);
+    assert_non_null(strstr(m.text, "part 150 of 200 does not fit its lease"));
+    assert_int_equal(th_stats(pool).leases_in_flight, 1);
+    parts_finish(pool, &h);
 }
 
 /* The link cut on the consumers' side, then on the producer's: the producer releases the
@@ -1457,6 +1550,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_producer_gone),
         cmocka_unit_test(test_producer_stopped),
         cmocka_unit_test(test_parts_marked_partial),
+        cmocka_unit_test(test_partial_mark_never_over_ack),
+        cmocka_unit_test(test_forged_part_count),
         cmocka_unit_test(test_link_cut),
         cmocka_unit_test(test_bad_peers),
         cmocka_unit_test(test_stale_under_read),

@@ -148,6 +148,9 @@ void ferry__channel_mark_queued_locked(ferry_pool *pool, uint32_t rank);
 
 /* Starts serving remote consumers when the config has a listen address (a no-op otherwise). */
 ferry_status ferry__pool_remote_start(ferry_pool *pool);
+/* Tests only: called between a remote rank's partial mark's read of its word and its
+ * compare-and-swap (pool/remote.c). */
+extern void (*ferry__pool_test_before_mark)(ferry_pool *pool, uint32_t slot, uint32_t rank);
 
 /* ---- reclaim.c ------------------------------------------------------------------------ */
 

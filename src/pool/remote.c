@@ -58,29 +58,51 @@ static ferry_status hook_lease(void *user, uint32_t slot, uint32_t generation, u
     return st;
 }
 
+/* Called between a partial mark's read of a word and its compare-and-swap (tests only: they
+ * write the word there, as another process may). */
+void (*ferry__pool_test_before_mark)(ferry_pool *pool, uint32_t slot, uint32_t rank);
+
+/* Marks the rank's word partly acknowledged (generation | FERRY_ACK_PARTIAL) as a local
+ * consumer does: by compare-and-swap from the value read, so that the mark never replaces an
+ * acknowledgement another process wrote meanwhile (a local leader acknowledges remote ranks
+ * without the pool's lock). Words on the device are not marked, as a local consumer's are
+ * not. Under the pool's lock. */
+static void mark_partial_locked(ferry_pool *pool, uint32_t slot, uint32_t generation, uint32_t rank)
+{
+    uint64_t w = ferry__shm_ack_word(&pool->mem.shm.layout, slot, rank);
+    uint32_t seen = ferry__load_acquire32(&pool->mem.control[w]);
+    uint32_t mark = generation | FERRY_ACK_PARTIAL;
+    if ((pool->mem.flags & FERRY_DESC_FLAG_DEVICE_CONTROL) || seen == generation || seen == mark)
+        return;
+    void (*hook)(ferry_pool *, uint32_t, uint32_t) =
+        __atomic_load_n(&ferry__pool_test_before_mark, __ATOMIC_ACQUIRE);
+    if (hook)
+        hook(pool, slot, rank);
+    ferry__cas_acqrel32(&pool->mem.control[w], &seen, mark);
+}
+
 /* A remote consumer's acknowledgement, written as a local one would be: each rank's word
- * from what it held, for the current lease only. A partial one (some parts of a packed
- * lease) marks the words generation | FERRY_ACK_PARTIAL, never over an acknowledgement:
- * the two messages may come in either order. */
+ * from what it held, for the current lease only; or, partial (some parts of a packed lease),
+ * its mark. The two may come in either order: the mark never goes over an acknowledgement. */
 static void hook_ack(void *user, uint32_t slot, uint32_t generation, uint32_t first, uint32_t count,
                      int partial)
 {
     ferry_pool *pool = user;
     const ferry__shm_layout *l = &pool->mem.shm.layout;
-    uint32_t mark = partial ? generation | FERRY_ACK_PARTIAL : generation;
     uint64_t written = 0;
     pthread_mutex_lock(&pool->lock);
     if (holds_locked(pool, slot, generation)) {
         for (uint32_t r = first; r < first + count; r++) {
             uint64_t w = ferry__shm_ack_word(l, slot, r);
-            uint32_t now = ferry__load_acquire32(&pool->mem.control[w]);
-            if (now != generation && now != mark &&
-                pool->ops->write_words(&pool->mem, w, 1, mark) == FERRY_OK)
+            if (partial)
+                mark_partial_locked(pool, slot, generation, r);
+            else if (ferry__load_acquire32(&pool->mem.control[w]) != generation &&
+                     pool->ops->write_words(&pool->mem, w, 1, generation) == FERRY_OK)
                 written++;
         }
     }
     pthread_mutex_unlock(&pool->lock);
-    if (written && !partial)
+    if (written)
         ferry__shm_acked(&pool->mem.shm); /* publishers waiting for space look again */
 }
 

@@ -107,6 +107,8 @@ struct ferry__remote_client {
      * FERRY_REMOTE_INLINE_MAX bytes. A place is emptied when this rank acknowledges its lease
      * or its slot's note moves on. */
     int inline_ok;
+    int marks_partial; /* the control words are in host memory: partly acknowledged leases
+                        * are marked (FERRY_AM_ACK_PARTIAL) */
     inline_copy *inl;
     uint32_t inl_next;
 };
@@ -340,6 +342,7 @@ static ferry_status take_layout(ferry__remote_client *cl, const ferry__remote_ad
         return ferry__fail(FERRY_MISMATCH, "remote pool %.80s sent a layout ferry cannot use: %s",
                            cl->address, why);
     cl->pool = d;
+    cl->marks_partial = !ctl;
     cl->consumers = (uint32_t)consumers;
     cl->max_inflight = (uint32_t)rows;
     cl->row_words = (uint32_t)consumers + 1;
@@ -1182,34 +1185,64 @@ static ferry_status send_ack(ferry__remote_client *cl, const ferry_descriptor *d
     return st;
 }
 
-/* Tells the producer that rank acknowledged some parts of d's packed lease and others
- * remain: it marks the rank's word partly acknowledged, as a local consumer's part does, for
- * consumer_info and the pool-full message. */
-static ferry_status send_partial(ferry__remote_client *cl, const ferry_descriptor *d, uint32_t rank)
+/* MISMATCH unless d fits what this process knows of its lease: the part count of the first
+ * part acknowledged for any rank (a descriptor is never trusted with memory: a set is sized
+ * by that count). */
+static ferry_status parts_fit(const ferry__remote_client *cl, const ferry_descriptor *d)
 {
-    ferry__am m = {.type = FERRY_AM_ACK,
-                   .flags = FERRY_AM_ACK_PARTIAL,
-                   .u.ack = {d->slot, d->generation, rank, 1}};
-    return send_am(cl, &m, NULL, 0);
+    for (const part_set *s = cl->parts; s; s = s->next)
+        if (s->slot == d->slot && s->generation == d->generation && s->count != d->part_count)
+            return ferry__fail(FERRY_MISMATCH,
+                               "descriptor part %u of %u does not fit its lease (slot=%u, "
+                               "generation=%u), acknowledged as one of %u parts",
+                               d->part_index, d->part_count, d->slot, d->generation, s->count);
+    return FERRY_OK;
+}
+
+/* Tells the producer about ranks [from, from + n) and d's packed lease: acknowledged (their
+ * last part), or partly acknowledged (their first part of several: it marks their words, as
+ * a local consumer's part does, for consumer_info and the pool-full message). The mark only
+ * informs: it is not sent where the control words are on the device (they are not marked
+ * there), and a failure to send it fails nothing. */
+static ferry_status send_run(ferry__remote_client *cl, const ferry_descriptor *d, int partial,
+                             uint32_t from, uint32_t n)
+{
+    if (!partial)
+        return send_ack(cl, d, from, n);
+    if (cl->marks_partial) {
+        ferry__am m = {.type = FERRY_AM_ACK,
+                       .flags = FERRY_AM_ACK_PARTIAL,
+                       .u.ack = {d->slot, d->generation, from, n}};
+        send_am(cl, &m, NULL, 0);
+    }
+    return FERRY_OK;
 }
 
 /* One part of a packed lease for each rank of the range, as a local consumer counts them: a
- * rank's acknowledgement goes out with its last part, its partial mark with its first.
- * STALE (strict) if this process had acknowledged that part for every rank of the range
- * already. */
+ * rank's acknowledgement goes out with its last part, its partial mark with its first; one
+ * message for each run of ranks alike. MISMATCH (nothing recorded) if d does not fit its
+ * lease; STALE (strict) if this process had acknowledged that part for every rank of the
+ * range already. */
 static ferry_status ack_parts(ferry__remote_client *cl, const ferry_descriptor *d, uint32_t first,
                               uint32_t count, int strict)
 {
-    ferry_status st = FERRY_OK;
-    uint32_t taken = 0;
+    ferry_status st = parts_fit(cl, d);
+    uint32_t taken = 0, from[2] = {0, 0}, n[2] = {0, 0}; /* runs: [0] acknowledged, [1] partly */
     for (uint32_t r = first; r < first + count && st == FERRY_OK; r++) {
         int done_parts = part_done(cl, d, r);
         taken += done_parts != PART_AGAIN;
-        if (done_parts == PART_LAST)
-            st = send_ack(cl, d, r, 1);
-        else if (done_parts == PART_FIRST)
-            st = send_partial(cl, d, r);
+        int k = done_parts == PART_LAST ? 0 : done_parts == PART_FIRST ? 1 : -1;
+        for (int j = 0; j < 2 && st == FERRY_OK; j++) /* runs that rank r does not extend end */
+            if (n[j] && j != k) {
+                st = send_run(cl, d, j, from[j], n[j]);
+                n[j] = 0;
+            }
+        if (k >= 0 && n[k]++ == 0)
+            from[k] = r;
     }
+    for (int j = 0; j < 2 && st == FERRY_OK; j++)
+        if (n[j])
+            st = send_run(cl, d, j, from[j], n[j]);
     if (st == FERRY_OK && (!taken || (strict && taken < count)))
         st = acked_stale(cl, d);
     return st;
