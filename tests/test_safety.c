@@ -398,7 +398,8 @@ static void test_commit_flag_not_inherited(void **state)
     for (unsigned i = 0; i < k.rounds; i++) {
         void *data;
         ferry_descriptor r;
-        assert_int_equal(ferry_pool_reserve(pool, &tensor, FERRY_WAIT_FOREVER, &data, &r), FERRY_OK);
+        assert_int_equal(ferry_pool_reserve(pool, &tensor, FERRY_WAIT_FOREVER, &data, &r),
+                         FERRY_OK);
         th_stamp(data, 64, i);
         if (ferry_pool_commit(pool, &r) != FERRY_OK)
             k.failed++;
@@ -639,6 +640,34 @@ static void test_whole_lease_through_any_part(void **state)
     ferry_pool_destroy(pool);
 }
 
+/* A copy of a part that claims another part count than its lease's, for a range whose
+ * second rank this process acknowledged a part for (part 150 of 200 against 3): MISMATCH at
+ * the first rank, before anything is recorded for it (no part set, no mark), and the real
+ * parts still release the lease. */
+static void test_forged_part_count_changes_nothing(void **state)
+{
+    (void)state;
+    ferry_pool_config cfg = host_config(1 << 20, 2, 4);
+    cfg.reclaim_interval_us = 3600ll * 1000000;
+    ferry_pool *pool = make_pool(cfg);
+    ferry_descriptor d[3];
+    publish_three(pool, d);
+    ferry_consumer *c = consumer(0);
+    assert_int_equal(ferry_consumer_ack_range(c, &d[0], 1, 1), FERRY_OK);
+    ferry_descriptor forged = d[1];
+    forged.part_index = 150;
+    forged.part_count = 200;
+    assert_int_equal(ferry_consumer_ack_range(c, &forged, 0, 2), FERRY_MISMATCH);
+    assert_non_null(strstr(ferry_last_error(), "part 150 of 200 does not fit its lease"));
+    assert_int_equal(info_of(pool, 0).partly_acknowledged, 0);
+    assert_int_equal(info_of(pool, 1).partly_acknowledged, 1);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(ferry_consumer_ack_range(c, &d[i], 0, 2), FERRY_OK);
+    assert_int_equal(in_flight(pool), 0);
+    ferry_consumer_destroy(c);
+    ferry_pool_destroy(pool);
+}
+
 /* Two threads acknowledging the two parts of a lease at once: the one that acknowledges the
  * first marks the lease partly acknowledged, possibly after the other read the word; the
  * lease is acknowledged all the same (the last part replaces the mark). */
@@ -815,6 +844,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_consumer_releases_gone_pools),
         cmocka_unit_test(test_packed_parts_one_by_one),
         cmocka_unit_test(test_whole_lease_through_any_part),
+        cmocka_unit_test(test_forged_part_count_changes_nothing),
         cmocka_unit_test(test_parts_acknowledged_at_once),
         cmocka_unit_test(test_forged_range_refused),
         cmocka_unit_test(test_timeout_bounds_open),

@@ -595,6 +595,16 @@ static int part_acked(ferry__mapped_pool *p, const ferry_descriptor *d, uint32_t
     return acked;
 }
 
+/* The part count of d's lease as this process first acknowledged a part of it (for any
+ * rank), or 0 if it acknowledged none. */
+static uint32_t lease_part_count_locked(const ferry__mapped_pool *p, const ferry_descriptor *d)
+{
+    for (const ferry__part_set *s = p->parts; s; s = s->next)
+        if (s->slot == d->slot && s->generation == d->generation)
+            return s->count;
+    return 0;
+}
+
 static ferry__part_set *new_parts(const ferry_descriptor *d, uint32_t rank)
 {
     size_t words = ((size_t)d->part_count + 63) / 64;
@@ -617,15 +627,17 @@ static ferry_status part_ack(ferry__mapped_pool *p, const ferry_descriptor *d, u
     ferry_status st = FERRY_OK;
     pthread_mutex_lock(&p->parts_lock);
     ferry__part_set **pp = find_parts_locked(p, d, rank);
-    if (!*pp && !(*pp = new_parts(d, rank)))
-        st = ferry__fail(FERRY_NO_MEMORY, "out of memory for a packed lease's parts");
     /* A descriptor is never trusted with memory: its part must fit what this process knows
-     * of the lease already (the part count of the first part it acknowledged). */
-    if (st == FERRY_OK && (d->part_count != (*pp)->count || d->part_index >= (*pp)->count))
+     * of the lease already (the part count of the first part it acknowledged, for any rank:
+     * so that a range fails at its first rank, before any is recorded). */
+    uint32_t known = lease_part_count_locked(p, d);
+    if (known && (d->part_count != known || d->part_index >= known))
         st = ferry__fail(FERRY_MISMATCH,
                          "descriptor part %u of %u does not fit its lease (slot=%u, "
                          "generation=%u), acknowledged as one of %u parts",
-                         d->part_index, d->part_count, d->slot, d->generation, (*pp)->count);
+                         d->part_index, d->part_count, d->slot, d->generation, known);
+    if (st == FERRY_OK && !*pp && !(*pp = new_parts(d, rank)))
+        st = ferry__fail(FERRY_NO_MEMORY, "out of memory for a packed lease's parts");
     if (st == FERRY_OK) {
         ferry__part_set *s = *pp;
         uint64_t bit = 1ull << (d->part_index % 64), *word = &s->bits[d->part_index / 64];
