@@ -436,16 +436,28 @@ static int stalled_main(const char *addr, uint32_t rank)
     return 0;
 }
 
+/* Tests only: the client gives its endpoint up after its next partial mark. */
+static int give_up_after_mark(void)
+{
+    return 1;
+}
+
 /* "parts ADDR RANK": connects, reports, receives the three parts of one packed lease and
  * reports how many came; at the test's first ITEM acknowledges part 0 for ranks [0, 2) (as
  * their leader), at its second parts 1 and 2, reporting each time; stays connected until
- * the test's DONE. "parts-after-ack": first acknowledges the whole lease for rank 0 alone,
- * so that rank 0's partial mark comes after its acknowledgement. "parts-forged": after part
- * 0, acknowledges a copy of part 1 that claims to be part 150 of 200, and reports that
- * status instead. */
+ * the test's DONE. Other modes:
+ * - "parts-after-ack": first acknowledges the whole lease for rank 0 alone, so that rank 0's
+ *   partial mark comes after its acknowledgement;
+ * - "parts-forged": after part 0, acknowledges a copy of part 1 that claims to be part 150 of
+ *   200, and reports that status instead;
+ * - "parts-leader": acknowledges through a second consumer, connected as rank 2, which never
+ *   receives the lease itself;
+ * - "parts-gone": at the first ITEM, acknowledges parts 1 and 2 for rank 1 alone, then part 0
+ *   for ranks [0, 2) (a partial mark for rank 0, the acknowledgement of rank 1) with the
+ *   endpoint given up after the mark, and reports that status; nothing more. */
 static int parts_main(const char *mode, const char *addr, uint32_t rank)
 {
-    ferry_consumer *c = connect_reported(addr, rank, -1);
+    ferry_consumer *c = connect_reported(addr, rank, -1), *leader = NULL;
     if (!c)
         return 1;
     ferry_descriptor d[3];
@@ -456,31 +468,40 @@ static int parts_main(const char *mode, const char *addr, uint32_t rank)
         st = ferry_consumer_recv(c, 10000 * MS, d + got, 3 - got, &k);
         got += k;
     }
+    if (st == FERRY_OK && strcmp(mode, "parts-leader") == 0)
+        st = ferry_consumer_connect(addr, 2, -1, &leader);
+    ferry_consumer *acker = leader ? leader : c;
     th_report(st, got);
     th_msg go;
     if (st == FERRY_OK && th_recv_msg(TH_CHANNEL_FD, &go, 10000) == 0) {
         if (strcmp(mode, "parts-after-ack") == 0)
             st = ferry_consumer_ack_lease_range(c, &d[0], 0, 1);
+        if (strcmp(mode, "parts-gone") == 0) {
+            for (int i = 1; i < 3 && st == FERRY_OK; i++)
+                st = ferry_consumer_ack_range(c, &d[i], 1, 1);
+            __atomic_store_n(&ferry__remote_test_after_mark, give_up_after_mark, __ATOMIC_RELEASE);
+        }
         if (st == FERRY_OK)
-            st = ferry_consumer_ack_range(c, &d[0], 0, 2);
-        if (st == FERRY_OK && strcmp(mode, "parts-forged") == 0) {
+            st = ferry_consumer_ack_range(acker, &d[0], 0, 2);
+        if (strcmp(mode, "parts-gone") == 0) {
+            th_report(st, 1);
+            st = FERRY_PRODUCER_GONE; /* nothing more */
+        } else if (st == FERRY_OK && strcmp(mode, "parts-forged") == 0) {
             ferry_descriptor forged = d[1];
             forged.part_index = 150;
             forged.part_count = 200;
-            st = ferry_consumer_ack_range(c, &forged, 0, 2);
-            th_report(st, 1);
-            st = FERRY_OK;
+            th_report(ferry_consumer_ack_range(c, &forged, 0, 2), 1);
         } else {
             th_report(st, 1);
         }
     }
     if (st == FERRY_OK && th_recv_msg(TH_CHANNEL_FD, &go, 10000) == 0) {
-        st = ferry_consumer_ack_range(c, &d[1], 0, 2);
-        if (st == FERRY_OK)
-            st = ferry_consumer_ack_range(c, &d[2], 0, 2);
+        for (int i = 1; i < 3 && st == FERRY_OK; i++)
+            st = ferry_consumer_ack_range(acker, &d[i], 0, 2);
         th_report(st, 3);
     }
     th_recv_msg(TH_CHANNEL_FD, &go, 10000);
+    ferry_consumer_destroy(leader);
     ferry_consumer_destroy(c);
     return 0;
 }
@@ -817,11 +838,12 @@ static ferry_consumer_info info_of(ferry_pool *pool, uint32_t rank)
     return info;
 }
 
-/* A pool of two ranks with a "parts" helper (of the given mode) as rank 0, the three parts
- * of one lease sent to both and received there. */
+/* A pool of two ranks (three for "parts-leader", whose rank 2 gets nothing) with a "parts"
+ * helper (of the given mode) as rank 0, the three parts of one lease sent to ranks 0 and 1
+ * and received there. */
 static ferry_pool *parts_setup(const char *mode, th_helper *h)
 {
-    ferry_pool *pool = make_pool(2, 16 << 20, 5000000);
+    ferry_pool *pool = make_pool(strcmp(mode, "parts-leader") == 0 ? 3 : 2, 16 << 20, 5000000);
     char addr[FERRY_REMOTE_ADDRESS_SIZE];
     remote_address_of(pool, addr);
     *h = spawn_consumer(1, mode, addr, 0, FERRY_OK);
@@ -833,7 +855,8 @@ static ferry_pool *parts_setup(const char *mode, th_helper *h)
         t[i] = ferry_tensor_bytes(sizeof(bytes[i]));
         src[i] = bytes[i];
     }
-    assert_int_equal(ferry_pool_send(pool, t, src, 3, NULL, NULL, 5000 * MS, NULL), FERRY_OK);
+    ferry_ranks two = {NULL, 0, 2};
+    assert_int_equal(ferry_pool_send(pool, t, src, 3, &two, NULL, 5000 * MS, NULL), FERRY_OK);
     th_msg m;
     assert_int_equal(th_recv_msg(h->fd, &m, 10000), 0);
     th_assert_result(m, 3);
@@ -946,6 +969,37 @@ static void test_forged_part_count(void **state)
     assert_non_null(strstr(m.text, "part 150 of 200 does not fit its lease"));
     assert_int_equal(th_stats(pool).leases_in_flight, 1);
     parts_finish(pool, &h);
+}
+
+/* A leader whose own rank never gets the lease acknowledges its parts for ranks 0 and 1:
+ * the lease completes (the parts it counted for one rank are not taken for an old lease's
+ * while it counts the next rank's). */
+static void test_parts_by_leader_without_the_lease(void **state)
+{
+    (void)state;
+    th_helper h;
+    ferry_pool *pool = parts_setup("parts-leader", &h);
+    parts_first_step(pool, &h, 1);
+    assert_info(pool, 0, 1, 1);
+    assert_info(pool, 1, 1, 1);
+    parts_finish(pool, &h);
+}
+
+/* The producer taken for gone while a partial mark was sent (given up there by the test
+ * hook), with an acknowledgement for another rank to follow in the same call: the call ends
+ * PRODUCER_GONE, and sends nothing through the endpoint it gave up. */
+static void test_gone_during_partial_mark(void **state)
+{
+    (void)state;
+    th_helper h;
+    ferry_pool *pool = parts_setup("parts-gone", &h);
+    th_msg m;
+    th_send_type(h.fd, TH_MSG_ITEM);
+    assert_int_equal(th_recv_msg(h.fd, &m, 10000), 0);
+    assert_int_equal(m.status, FERRY_PRODUCER_GONE);
+    th_send_type(h.fd, TH_MSG_DONE);
+    th_reap_helper(&h);
+    ferry_pool_destroy(pool);
 }
 
 /* The link cut on the consumers' side, then on the producer's: the producer releases the
@@ -1552,6 +1606,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_parts_marked_partial),
         cmocka_unit_test(test_partial_mark_never_over_ack),
         cmocka_unit_test(test_forged_part_count),
+        cmocka_unit_test(test_parts_by_leader_without_the_lease),
+        cmocka_unit_test(test_gone_during_partial_mark),
         cmocka_unit_test(test_link_cut),
         cmocka_unit_test(test_bad_peers),
         cmocka_unit_test(test_stale_under_read),

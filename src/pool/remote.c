@@ -69,10 +69,12 @@ void (*ferry__pool_test_before_mark)(ferry_pool *pool, uint32_t slot, uint32_t r
  * not. Under the pool's lock. */
 static void mark_partial_locked(ferry_pool *pool, uint32_t slot, uint32_t generation, uint32_t rank)
 {
+    if (pool->mem.flags & FERRY_DESC_FLAG_DEVICE_CONTROL)
+        return;
     uint64_t w = ferry__shm_ack_word(&pool->mem.shm.layout, slot, rank);
     uint32_t seen = ferry__load_acquire32(&pool->mem.control[w]);
     uint32_t mark = generation | FERRY_ACK_PARTIAL;
-    if ((pool->mem.flags & FERRY_DESC_FLAG_DEVICE_CONTROL) || seen == generation || seen == mark)
+    if (seen == generation || seen == mark)
         return;
     void (*hook)(ferry_pool *, uint32_t, uint32_t) =
         __atomic_load_n(&ferry__pool_test_before_mark, __ATOMIC_ACQUIRE);
@@ -93,11 +95,13 @@ static void hook_ack(void *user, uint32_t slot, uint32_t generation, uint32_t fi
     pthread_mutex_lock(&pool->lock);
     if (holds_locked(pool, slot, generation)) {
         for (uint32_t r = first; r < first + count; r++) {
-            uint64_t w = ferry__shm_ack_word(l, slot, r);
-            if (partial)
+            if (partial) {
                 mark_partial_locked(pool, slot, generation, r);
-            else if (ferry__load_acquire32(&pool->mem.control[w]) != generation &&
-                     pool->ops->write_words(&pool->mem, w, 1, generation) == FERRY_OK)
+                continue;
+            }
+            uint64_t w = ferry__shm_ack_word(l, slot, r);
+            if (ferry__load_acquire32(&pool->mem.control[w]) != generation &&
+                pool->ops->write_words(&pool->mem, w, 1, generation) == FERRY_OK)
                 written++;
         }
     }

@@ -442,7 +442,8 @@ static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
  * descriptor and the lease's bytes (inline: the decoder checked that they are as many as the
  * extent's length, at most FERRY_REMOTE_INLINE_MAX), never for a pool whose data is GPU
  * memory. They are decoded into the inbox's free places and queued (in_tail moved) only when
- * all pass: nothing is allocated here, so no lease is dropped for want of memory. */
+ * all pass: no lease is dropped for want of memory (inline bytes that find none are left to
+ * reads, which get them). */
 static void on_desc(ferry__remote_client *cl, const ferry__am *m, const uint8_t *data, size_t len)
 {
     int inl = (m->flags & FERRY_AM_DESC_INLINE) != 0;
@@ -627,6 +628,8 @@ static void *get(ferry__remote_client *cl, void *dst, uint64_t n, uint64_t raddr
 /* Sends a small active message to the producer (header only, or a short text). */
 static ferry_status send_am(ferry__remote_client *cl, ferry__am *m, const void *payload, size_t n)
 {
+    if (cl->gone || !cl->ep) /* an endpoint given up during this call takes nothing more */
+        return gone_error(cl);
     uint8_t hdr[FERRY_AM_HEADER];
     m->conn_id = cl->conn_id;
     m->token = cl->token;
@@ -1137,8 +1140,11 @@ static int part_done(ferry__remote_client *cl, const ferry_descriptor *d, uint32
         part_set *s = *pp;
         if (s->slot == d->slot && s->generation == d->generation && s->rank == rank)
             break;
-        if (cl->notes[s->slot].generation != s->generation && s->slot == d->slot) {
-            *pp = s->next; /* a set of an older lease of the slot: that lease moved on */
+        if (s->slot == d->slot && s->generation < cl->notes[s->slot].generation) {
+            /* A set of a lease older than one this rank received in the slot: that lease is
+             * over. (Not one this process has no note of yet: a leader acknowledges for
+             * other ranks leases its own may get later, or never.) */
+            *pp = s->next;
             free(s);
             continue;
         }
@@ -1199,50 +1205,58 @@ static ferry_status parts_fit(const ferry__remote_client *cl, const ferry_descri
     return FERRY_OK;
 }
 
+/* Tests only: called after a partial mark was sent; nonzero makes the client give the
+ * endpoint up there, as it does when the producer falls silent during a send. */
+int (*ferry__remote_test_after_mark)(void);
+
 /* Tells the producer about ranks [from, from + n) and d's packed lease: acknowledged (their
  * last part), or partly acknowledged (their first part of several: it marks their words, as
  * a local consumer's part does, for consumer_info and the pool-full message). The mark only
  * informs: it is not sent where the control words are on the device (they are not marked
- * there), and a failure to send it fails nothing. */
+ * there), and a failure to send it fails the call only if the producer is gone. */
 static ferry_status send_run(ferry__remote_client *cl, const ferry_descriptor *d, int partial,
                              uint32_t from, uint32_t n)
 {
     if (!partial)
         return send_ack(cl, d, from, n);
-    if (cl->marks_partial) {
-        ferry__am m = {.type = FERRY_AM_ACK,
-                       .flags = FERRY_AM_ACK_PARTIAL,
-                       .u.ack = {d->slot, d->generation, from, n}};
-        send_am(cl, &m, NULL, 0);
-    }
-    return FERRY_OK;
+    if (!cl->marks_partial)
+        return FERRY_OK;
+    ferry__am m = {.type = FERRY_AM_ACK,
+                   .flags = FERRY_AM_ACK_PARTIAL,
+                   .u.ack = {d->slot, d->generation, from, n}};
+    send_am(cl, &m, NULL, 0);
+    int (*hook)(void) = __atomic_load_n(&ferry__remote_test_after_mark, __ATOMIC_ACQUIRE);
+    if (hook && hook())
+        abandon(cl);
+    return cl->gone ? gone_error(cl) : FERRY_OK;
 }
 
 /* One part of a packed lease for each rank of the range, as a local consumer counts them: a
  * rank's acknowledgement goes out with its last part, its partial mark with its first; one
  * message for each run of ranks alike. MISMATCH (nothing recorded) if d does not fit its
- * lease; STALE (strict) if this process had acknowledged that part for every rank of the
- * range already. */
+ * lease. STALE if the part was acknowledged already for every rank of the range, or (strict)
+ * for any. A failed send means the producer is gone: what was recorded no longer counts. */
 static ferry_status ack_parts(ferry__remote_client *cl, const ferry_descriptor *d, uint32_t first,
                               uint32_t count, int strict)
 {
     ferry_status st = parts_fit(cl, d);
-    uint32_t taken = 0, from[2] = {0, 0}, n[2] = {0, 0}; /* runs: [0] acknowledged, [1] partly */
+    uint32_t taken = 0, from = 0, n = 0;
+    int run = 0; /* the kind of the run of ranks [from, from + n): PART_LAST or PART_FIRST */
     for (uint32_t r = first; r < first + count && st == FERRY_OK; r++) {
         int done_parts = part_done(cl, d, r);
         taken += done_parts != PART_AGAIN;
-        int k = done_parts == PART_LAST ? 0 : done_parts == PART_FIRST ? 1 : -1;
-        for (int j = 0; j < 2 && st == FERRY_OK; j++) /* runs that rank r does not extend end */
-            if (n[j] && j != k) {
-                st = send_run(cl, d, j, from[j], n[j]);
-                n[j] = 0;
-            }
-        if (k >= 0 && n[k]++ == 0)
-            from[k] = r;
+        int kind = done_parts == PART_LAST || done_parts == PART_FIRST ? done_parts : 0;
+        if (n && kind != run) { /* rank r does not extend the run: it goes out */
+            st = send_run(cl, d, run == PART_FIRST, from, n);
+            n = 0;
+        }
+        if (kind && n++ == 0) {
+            from = r;
+            run = kind;
+        }
     }
-    for (int j = 0; j < 2 && st == FERRY_OK; j++)
-        if (n[j])
-            st = send_run(cl, d, j, from[j], n[j]);
+    if (st == FERRY_OK && n)
+        st = send_run(cl, d, run == PART_FIRST, from, n);
     if (st == FERRY_OK && (!taken || (strict && taken < count)))
         st = acked_stale(cl, d);
     return st;

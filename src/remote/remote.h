@@ -150,6 +150,9 @@ void ferry__remote_server_counts(ferry__remote_server *server, ferry__remote_cou
  * generation. Set before the pool is made and cleared after it is destroyed; NULL in every
  * other program. */
 extern void (*ferry__remote_test_before_copy)(uint32_t slot, uint32_t generation);
+/* Tests only: called by a consumer after it sent a partial mark; nonzero makes it give the
+ * endpoint up there, as when the producer falls silent during a send (client.c). */
+extern int (*ferry__remote_test_after_mark)(void);
 
 /* ---- consumer side ---------------------------------------------------------------------- */
 
