@@ -674,14 +674,16 @@ static void drop_conn(ferry__remote_server *s, conn *c, int tell_pool)
         s->pending--;
     } else {
         s->by_rank[c->rank] = NULL;
+        /* Counted out before the pool hears it: whoever sees the rank dead (consumer_info,
+         * its leases settled) sees it no longer connected. */
+        count_add(s, &s->counts.connected, -1);
+        if (c->emulated)
+            count_add(s, &s->counts.emulated, -1);
         if (tell_pool) {
             s->cfg.hooks.notify(s->cfg.hooks.user, c->rank, -1);
             s->cfg.hooks.detach(s->cfg.hooks.user, c->rank, c->id);
         }
         close_ep(s, c->ep);
-        count_add(s, &s->counts.connected, -1);
-        if (c->emulated)
-            count_add(s, &s->counts.emulated, -1);
     }
     conn_free(c);
 }
