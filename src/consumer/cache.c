@@ -61,7 +61,7 @@ static void unmap_pool(ferry__mapped_pool *pool)
         pool->ops->view_detach(pool);
     if (pool->place)
         pool->place->close(pool);
-    ferry__parts_free(pool);
+    ferry__parts_clear(&pool->parts);
     pthread_mutex_destroy(&pool->parts_lock);
     free(pool->viewed);
     if (pool->base)

@@ -548,39 +548,11 @@ ferry_status ferry_consumer_view(ferry_consumer *c, const ferry_descriptor *d, c
 
 /* ---- packed leases acknowledged part by part ---------------------------------------------- */
 
-/* The parts of one packed lease that this process acknowledged for one rank. */
-struct ferry__part_set {
-    ferry__part_set *next;
-    uint32_t slot, rank, generation, count, done;
-    uint64_t bits[]; /* one bit per part */
-};
-
-void ferry__parts_free(ferry__mapped_pool *p)
+/* Whether a set's lease is over: its slot moved on (ferry__parts_drop). */
+static int lease_over(void *arg, uint32_t slot, uint32_t generation)
 {
-    while (p->parts) {
-        ferry__part_set *next = p->parts->next;
-        free(p->parts);
-        p->parts = next;
-    }
-}
-
-/* Finds the set of (slot, rank, generation), dropping sets of leases no longer current. */
-static ferry__part_set **find_parts_locked(ferry__mapped_pool *p, const ferry_descriptor *d,
-                                           uint32_t rank)
-{
-    ferry__part_set **pp = &p->parts;
-    while (*pp) {
-        ferry__part_set *s = *pp;
-        if (ferry__shm_generation(&p->shm, s->slot) != s->generation) {
-            *pp = s->next;
-            free(s);
-            continue;
-        }
-        if (s->slot == d->slot && s->rank == rank && s->generation == d->generation)
-            return pp;
-        pp = &s->next;
-    }
-    return pp;
+    const ferry__mapped_pool *p = arg;
+    return ferry__shm_generation(&p->shm, slot) != generation;
 }
 
 /* Whether this process acknowledged part d->part_index of d's lease for rank (a part index
@@ -588,68 +560,30 @@ static ferry__part_set **find_parts_locked(ferry__mapped_pool *p, const ferry_de
 static int part_acked(ferry__mapped_pool *p, const ferry_descriptor *d, uint32_t rank)
 {
     pthread_mutex_lock(&p->parts_lock);
-    const ferry__part_set *s = *find_parts_locked(p, d, rank);
-    int acked =
-        s && d->part_index < s->count && (s->bits[d->part_index / 64] >> (d->part_index % 64) & 1u);
+    ferry__parts_drop(&p->parts, lease_over, p);
+    int acked = ferry__parts_has(p->parts, d, rank);
     pthread_mutex_unlock(&p->parts_lock);
     return acked;
 }
 
-/* The part count of d's lease as this process first acknowledged a part of it (for any
- * rank), or 0 if it acknowledged none. */
-static uint32_t lease_part_count_locked(const ferry__mapped_pool *p, const ferry_descriptor *d)
-{
-    for (const ferry__part_set *s = p->parts; s; s = s->next)
-        if (s->slot == d->slot && s->generation == d->generation)
-            return s->count;
-    return 0;
-}
-
-static ferry__part_set *new_parts(const ferry_descriptor *d, uint32_t rank)
-{
-    size_t words = ((size_t)d->part_count + 63) / 64;
-    ferry__part_set *s = calloc(1, sizeof(*s) + words * sizeof(uint64_t));
-    if (s) {
-        s->slot = d->slot;
-        s->rank = rank;
-        s->generation = d->generation;
-        s->count = d->part_count;
-    }
-    return s;
-}
-
 /* Records that rank acknowledged part d->part_index: *complete = 1 if that was the lease's
  * last part (its acknowledgement word must be written now), 0 if parts remain, -1 if this
- * part was acknowledged already. */
+ * part was acknowledged already. MISMATCH, with nothing recorded, if the part does not fit
+ * its lease (ferry__parts_fit). */
 static ferry_status part_ack(ferry__mapped_pool *p, const ferry_descriptor *d, uint32_t rank,
                              int *complete)
 {
-    ferry_status st = FERRY_OK;
     pthread_mutex_lock(&p->parts_lock);
-    ferry__part_set **pp = find_parts_locked(p, d, rank);
-    /* A descriptor is never trusted with memory: its part must fit what this process knows
-     * of the lease already (the part count of the first part it acknowledged, for any rank:
-     * so that a range fails at its first rank, before any is recorded). */
-    uint32_t known = lease_part_count_locked(p, d);
-    if (known && (d->part_count != known || d->part_index >= known))
-        st = ferry__fail(FERRY_MISMATCH,
-                         "descriptor part %u of %u does not fit its lease (slot=%u, "
-                         "generation=%u), acknowledged as one of %u parts",
-                         d->part_index, d->part_count, d->slot, d->generation, known);
-    if (st == FERRY_OK && !*pp && !(*pp = new_parts(d, rank)))
-        st = ferry__fail(FERRY_NO_MEMORY, "out of memory for a packed lease's parts");
-    if (st == FERRY_OK) {
-        ferry__part_set *s = *pp;
-        uint64_t bit = 1ull << (d->part_index % 64), *word = &s->bits[d->part_index / 64];
-        *complete = (*word & bit) ? -1 : ++s->done >= s->count;
-        *word |= bit;
-        if (*complete == 1) {
-            *pp = s->next;
-            free(s);
-        }
-    }
+    ferry__parts_drop(&p->parts, lease_over, p);
+    ferry_status st = ferry__parts_fit(p->parts, d);
+    int found = st == FERRY_OK ? ferry__parts_record(&p->parts, d, rank) : FERRY__PART_AGAIN;
     pthread_mutex_unlock(&p->parts_lock);
-    return st;
+    if (st != FERRY_OK)
+        return st;
+    if (found == FERRY__PART_NO_MEMORY)
+        return ferry__fail(FERRY_NO_MEMORY, "out of memory for a packed lease's parts");
+    *complete = found == FERRY__PART_LAST ? 1 : found == FERRY__PART_AGAIN ? -1 : 0;
+    return FERRY_OK;
 }
 
 /* ---- acknowledgements --------------------------------------------------------------- */

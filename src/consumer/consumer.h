@@ -42,9 +42,6 @@ ferry_status ferry__consumer_owned(const struct ferry_consumer *c);
  * fail; /proc is read only where there is none). */
 int ferry__producer_gone(ferry__mapped_pool *p);
 
-/* Frees the pool's records of packed leases acknowledged part by part (at unmap). */
-void ferry__parts_free(ferry__mapped_pool *p);
-
 /* ---- receive.c ------------------------------------------------------------------------ */
 
 /* Frees what ferry_consumer_connect and ferry_consumer_fd made. */

@@ -31,6 +31,7 @@
 #include "broker/broker.h"
 #include "common/clock.h"
 #include "common/error.h"
+#include "common/parts.h"
 #include "common/proc.h"
 #include "driver/driver.h"
 #include "shm/layout.h"
@@ -65,13 +66,6 @@ typedef struct inline_copy {
     uint8_t *bytes; /* NULL: an empty place */
 } inline_copy;
 
-/* The parts of one packed lease acknowledged by this process for one rank. */
-typedef struct part_set {
-    struct part_set *next;
-    uint32_t slot, generation, rank, count, done;
-    uint64_t bits[];
-} part_set;
-
 struct ferry__remote_client {
     pthread_mutex_t lock;
     pid_t owner;
@@ -101,7 +95,7 @@ struct ferry__remote_client {
     uint32_t taken, reported; /* taken so far; what the producer was told */
     lease_note *notes;        /* by slot */
     uint32_t *my_acks;        /* by slot: the generation this process acknowledged its rank */
-    part_set *parts;
+    ferry__part_set *parts;
     /* Leases may come inline: the pool's data is host memory in region 1. Their bytes are
      * kept in a ring of depth places, a new one taking the oldest's place: at most depth x
      * FERRY_REMOTE_INLINE_MAX bytes. A place is emptied when this rank acknowledges its lease
@@ -670,22 +664,13 @@ static void gpu_capable(ferry__remote_client *cl)
 
 /* ---- connect and close ----------------------------------------------------------------------- */
 
-static void free_parts(ferry__remote_client *cl)
-{
-    while (cl->parts) {
-        part_set *n = cl->parts->next;
-        free(cl->parts);
-        cl->parts = n;
-    }
-}
-
 static void client_free(ferry__remote_client *cl)
 {
     if (cl->sock >= 0)
         close(cl->sock);
     if (cl->poll_fd >= 0)
         close(cl->poll_fd);
-    free_parts(cl);
+    ferry__parts_clear(&cl->parts);
     for (uint32_t i = 0; cl->inl && i < cl->depth; i++)
         free(cl->inl[i].bytes);
     free(cl->inl);
@@ -1124,52 +1109,13 @@ ferry_status ferry__remote_read(ferry__remote_client *cl, const ferry_descriptor
 
 /* ---- acknowledging ------------------------------------------------------------------------- */
 
-/* What part_done found. */
-enum {
-    PART_AGAIN = -1, /* that part was acknowledged already */
-    PART_MORE = 0,   /* parts remain, and some were acknowledged before */
-    PART_LAST = 1,   /* the lease is complete for the rank: its word must be written now */
-    PART_FIRST = 2,  /* the rank's first part of several: parts remain */
-};
-
-/* Records that rank acknowledged a part (PART_*). */
-static int part_done(ferry__remote_client *cl, const ferry_descriptor *d, uint32_t rank)
+/* Whether a set's lease is over: older than one this rank received in its slot
+ * (ferry__parts_drop). Not one this process has no note of yet: a leader acknowledges for
+ * other ranks leases its own may get later, or never. */
+static int lease_over(void *arg, uint32_t slot, uint32_t generation)
 {
-    part_set **pp = &cl->parts;
-    while (*pp) {
-        part_set *s = *pp;
-        if (s->slot == d->slot && s->generation == d->generation && s->rank == rank)
-            break;
-        if (s->slot == d->slot && s->generation < cl->notes[s->slot].generation) {
-            /* A set of a lease older than one this rank received in the slot: that lease is
-             * over. (Not one this process has no note of yet: a leader acknowledges for
-             * other ranks leases its own may get later, or never.) */
-            *pp = s->next;
-            free(s);
-            continue;
-        }
-        pp = &s->next;
-    }
-    if (!*pp) {
-        size_t words = ((size_t)d->part_count + 63) / 64;
-        part_set *s = calloc(1, sizeof(*s) + words * sizeof(uint64_t));
-        if (!s)
-            return PART_LAST; /* no memory to count parts: acknowledge the whole lease */
-        *s = (part_set){NULL, d->slot, d->generation, rank, d->part_count, 0};
-        s->next = cl->parts;
-        cl->parts = s;
-        pp = &cl->parts;
-    }
-    part_set *s = *pp;
-    uint64_t bit = 1ull << (d->part_index % 64), *word = &s->bits[d->part_index / 64];
-    if (*word & bit)
-        return PART_AGAIN;
-    *word |= bit;
-    if (++s->done < s->count)
-        return s->done == 1 ? PART_FIRST : PART_MORE;
-    *pp = s->next;
-    free(s);
-    return PART_LAST;
+    const ferry__remote_client *cl = arg;
+    return generation < cl->notes[slot].generation;
 }
 
 static ferry_status acked_stale(ferry__remote_client *cl, const ferry_descriptor *d)
@@ -1189,20 +1135,6 @@ static ferry_status send_ack(ferry__remote_client *cl, const ferry_descriptor *d
         inline_forget(cl, d->slot, d->generation); /* no longer this rank's to read */
     }
     return st;
-}
-
-/* MISMATCH unless d fits what this process knows of its lease: the part count of the first
- * part acknowledged for any rank (a descriptor is never trusted with memory: a set is sized
- * by that count). */
-static ferry_status parts_fit(const ferry__remote_client *cl, const ferry_descriptor *d)
-{
-    for (const part_set *s = cl->parts; s; s = s->next)
-        if (s->slot == d->slot && s->generation == d->generation && s->count != d->part_count)
-            return ferry__fail(FERRY_MISMATCH,
-                               "descriptor part %u of %u does not fit its lease (slot=%u, "
-                               "generation=%u), acknowledged as one of %u parts",
-                               d->part_index, d->part_count, d->slot, d->generation, s->count);
-    return FERRY_OK;
 }
 
 /* Tests only: called after a partial mark was sent; nonzero makes the client give the
@@ -1239,15 +1171,19 @@ static ferry_status send_run(ferry__remote_client *cl, const ferry_descriptor *d
 static ferry_status ack_parts(ferry__remote_client *cl, const ferry_descriptor *d, uint32_t first,
                               uint32_t count, int strict)
 {
-    ferry_status st = parts_fit(cl, d);
+    ferry__parts_drop(&cl->parts, lease_over, cl);
+    ferry_status st = ferry__parts_fit(cl->parts, d);
     uint32_t taken = 0, from = 0, n = 0;
-    int run = 0; /* the kind of the run of ranks [from, from + n): PART_LAST or PART_FIRST */
+    int run = 0; /* the kind of the run of ranks [from, from + n): FERRY__PART_LAST or _FIRST */
     for (uint32_t r = first; r < first + count && st == FERRY_OK; r++) {
-        int done_parts = part_done(cl, d, r);
-        taken += done_parts != PART_AGAIN;
-        int kind = done_parts == PART_LAST || done_parts == PART_FIRST ? done_parts : 0;
+        int found = ferry__parts_record(&cl->parts, d, r);
+        if (found == FERRY__PART_NO_MEMORY)
+            found =
+                FERRY__PART_LAST; /* no memory to count parts: the whole lease is acknowledged */
+        taken += found != FERRY__PART_AGAIN;
+        int kind = found == FERRY__PART_LAST || found == FERRY__PART_FIRST ? found : 0;
         if (n && kind != run) { /* rank r does not extend the run: it goes out */
-            st = send_run(cl, d, run == PART_FIRST, from, n);
+            st = send_run(cl, d, run == FERRY__PART_FIRST, from, n);
             n = 0;
         }
         if (kind && n++ == 0) {
@@ -1256,7 +1192,7 @@ static ferry_status ack_parts(ferry__remote_client *cl, const ferry_descriptor *
         }
     }
     if (st == FERRY_OK && n)
-        st = send_run(cl, d, run == PART_FIRST, from, n);
+        st = send_run(cl, d, run == FERRY__PART_FIRST, from, n);
     if (st == FERRY_OK && (!taken || (strict && taken < count)))
         st = acked_stale(cl, d);
     return st;

@@ -11,12 +11,12 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "common/parts.h"
 #include "ferry.h"
 #include "shm/segment.h"
 
 struct ferry__pool_memory;
 
-typedef struct ferry__part_set ferry__part_set;
 typedef struct ferry__transport_ops ferry__transport_ops;
 typedef struct ferry__placement ferry__placement;
 
