@@ -118,6 +118,13 @@ ferry_pool_stats th_stats(ferry_pool *pool)
     return s;
 }
 
+ferry_consumer_info th_consumer_info(ferry_pool *pool, uint32_t rank)
+{
+    ferry_consumer_info info = FERRY_CONSUMER_INFO_INIT;
+    assert_int_equal(ferry_pool_consumer_info(pool, rank, &info), FERRY_OK);
+    return info;
+}
+
 void th_wait_drained(ferry_pool *pool)
 {
     uint64_t n;

@@ -48,6 +48,8 @@ void th_assert_result(th_msg m, uint64_t count);
 
 /* The pool's statistics (the test fails if they cannot be read). */
 ferry_pool_stats th_stats(ferry_pool *pool);
+/* What the pool knows of rank (the test fails if it cannot be read). */
+ferry_consumer_info th_consumer_info(ferry_pool *pool, uint32_t rank);
 /* Reclaims until no lease is in flight (at most ~5 s), then asserts it. */
 void th_wait_drained(ferry_pool *pool);
 

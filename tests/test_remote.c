@@ -837,13 +837,6 @@ static void test_producer_stopped(void **state)
     th_reap_helper(&prod);
 }
 
-static ferry_consumer_info info_of(ferry_pool *pool, uint32_t rank)
-{
-    ferry_consumer_info info = FERRY_CONSUMER_INFO_INIT;
-    assert_int_equal(ferry_pool_consumer_info(pool, rank, &info), FERRY_OK);
-    return info;
-}
-
 /* A pool of two ranks (three for "parts-leader", whose rank 2 gets nothing) with a "parts"
  * helper (of the given mode) as rank 0, the three parts of one lease sent to ranks 0 and 1
  * and received there. */
@@ -866,7 +859,7 @@ static ferry_pool *parts_setup(const char *mode, th_helper *h)
     th_msg m;
     assert_int_equal(th_recv_msg(h->fd, &m, 10000), 0);
     th_assert_result(m, 3);
-    assert_int_equal(info_of(pool, 1).partly_acknowledged, 0);
+    assert_int_equal(th_consumer_info(pool, 1).partly_acknowledged, 0);
     return pool;
 }
 
@@ -879,7 +872,7 @@ static void parts_first_step(ferry_pool *pool, th_helper *h, uint32_t rank)
     assert_int_equal(th_recv_msg(h->fd, &m, 10000), 0);
     th_assert_result(m, 1);
     uint64_t t0 = ferry_now_ns();
-    while (!info_of(pool, rank).partly_acknowledged && ms_since(t0) < 5000)
+    while (!th_consumer_info(pool, rank).partly_acknowledged && ms_since(t0) < 5000)
         usleep(2000);
 }
 
@@ -893,7 +886,7 @@ static void parts_finish(ferry_pool *pool, th_helper *h)
     th_assert_result(m, 3);
     wait_settled(pool, 5000);
     for (uint32_t r = 0; r < 2; r++) {
-        ferry_consumer_info info = info_of(pool, r);
+        ferry_consumer_info info = th_consumer_info(pool, r);
         assert_int_equal(info.outstanding, 0);
         assert_int_equal(info.partly_acknowledged, 0);
     }
@@ -905,7 +898,7 @@ static void parts_finish(ferry_pool *pool, th_helper *h)
 
 static void assert_info(ferry_pool *pool, uint32_t rank, uint64_t outstanding, uint64_t partly)
 {
-    ferry_consumer_info info = info_of(pool, rank);
+    ferry_consumer_info info = th_consumer_info(pool, rank);
     if (info.outstanding != outstanding || info.partly_acknowledged != partly)
         fail_msg("rank %u: %llu leases outstanding, %llu partly acknowledged; expected %llu and "
                  "%llu",
@@ -1038,9 +1031,7 @@ static void test_link_cut(void **state)
         assert_int_equal(send_stamped(pool, 4096, 500, NULL, 5000 * MS), FERRY_OK);
         wait_settled(pool, 6000);
         uint64_t producer_ms = ms_since(t0);
-        ferry_consumer_info info = FERRY_CONSUMER_INFO_INIT;
-        assert_int_equal(ferry_pool_consumer_info(pool, 0, &info), FERRY_OK);
-        assert_int_equal(info.alive, 0);
+        assert_int_equal(th_consumer_info(pool, 0).alive, 0);
         assert_int_equal(th_stats(pool).remote_connected, 0);
         th_msg r = th_finish_helper(&cons, 10000);
         link_set(side, 1);

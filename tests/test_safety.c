@@ -538,13 +538,6 @@ static void publish_three(ferry_pool *pool, ferry_descriptor d[3])
     assert_int_equal(ferry_pool_publish_many(pool, t, srcs, 3, 0, d), FERRY_OK);
 }
 
-static ferry_consumer_info info_of(ferry_pool *pool, uint32_t rank)
-{
-    ferry_consumer_info info = FERRY_CONSUMER_INFO_INIT;
-    assert_int_equal(ferry_pool_consumer_info(pool, rank, &info), FERRY_OK);
-    return info;
-}
-
 static uint64_t in_flight(ferry_pool *pool)
 {
     uint64_t n;
@@ -568,7 +561,7 @@ static void test_whole_lease_through_any_part(void **state)
     th_helper leader = spawn_claimer("ackall", "0", &d[1]); /* ack_all through part 1 */
     assert_int_equal(in_flight(pool), 1);
     for (uint32_t r = 0; r < 4; r++) {
-        ferry_consumer_info info = info_of(pool, r);
+        ferry_consumer_info info = th_consumer_info(pool, r);
         assert_int_equal(info.outstanding, 1);
         assert_int_equal(info.partly_acknowledged, 1);
     }
@@ -581,8 +574,8 @@ static void test_whole_lease_through_any_part(void **state)
 
     ferry_consumer *c = consumer(0);
     assert_int_equal(ferry_consumer_ack_lease_range(c, &d[2], 0, 2), FERRY_OK);
-    assert_int_equal(info_of(pool, 1).outstanding, 0);
-    assert_int_equal(info_of(pool, 2).partly_acknowledged, 1);
+    assert_int_equal(th_consumer_info(pool, 1).outstanding, 0);
+    assert_int_equal(th_consumer_info(pool, 2).partly_acknowledged, 1);
     assert_int_equal(ferry_consumer_ack_lease_all(c, &d[0]), FERRY_OK);
     assert_int_equal(in_flight(pool), 0);
     assert_int_equal(ferry_consumer_ack_lease_all(c, &d[0]), FERRY_STALE);
@@ -594,9 +587,9 @@ static void test_whole_lease_through_any_part(void **state)
     uint8_t buf[300];
     assert_int_equal(ferry_consumer_read(c1, &d[0], buf, sizeof(buf), 1000 * MS), FERRY_OK);
     assert_int_equal(ferry_consumer_ack(c1, &d[0]), FERRY_OK);
-    assert_int_equal(info_of(pool, 1).partly_acknowledged, 1);
+    assert_int_equal(th_consumer_info(pool, 1).partly_acknowledged, 1);
     assert_int_equal(ferry_consumer_ack_lease(c1, &d[0]), FERRY_OK);
-    ferry_consumer_info one = info_of(pool, 1);
+    ferry_consumer_info one = th_consumer_info(pool, 1);
     assert_int_equal(one.outstanding, 0);
     assert_int_equal(one.partly_acknowledged, 0);
     assert_int_equal(ferry_consumer_read(c1, &d[2], buf, sizeof(buf), 0), FERRY_STALE);
@@ -620,7 +613,7 @@ static void test_whole_lease_through_any_part(void **state)
     assert_int_equal(ferry_consumer_ack_lease_all(c, NULL), FERRY_INVALID_ARGUMENT);
     assert_int_equal(ferry_consumer_ack_lease_range(c, &e, 3, 2), FERRY_INVALID_ARGUMENT);
     assert_int_equal(in_flight(pool), 1);
-    assert_int_equal(info_of(pool, 0).outstanding, 1);
+    assert_int_equal(th_consumer_info(pool, 0).outstanding, 1);
     assert_int_equal(ferry_consumer_ack_lease_all(c, &e), FERRY_OK);
     assert_int_equal(in_flight(pool), 0);
 
@@ -659,8 +652,8 @@ static void test_forged_part_count_changes_nothing(void **state)
     forged.part_count = 200;
     assert_int_equal(ferry_consumer_ack_range(c, &forged, 0, 2), FERRY_MISMATCH);
     assert_non_null(strstr(ferry_last_error(), "part 150 of 200 does not fit its lease"));
-    assert_int_equal(info_of(pool, 0).partly_acknowledged, 0);
-    assert_int_equal(info_of(pool, 1).partly_acknowledged, 1);
+    assert_int_equal(th_consumer_info(pool, 0).partly_acknowledged, 0);
+    assert_int_equal(th_consumer_info(pool, 1).partly_acknowledged, 1);
     for (int i = 0; i < 3; i++)
         assert_int_equal(ferry_consumer_ack_range(c, &d[i], 0, 2), FERRY_OK);
     assert_int_equal(in_flight(pool), 0);
