@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/wait.h>
@@ -116,6 +117,31 @@ ferry_pool_stats th_stats(ferry_pool *pool)
     ferry_pool_stats s = {.struct_size = sizeof(s), .version = FERRY_POOL_STATS_VERSION};
     assert_int_equal(ferry_pool_stats_get(pool, &s), FERRY_OK);
     return s;
+}
+
+void *th_read_main(void *arg)
+{
+    th_reader *r = arg;
+    __atomic_store_n(&r->started, 1, __ATOMIC_RELEASE);
+    r->st = ferry_consumer_read(r->c, &r->d, r->buf, r->n, 10000000000ull);
+    return NULL;
+}
+
+ferry_descriptor th_reserve_backwards(ferry_pool *pool, const uint8_t *src, size_t n,
+                                      uint64_t timeout_ns)
+{
+    ferry_tensor t = ferry_tensor_bytes(n);
+    void *data;
+    ferry_descriptor d;
+    assert_int_equal(ferry_pool_reserve(pool, &t, timeout_ns, &data, &d), FERRY_OK);
+    const size_t chunk = 64 << 10;
+    for (size_t end = n; end > 0;) {
+        size_t start = end > chunk ? end - chunk : 0;
+        memcpy((uint8_t *)data + start, src + start, end - start);
+        end = start;
+    }
+    assert_int_equal(ferry_pool_commit(pool, &d), FERRY_OK);
+    return d;
 }
 
 ferry_consumer_info th_consumer_info(ferry_pool *pool, uint32_t rank)

@@ -48,6 +48,26 @@ void th_assert_result(th_msg m, uint64_t count);
 
 /* The pool's statistics (the test fails if they cannot be read). */
 ferry_pool_stats th_stats(ferry_pool *pool);
+/* A read on a thread of its own (th_read_main): r->st is its status once the thread ends;
+ * r->started (atomic) is 1 once it is about to read. */
+typedef struct th_reader {
+    ferry_consumer *c;
+    ferry_descriptor d;
+    uint8_t *buf;
+    size_t n;
+    int started;
+    ferry_status st;
+} th_reader;
+
+/* pthread body: ferry_consumer_read of r->d into r->buf with a timeout of 10 s. */
+void *th_read_main(void *arg);
+
+/* Publishes n bytes of src as a reservation (waiting up to timeout_ns for room) written back
+ * to front, as a zero-copy writer may fill its slice in any order: its bytes land ahead of a
+ * reader still in the slice's front. */
+ferry_descriptor th_reserve_backwards(ferry_pool *pool, const uint8_t *src, size_t n,
+                                      uint64_t timeout_ns);
+
 /* What the pool knows of rank (the test fails if it cannot be read). */
 ferry_consumer_info th_consumer_info(ferry_pool *pool, uint32_t rank);
 /* Reclaims until no lease is in flight (at most ~5 s), then asserts it. */

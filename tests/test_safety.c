@@ -122,42 +122,6 @@ static void kill_helper(th_helper *h)
 
 /* ---- 1: a read torn by an acknowledgement on the reader's behalf ----------------------- */
 
-typedef struct torn_reader {
-    ferry_consumer *c;
-    ferry_descriptor d;
-    uint8_t *buf;
-    size_t n;
-    int started; /* atomic */
-    ferry_status st;
-} torn_reader;
-
-static void *torn_read(void *arg)
-{
-    torn_reader *r = arg;
-    __atomic_store_n(&r->started, 1, __ATOMIC_RELEASE);
-    r->st = ferry_consumer_read(r->c, &r->d, r->buf, r->n, 10000 * MS);
-    return NULL;
-}
-
-/* The next lease takes the extent just freed and is written back to front (a zero-copy
- * writer may fill its slice in any order), so that its bytes land ahead of a reader still in
- * the old lease's front. */
-static ferry_descriptor reserve_backwards(ferry_pool *pool, const uint8_t *src, size_t n)
-{
-    ferry_tensor t = ferry_tensor_bytes(n);
-    void *data;
-    ferry_descriptor d;
-    assert_int_equal(ferry_pool_reserve(pool, &t, FERRY_WAIT_FOREVER, &data, &d), FERRY_OK);
-    const size_t chunk = 64 << 10;
-    for (size_t end = n; end > 0;) {
-        size_t start = end > chunk ? end - chunk : 0;
-        memcpy((uint8_t *)data + start, src + start, end - start);
-        end = start;
-    }
-    assert_int_equal(ferry_pool_commit(pool, &d), FERRY_OK);
-    return d;
-}
-
 /* Rank 0 reads a large lease while a group leader acknowledges every rank; the next lease
  * reuses the freed extent (the pool holds one such lease) under another slot, whose
  * generation the reader never sees change. A read may end OK only with its own lease's
@@ -170,7 +134,7 @@ static void test_read_not_torn_by_ack_on_behalf(void **state)
     cfg.reclaim_interval_us = 3600ll * 1000000; /* only publishes reclaim */
     ferry_pool *pool = make_pool(cfg);
     ferry_consumer *c0 = consumer(0), *leader = consumer(1);
-    torn_reader r = {.c = c0, .buf = malloc(n), .n = n};
+    th_reader r = {.c = c0, .buf = malloc(n), .n = n};
     uint8_t *next = malloc(n);
     unsigned rounds = (unsigned)th_scaled(200, 20), torn = 0, stale = 0, ok = 0;
     ferry_descriptor d = publish_stamped(pool, n, 1);
@@ -179,12 +143,12 @@ static void test_read_not_torn_by_ack_on_behalf(void **state)
         r.d = d;
         r.started = 0;
         pthread_t t;
-        assert_int_equal(pthread_create(&t, NULL, torn_read, &r), 0);
+        assert_int_equal(pthread_create(&t, NULL, th_read_main, &r), 0);
         while (!__atomic_load_n(&r.started, __ATOMIC_ACQUIRE))
             ;
         usleep((useconds_t)(rand() % 300));
         assert_int_equal(ferry_consumer_ack_all(leader, &d), FERRY_OK);
-        d = reserve_backwards(pool, next, n);
+        d = th_reserve_backwards(pool, next, n, FERRY_WAIT_FOREVER);
         pthread_join(t, NULL);
         if (r.st == FERRY_OK) {
             uint64_t found;

@@ -337,40 +337,6 @@ static void test_cancel_marks_before_it_lets_in(void **state)
 
 /* ---- a freed slice seen without the reader's own acknowledgement ---------------------------- */
 
-typedef struct slow_reader {
-    ferry_consumer *c;
-    ferry_descriptor d;
-    uint8_t *buf;
-    size_t n;
-    int started; /* atomic */
-    ferry_status st;
-} slow_reader;
-
-static void *slow_read(void *arg)
-{
-    slow_reader *r = arg;
-    __atomic_store_n(&r->started, 1, __ATOMIC_RELEASE);
-    r->st = ferry_consumer_read(r->c, &r->d, r->buf, r->n, 10000 * MS);
-    return NULL;
-}
-
-/* Publishes n bytes of src as a reservation written back to front (a zero-copy writer may
- * fill its slice in any order), so that they land ahead of a reader still in the front. */
-static ferry_descriptor reserve_backwards(ferry_pool *pool, const uint8_t *src, size_t n)
-{
-    ferry_tensor t = ferry_tensor_bytes(n);
-    void *data;
-    ferry_descriptor d;
-    assert_int_equal(ferry_pool_reserve(pool, &t, 0, &data, &d), FERRY_OK);
-    for (size_t end = n; end > 0;) {
-        size_t start = end > (64 << 10) ? end - (64 << 10) : 0;
-        memcpy((uint8_t *)data + start, src + start, end - start);
-        end = start;
-    }
-    assert_int_equal(ferry_pool_commit(pool, &d), FERRY_OK);
-    return d;
-}
-
 /* Rank 0 copies a large lease while a group leader acknowledges it for every rank, the pool
  * frees its slice, a peer writes rank 0's acknowledgement word back to another value (an
  * acknowledgement word is anybody's to write), and the next lease takes the slice under
@@ -392,17 +358,17 @@ static void test_freed_slice_seen_without_own_ack(void **state)
     ferry_consumer *c0 = NULL, *leader = NULL;
     assert_int_equal(ferry_consumer_create(0, &c0), FERRY_OK);
     assert_int_equal(ferry_consumer_create(1, &leader), FERRY_OK);
-    slow_reader r = {.c = c0, .buf = malloc(n), .n = n};
+    th_reader r = {.c = c0, .buf = malloc(n), .n = n};
     uint8_t *next = malloc(n);
     unsigned rounds = (unsigned)th_scaled(50, 10), torn = 0, stale = 0;
     th_stamp(next, n, 1);
-    ferry_descriptor d = reserve_backwards(pool, next, n);
+    ferry_descriptor d = th_reserve_backwards(pool, next, n, 0);
     for (unsigned k = 1; k <= rounds; k++) {
         th_stamp(next, n, k + 1);
         r.d = d;
         r.started = 0;
         pthread_t t;
-        assert_int_equal(pthread_create(&t, NULL, slow_read, &r), 0);
+        assert_int_equal(pthread_create(&t, NULL, th_read_main, &r), 0);
         while (!__atomic_load_n(&r.started, __ATOMIC_ACQUIRE))
             ;
         usleep((useconds_t)(rand() % 500));
@@ -410,7 +376,7 @@ static void test_freed_slice_seen_without_own_ack(void **state)
         assert_int_equal(ferry_pool_reclaim(pool, NULL), FERRY_OK);
         uint32_t *ack0 = &pool->mem.control[ferry__shm_ack_word(&pool->mem.shm.layout, d.slot, 0)];
         __atomic_store_n(ack0, d.generation - 1, __ATOMIC_RELAXED); /* a peer's write */
-        d = reserve_backwards(pool, next, n);
+        d = th_reserve_backwards(pool, next, n, 0);
         pthread_join(t, NULL);
         if (r.st == FERRY_OK)
             torn += !th_check_stamp(r.buf, n, k, NULL);
