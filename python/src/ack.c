@@ -62,17 +62,35 @@ static ferry_status ack_call(fy_consumer *c, const ack_request *r)
                      : ferry_consumer_ack_range)(c->handle, &r->desc, r->first, r->count);
 }
 
-static PyObject *ack_run(const ack_request *r)
+/* The acknowledgement through c (a reference the call takes over). */
+static PyObject *ack_through(fy_consumer *c, const ack_request *r)
 {
-    fy_consumer *c = fy_consumer_any(r->desc.consumer_count, r->device, r->first);
-    if (!c)
-        return NULL;
     ferry_status st;
     Py_BEGIN_ALLOW_THREADS st = ack_call(c, r);
     Py_END_ALLOW_THREADS fy_consumer_unref(c);
     if (st != FERRY_OK)
         return fy_raise(st);
     Py_RETURN_NONE;
+}
+
+static PyObject *ack_run(const ack_request *r)
+{
+    fy_consumer *c = fy_consumer_any(r->desc.consumer_count, r->device, r->first);
+    return c ? ack_through(c, r) : NULL;
+}
+
+PyObject *fy_ack_as(fy_consumer *consumer, PyObject *desc, PyObject *ranks, int lease)
+{
+    ack_request r = {.mode = 0, .lease = lease, .first = consumer->rank, .count = 1};
+    if (fy_descriptor_get(desc, &r.desc) < 0)
+        return NULL;
+    if (ranks != Py_None) {
+        r.mode = 1;
+        if (fy_range_arg(ranks, &r.first, &r.count) < 0)
+            return NULL;
+    }
+    fy_consumer_ref(consumer);
+    return ack_through(consumer, &r);
 }
 
 PyObject *fy_ack(PyObject *module, PyObject *args, PyObject *kwargs)

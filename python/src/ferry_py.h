@@ -253,6 +253,9 @@ PyObject *fy_release_consumers(PyObject *module, PyObject *unused);
 /* ---- ack.c ---------------------------------------------------------------------------- */
 
 PyObject *fy_ack(PyObject *module, PyObject *args, PyObject *kwargs);
+/* Acknowledges desc through consumer (a Receiver's): for its rank, or the ranks of a range;
+ * lease: the whole lease through a part. None, or NULL with the exception. */
+PyObject *fy_ack_as(fy_consumer *consumer, PyObject *desc, PyObject *ranks, int lease);
 
 /* first and count of a range(first, stop) with step 1 (TypeError for another object). 0, or -1
  * with an exception. */

@@ -358,6 +358,56 @@ static PyObject *receiver_recv(PyObject *obj, PyObject *const *args, Py_ssize_t 
     Py_END_ALLOW_THREADS return result;
 }
 
+/* receive(descriptor, *, copy=True, out=None, stream=None, timeout=None, torch=None): a lease
+ * handed over by another channel (Pool.publish's descriptor), read through this receiver's
+ * connection: for a remote pool, the only way to read a descriptor. */
+static PyObject *receiver_receive(PyObject *obj, PyObject *const *args, Py_ssize_t nargs,
+                                  PyObject *kwnames)
+{
+    static fy_keywords kw = {
+        .fn = "receive",
+        .positional = 1,
+        .names = {"descriptor", "copy", "out", "stream", "timeout", "torch", NULL}};
+    fy_receiver *self = (fy_receiver *)obj;
+    PyObject *v[6] = {NULL};
+    uint64_t ns;
+    ferry_descriptor d;
+    if (fy_kwargs(&kw, args, nargs, kwnames, v) < 0)
+        return NULL;
+    if (!v[0]) {
+        PyErr_SetString(PyExc_TypeError, "receive() missing its required argument 'descriptor'");
+        return NULL;
+    }
+    if (fy_descriptor_get(v[0], &d) < 0 || fy_timeout_arg(v[4], FERRY_WAIT_FOREVER, &ns) < 0)
+        return NULL;
+    int torch = v[5] && v[5] != Py_None ? PyObject_IsTrue(v[5]) : self->torch;
+    if (torch < 0)
+        return NULL;
+    fy_consumer *c = open_consumer(self);
+    if (!c)
+        return NULL;
+    ferry_status st;
+    PyObject *result = fy_receive_leased(c, &d, 1, v[1] ? v[1] : Py_True, v[3] ? v[3] : Py_None,
+                                         v[2] ? v[2] : Py_None, torch, ns, 1, &st);
+    Py_BEGIN_ALLOW_THREADS fy_consumer_unref(c);
+    Py_END_ALLOW_THREADS return result;
+}
+
+static PyObject *receiver_ack(PyObject *obj, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"descriptor", "ranks", "lease", NULL};
+    PyObject *desc, *ranks = Py_None;
+    int lease = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|$Op:ack", keywords, &desc, &ranks, &lease))
+        return NULL;
+    fy_consumer *c = open_consumer((fy_receiver *)obj);
+    if (!c)
+        return NULL;
+    PyObject *result = fy_ack_as(c, desc, ranks, lease);
+    Py_BEGIN_ALLOW_THREADS fy_consumer_unref(c);
+    Py_END_ALLOW_THREADS return result;
+}
+
 static PyObject *receiver_iternext(PyObject *obj)
 {
     PyObject *r = receiver_recv(obj, NULL, 0, NULL);
@@ -454,6 +504,18 @@ static PyMethodDef receiver_methods[] = {
      "read (out= refused, Ctrl-C) comes first at the next recv. torch=True (None: the "
      "receiver's torch=): torch tensors, from torch's allocator as ferry.receive's torch= "
      "makes them; out= comes back as it is."},
+    {"receive", METH_FAST(receiver_receive),
+     "receive(descriptor, *, copy=True, out=None, stream=None, timeout=None, torch=None) -> "
+     "Received | out | torch.Tensor\n\n"
+     "Reads a lease whose descriptor came by a channel of the caller's own (Pool.publish's), "
+     "as this receiver's rank and through its connection, as ferry.receive does. A pool on "
+     "another host is read this way, by UCX gets (zero-copy views need the pool mapped: "
+     "local pools only). Stale if the lease was acknowledged for this rank already."},
+    {"ack", (PyCFunction)(void (*)(void))receiver_ack, METH_VARARGS | METH_KEYWORDS,
+     "ack(descriptor, *, ranks=None, lease=False)\n\n"
+     "Acknowledges without reading, as ferry.ack does, through this receiver's connection: "
+     "for its rank, or for ranks (a range: a group's leader for the group); lease=True: "
+     "the whole packed lease through one part."},
     {"fileno", receiver_fileno, METH_NOARGS,
      "fileno() -> int\n\nA file descriptor that becomes readable when a lease may have come "
      "(or the producer closed the pool or died): for select, selectors and event loops. Get "

@@ -4,33 +4,21 @@ Real processes over UCX's tcp transport: on loopback, and the README's two-host 
 network namespaces joined by a veth pair where the test can make them (as root), on loopback
 otherwise. Skipped where UCX cannot be loaded."""
 
-import ctypes
 import multiprocessing as mp
-import os
 import pathlib
 import re
-import shutil
-import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 
 import ferry
+from hosts import Hosts, have_ucx
 
 README = pathlib.Path(__file__).resolve().parent.parent.parent / "README.md"
 
 
-def _have_ucx():
-    try:
-        ctypes.CDLL(os.environ.get("FERRY_UCX_LIBRARY") or "libucp.so.0")
-        return True
-    except OSError:
-        return False
-
-
-pytestmark = pytest.mark.skipif(not _have_ucx(), reason="UCX (libucp.so.0) is not installed")
+pytestmark = pytest.mark.skipif(not have_ucx(), reason="UCX (libucp.so.0) is not installed")
 
 
 @pytest.fixture(autouse=True)
@@ -88,6 +76,34 @@ def test_remote_receiver_in_this_process():
                 rx.recv(timeout=10, copy=False)  # a view needs the pool mapped here
 
 
+def test_descriptors_read_through_a_receiver():
+    """A descriptor that came by the caller's own channel (SGLang's proxies, vLLM's index) is
+    read and acknowledged through a receiver connected to the pool's remote address."""
+    with ferry.Pool("16MiB", consumers=2, listen="127.0.0.1:0") as pool:
+        with ferry.connect(pool.remote_address, rank=1) as rx:
+            d = pool.publish(np.arange(1000, dtype=np.float32))
+            got = rx.receive(d, timeout=10)
+            assert (np.from_dlpack(got) == np.arange(1000)).all()
+            with pytest.raises(ferry.Stale):
+                rx.receive(d, timeout=10)  # read once per rank
+            rx.ack(d, ranks=range(0, 1))  # rank 0's, by its group leader
+            d2 = pool.publish(np.arange(6, dtype=np.int64))
+            out = np.zeros(6, np.int64)
+            assert rx.receive(d2, out=out, timeout=10) is out
+            assert (out == np.arange(6)).all()
+            d3 = pool.publish(np.ones(3, np.float32))
+            rx.ack(d3, ranks=range(0, 2))  # never read: released for both ranks
+            rx.ack(d2, ranks=range(0, 1))
+            pool.drain(timeout=10)
+            assert pool.stats()["leases_in_flight"] == 0
+            with pytest.raises(TypeError, match="range"):
+                rx.ack(d3, ranks=[0, 1])
+            with pytest.raises(TypeError, match="descriptor"):
+                rx.receive()
+        with pytest.raises(ValueError, match="closed"):
+            rx.receive(d3)
+
+
 def test_wrong_secret_and_no_listen():
     with ferry.Pool("1MiB", consumers=1, listen="127.0.0.1:0") as pool:
         wrong = re.sub(r"[0-9a-f]$", lambda m: "0" if m.group() != "0" else "1",
@@ -109,53 +125,11 @@ def _example(tag):
     return m.group(1)
 
 
-class _Hosts:
-    """Two network namespaces joined by a veth pair (root), else loopback twice."""
-
-    def __init__(self):
-        pid = os.getpid()
-        self.ns = [f"fypy-{pid}-a", f"fypy-{pid}-b"]
-        self.dev = [f"fpa{pid % 100000}", f"fpb{pid % 100000}"]
-        x = pid % 250 + 1
-        self.ip = [f"10.232.{x}.1", f"10.232.{x}.2"]
-        self.netns = os.geteuid() == 0 and shutil.which("ip") is not None
-        if self.netns and not self._up():
-            self.down()
-            self.netns = False
-        if not self.netns:
-            self.ip = ["127.0.0.1", "127.0.0.1"]
-
-    def _up(self):
-        a, b = self.ns
-        da, db = self.dev
-        cmds = [f"ip netns add {a}", f"ip netns add {b}",
-                f"ip link add {da} type veth peer name {db}",
-                f"ip link set {da} netns {a}", f"ip link set {db} netns {b}",
-                f"ip -n {a} addr add {self.ip[0]}/30 dev {da}",
-                f"ip -n {b} addr add {self.ip[1]}/30 dev {db}",
-                f"ip -n {a} link set {da} up", f"ip -n {b} link set {db} up",
-                f"ip -n {a} link set lo up", f"ip -n {b} link set lo up"]
-        return all(subprocess.run(c.split(), capture_output=True).returncode == 0 for c in cmds)
-
-    def down(self):
-        if not self.netns:
-            return
-        for ns in self.ns:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-
-    def run(self, side, args):
-        env = dict(os.environ, UCX_TLS="tcp",
-                   UCX_NET_DEVICES=self.dev[side] if self.netns else "lo")
-        prefix = ["ip", "netns", "exec", self.ns[side]] if self.netns else []
-        return subprocess.Popen(prefix + [sys.executable] + args, env=env, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-
-
 def test_readme_two_hosts(tmp_path):
     producer, consumer = tmp_path / "producer.py", tmp_path / "consumer.py"
     producer.write_text(_example("producer"))
     consumer.write_text(_example("consumer"))
-    hosts = _Hosts()
+    hosts = Hosts()
     try:
         prod = hosts.run(0, [str(producer), f"{hosts.ip[0]}:0"])
         address = prod.stdout.readline().strip()
