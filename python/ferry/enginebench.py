@@ -67,56 +67,66 @@ def _vllm_connector(kind, role, ec_role, port, size, device, storage):
 
 
 def _consumer(rank, device, conn, args):
-    """Serves (method, size) rows until None: per item, materialise and reply."""
+    """Serves (method, size) rows until None: per item, materialise and reply b"k". A failure
+    is replied (pickled) in place of b"k" for that item and every later one of the row, so
+    that the producer stops the row and the process serves the next."""
     import torch
     torch.set_num_threads(1)
     if device >= 0:
         torch.cuda.set_device(device)
-    try:
-        while True:
-            row = conn.recv()
-            if row is None:
-                return
-            method, size, port, storage = row
-            own = None
+    while True:
+        row = conn.recv()
+        if row is None:
+            return
+        method, size, port, storage = row
+        try:
+            own = dst = sched = worker = None
             if method == "floor":
                 dev = "cpu" if device < 0 else f"cuda:{device}"
                 own = torch.ones(size, dtype=torch.uint8, device=dev)
                 dst = torch.empty_like(own)
-            sched = worker = None
             if method in VLLM:
                 sched = _vllm_connector(method, "SCHEDULER", "ec_consumer", port, size, device,
                                         storage)
                 worker = _vllm_connector(method, "WORKER", "ec_consumer", port, size, device,
                                          storage)
-            conn.send("ready")
-            while True:
-                msg = conn.recv_bytes()
-                if msg == b"end":
-                    break
-                if method == "floor":
-                    dst.copy_(own)
-                elif method in ("ferry_sglang", "sglang"):
-                    proxy = pickle.loads(msg)
-                    proxy.reconstruct_on_target_device(max(device, 0), consumer_rank=rank)
-                else:
-                    h = msg.decode()
-                    assert sched.has_cache_item(h), h
-                    req = types.SimpleNamespace(mm_features=[types.SimpleNamespace(identifier=h)],
-                                                get_num_encoder_embeds=lambda i: 1)
-                    sched.update_state_after_alloc(req, 0)
-                    worker.bind_connector_metadata(sched.build_connector_meta(None))
-                    cache = {}
-                    worker.start_load_caches(cache)
-                    assert h in cache and not worker.wait_for_load(), h
-                    worker.clear_connector_metadata()
-                _sync(device)
-                conn.send_bytes(b"k")
-            if worker is not None and hasattr(worker, "shutdown"):
-                worker.shutdown()
-    except BaseException as e:
-        conn.send(("error", repr(e)))
-        raise
+        except Exception as e:
+            conn.send(("error", repr(e)))
+            continue
+        conn.send("ready")
+        failed = None
+        while True:
+            msg = conn.recv_bytes()
+            if msg == b"end":
+                break
+            if failed is None:
+                try:
+                    _item(method, msg, rank, device, dst, own, sched, worker)
+                except Exception as e:
+                    failed = pickle.dumps(repr(e))
+            conn.send_bytes(b"k" if failed is None else failed)
+        if worker is not None and hasattr(worker, "shutdown"):
+            worker.shutdown()
+
+
+def _item(method, msg, rank, device, dst, own, sched, worker):
+    if method == "floor":
+        dst.copy_(own)
+    elif method in ("ferry_sglang", "sglang"):
+        proxy = pickle.loads(msg)
+        proxy.reconstruct_on_target_device(max(device, 0), consumer_rank=rank)
+    else:
+        h = msg.decode()
+        assert sched.has_cache_item(h), h
+        req = types.SimpleNamespace(mm_features=[types.SimpleNamespace(identifier=h)],
+                                    get_num_encoder_embeds=lambda i: 1)
+        sched.update_state_after_alloc(req, 0)
+        worker.bind_connector_metadata(sched.build_connector_meta(None))
+        cache = {}
+        worker.start_load_caches(cache)
+        assert h in cache and not worker.wait_for_load(), h
+        worker.clear_connector_metadata()
+    _sync(device)
 
 
 def _free_port():
@@ -144,19 +154,20 @@ def measure(method, size, conns, device, args, storage):
         prod = _vllm_connector(method, "WORKER", "ec_producer", port, args.pool, device, storage)
     for c in conns:
         c.send((method, size, port, storage))
-    for c in conns:
-        ready = c.recv()
-        if ready != "ready":
-            raise RuntimeError(f"consumer: {ready}")
+    ready = [c.recv() for c in conns]
+    errors = [r[1] for r in ready if r != "ready"]
     times = []
     for i in range(args.warmup + args.iterations):
+        if errors:
+            break
         t0 = time.perf_counter()
         if method == "floor":
             msg = pickle.dumps(("feature", i))
         elif pool is not None:
             proxy = pool.wrap_tensor(x, use_pool_handle_cache=True)
             if proxy is None:
-                raise RuntimeError(f"{method}: pool full")
+                errors.append("the pool is full")
+                break
             msg = pickle.dumps(proxy)
         else:
             h = f"mm-{method}-{size}-{i}"
@@ -167,15 +178,18 @@ def measure(method, size, conns, device, args, storage):
         for c in conns:
             r = c.recv_bytes()
             if r != b"k":
-                raise RuntimeError(f"consumer: {pickle.loads(r)}")
+                errors.append(pickle.loads(r))
         if i >= args.warmup:
             times.append((time.perf_counter() - t0) * 1e6)
-    for c in conns:
-        c.send_bytes(b"end")
+    for c, r in zip(conns, ready):
+        if r == "ready":
+            c.send_bytes(b"end")
     if pool is not None:
         pool.shutdown()
     if prod is not None and hasattr(prod, "shutdown"):
         prod.shutdown()
+    if errors:
+        raise RuntimeError(f"consumer: {errors[0]}")
     return statistics.median(times), statistics.fmean(times)
 
 
@@ -198,8 +212,8 @@ def main(argv=None):
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         ap.error(f"unknown methods {unknown}; from {METHODS}")
-    if args.device < 0:  # SGLang's pool and vLLM's example connector load onto a GPU
-        methods = [m for m in methods if m not in ("sglang", "vllm_example")]
+    if args.device < 0 and "sglang" in methods:  # SGLang's pool is GPU memory
+        methods.remove("sglang")
     sizes = [parse_size(s) // 2 * 2 for s in args.sizes.split(",")]
     counts = [int(n) for n in args.consumers.split(",")]
     ctx = mp.get_context("spawn")

@@ -356,26 +356,26 @@ class FerryECConnector(ECConnectorBase):
         for load in meta.loads:
             d = ferry.Descriptor(load.descriptor)
             on_gpu = d.device >= 0
+            hit = load.mm_hash in encoder_cache  # computed here meanwhile: released unread
             try:
                 if load.node != here:
                     if load.remote is None:
                         raise RuntimeError("the pool is on another host and serves none "
                                            "(give the producer's extra config listen=)")
                     rx = self._receiver(load.remote, rank, device if on_gpu else None)
-                    if load.mm_hash in encoder_cache:
+                    if hit:
                         rx.ack(d, lease=True)
                     else:
-                        encoder_cache[load.mm_hash] = rx.receive(
-                            d, torch=True, stream=stream if on_gpu else None)
-                elif load.mm_hash in encoder_cache:
+                        t = rx.receive(d, torch=True, stream=stream if on_gpu else None)
+                elif hit:
                     ferry.ack(d, rank=rank, device=device if on_gpu else None, lease=True)
                 else:
-                    encoder_cache[load.mm_hash] = ferry.receive(
-                        d, rank=rank, device=device if on_gpu else None, torch=True,
-                        stream=stream if on_gpu else None)
-                if gpu and encoder_cache[load.mm_hash].device.type == "cpu":  # a host pool
-                    encoder_cache[load.mm_hash] = encoder_cache[load.mm_hash].to(
-                        f"cuda:{device}")
+                    t = ferry.receive(d, rank=rank, device=device if on_gpu else None,
+                                      torch=True, stream=stream if on_gpu else None)
+                if not hit:
+                    # A host pool's copy is host memory: the encoder cache is the GPU's.
+                    encoder_cache[load.mm_hash] = t.to(f"cuda:{device}") \
+                        if gpu and t.device.type == "cpu" else t
             except (ferry.Error, RuntimeError, ValueError) as e:
                 logger.warning("ferry: could not load the encoder output %s: %s",
                                load.mm_hash, e)

@@ -165,7 +165,7 @@ def test_full_pool_drops_oldest_unclaimed(producer, caplog):
     loaded = {}
     conn.start_load_caches(loaded)
     assert conn.wait_for_load() == set()
-    assert torch.equal(loaded["h0"], cache["h0"])  # intact after 39 saves
+    assert torch.equal(loaded["h0"].cpu(), cache["h0"])  # intact after 39 saves
     big = {"big": torch.zeros(1 << 20, dtype=torch.uint8)}
     with caplog.at_level("WARNING", logger="ferry.vllm"):
         prod.save_caches(big, "big")
@@ -259,7 +259,7 @@ _CONSUMER = textwrap.dedent("""
     worker.start_load_caches(cache)
     assert worker.wait_for_load() == set()
     for i in range(4):
-        assert torch.equal(cache[f"h{i}"], torch.full((33, 64), i, dtype=torch.float16))
+        assert torch.equal(cache[f"h{i}"].cpu(), torch.full((33, 64), i, dtype=torch.float16))
     print("loaded", len(cache), flush=True)
     worker.shutdown()
 """)
