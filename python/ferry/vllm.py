@@ -118,6 +118,10 @@ class _Index:
 
 
 class _IndexHandler(socketserver.StreamRequestHandler):
+    def setup(self) -> None:
+        super().setup()
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
     def handle(self) -> None:
         index: _Index = self.server.index  # type: ignore[attr-defined]
         while True:
@@ -162,6 +166,7 @@ class _IndexClient:
             try:
                 if self.sock is None:
                     self.sock = socket.create_connection(self.address, timeout=self.timeout)
+                    self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                     self.rfile = self.sock.makefile("rb")
                 self.sock.sendall(json.dumps({"op": op, "key": key}).encode() + b"\n")
                 line = self.rfile.readline(_LINE_MAX + 1)
