@@ -1,6 +1,7 @@
 """Every ```python block of python/README.md and of the repository's README.md is a complete
 program: each runs as written, in a fresh interpreter, and exits 0 (numpy only, no GPU
-needed; a block that imports torch is skipped where torch is not installed)."""
+needed; a block that imports torch or vLLM is skipped where it is not installed: the engines
+environment of python/run-tests runs those)."""
 
 import importlib.util
 import pathlib
@@ -14,8 +15,11 @@ PYTHON_DIR = pathlib.Path(__file__).resolve().parent.parent
 READMES = {"python": PYTHON_DIR / "README.md", "root": PYTHON_DIR.parent / "README.md"}
 BLOCK = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M)
 
-HAVE_TORCH = importlib.util.find_spec("torch") is not None
-USES_TORCH = re.compile(r"^\s*import torch|^\s*from torch|^\s*import .*\btorch\b", re.M)
+# A block that imports one of these is skipped where it is not installed (ferry.sglang needs
+# torch; ferry.vllm needs vLLM).
+NEEDS = {"torch": re.compile(r"^\s*(import|from) (torch|ferry\.sglang)\b|^\s*import .*\btorch\b",
+                             re.M),
+         "vllm": re.compile(r"^\s*(import|from) (vllm|ferry\.vllm)\b", re.M)}
 
 
 def blocks():
@@ -27,8 +31,10 @@ def blocks():
         for i, m in enumerate(BLOCK.finditer(text)):
             line = text.count("\n", 0, m.start()) + 1
             marks = []
-            if USES_TORCH.search(m.group(1)) and not HAVE_TORCH:
-                marks = [pytest.mark.skip(reason="the block uses torch, which is not installed")]
+            for module, uses in NEEDS.items():
+                if uses.search(m.group(1)) and importlib.util.find_spec(module) is None:
+                    marks = [pytest.mark.skip(reason=f"the block uses {module}, which is not "
+                                                     "installed")]
             params.append(pytest.param(path, m.group(1), id=f"{name}-{i}-line{line}",
                                        marks=marks))
     return params
