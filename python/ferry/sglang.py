@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import sys
 import threading
 from typing import Optional
@@ -40,6 +39,7 @@ from typing import Optional
 import torch
 
 import ferry
+from ferry._placement import _receiver, node_id
 
 logger = logging.getLogger("ferry.sglang")
 
@@ -63,31 +63,6 @@ _TARGET_POOL = "sglang.srt.multimodal.transport.cuda_ipc.MmItemMemoryPool"
 _TARGET_PROXY = "sglang.srt.multimodal.transport.cuda_ipc.CudaIpcTensorTransportProxy"
 
 
-_node: Optional[str] = None
-
-
-def node_id() -> str:
-    """Where a mapped ferry pool can be opened: this boot of this machine, seen from this
-    process's IPC and network namespaces (shared memory segments and abstract sockets live
-    there). Two processes with the same id read a pool mapped; others read it over UCX. Read
-    once per process."""
-    global _node
-    if _node is None:
-        try:
-            with open("/proc/sys/kernel/random/boot_id") as f:
-                boot = f.read().strip()
-        except OSError:
-            boot = socket.gethostname()
-        parts = [boot]
-        for ns in ("ipc", "net"):
-            try:
-                parts.append(str(os.stat(f"/proc/self/ns/{ns}").st_ino))
-            except OSError:
-                parts.append("?")
-        _node = ":".join(parts)
-    return _node
-
-
 def _consumer_rank(total: int, consumer_rank: Optional[int]) -> int:
     """The rank a scheduler acknowledges as: the one given, else SGLang's own rule (its TP
     rank modulo the consumer count), else 0 for a single consumer."""
@@ -103,29 +78,6 @@ def _consumer_rank(total: int, consumer_rank: Optional[int]) -> int:
     if not 0 <= rank < total:
         raise RuntimeError(f"ferry consumer rank {rank} is outside [0, {total})")
     return rank
-
-
-_receivers: dict[tuple[str, int, Optional[int]], ferry.Receiver] = {}
-_receivers_lock = threading.Lock()
-
-
-def _receiver(address: str, rank: int, device: Optional[int]) -> ferry.Receiver:
-    """This process's connection to a remote pool as rank (one per pool, rank and GPU; None:
-    a host pool's)."""
-    key = (address, rank, device)
-    with _receivers_lock:
-        rx = _receivers.get(key)
-        if rx is None or rx.closed:
-            rx = _receivers[key] = ferry.connect(address, rank=rank, device=device)
-        return rx
-
-
-def close_receivers() -> None:
-    """Closes this process's connections to remote pools (the proxies reconnect on use)."""
-    with _receivers_lock:
-        for rx in _receivers.values():
-            rx.close()
-        _receivers.clear()
 
 
 class FerryTensorTransportProxy(_ProxyBase):  # type: ignore[misc, valid-type]
@@ -195,7 +147,7 @@ class FerryTensorTransportProxy(_ProxyBase):  # type: ignore[misc, valid-type]
     @property
     def remote(self) -> bool:
         """Whether this process reads the pool over UCX (another host) rather than mapped."""
-        return self.proxy_state["ferry"]["node"] != (_node or node_id())
+        return self.proxy_state["ferry"]["node"] != node_id()
 
     def _remote_address(self) -> str:
         address = self._state["remote"]

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 
 import ferry
-from ferry.sglang import node_id
+from ferry._placement import _receiver, node_id
 
 from vllm.distributed.ec_transfer.ec_connector.base import (
     ECConnectorBase,
@@ -230,7 +230,6 @@ class FerryECConnector(ECConnectorBase):
         self._pending: dict[str, FerryLoad] = {}
         # consumer worker
         self._failed: set[str] = set()
-        self._receivers: dict[tuple[str, int, Optional[int]], ferry.Receiver] = {}
 
     # ---- producer worker -----------------------------------------------------------------
 
@@ -283,9 +282,6 @@ class FerryECConnector(ECConnectorBase):
             self._server = None
         if self._pool is not None:
             self._pool.close()
-        for rx in self._receivers.values():
-            rx.close()
-        self._receivers.clear()
 
     # ---- consumer scheduler --------------------------------------------------------------
 
@@ -340,13 +336,6 @@ class FerryECConnector(ECConnectorBase):
 
     # ---- consumer worker -----------------------------------------------------------------
 
-    def _receiver(self, address: str, rank: int, device: Optional[int]) -> ferry.Receiver:
-        key = (address, rank, device)
-        rx = self._receivers.get(key)
-        if rx is None or rx.closed:
-            rx = self._receivers[key] = ferry.connect(address, rank=rank, device=device)
-        return rx
-
     def start_load_caches(self, encoder_cache: dict[str, torch.Tensor], **kwargs) -> None:
         """Reads each feature the scheduler claimed into encoder_cache (one already there is
         only acknowledged), as this worker's tensor-parallel rank, on the current stream."""
@@ -367,7 +356,7 @@ class FerryECConnector(ECConnectorBase):
                     if load.remote is None:
                         raise RuntimeError("the pool is on another host and serves none "
                                            "(give the producer's extra config listen=)")
-                    rx = self._receiver(load.remote, rank, device if on_gpu else None)
+                    rx = _receiver(load.remote, rank, device if on_gpu else None)
                     if hit:
                         rx.ack(d, lease=True)
                     else:

@@ -1,0 +1,58 @@
+"""Where an engine adapter's rank reads a pool from (ferry.sglang, ferry.vllm): mapped, on
+the producer's node, or over UCX through a connection to the pool's remote address."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from typing import Optional
+
+import ferry
+
+_node: Optional[str] = None
+
+
+def node_id() -> str:
+    """Where a mapped ferry pool can be opened: this boot of this machine, seen from this
+    process's IPC and network namespaces (shared memory segments and abstract sockets live
+    there). Two processes with the same id read a pool mapped; others read it over UCX. Read
+    once per process."""
+    global _node
+    if _node is None:
+        try:
+            with open("/proc/sys/kernel/random/boot_id") as f:
+                boot = f.read().strip()
+        except OSError:
+            boot = socket.gethostname()
+        parts = [boot]
+        for ns in ("ipc", "net"):
+            try:
+                parts.append(str(os.stat(f"/proc/self/ns/{ns}").st_ino))
+            except OSError:
+                parts.append("?")
+        _node = ":".join(parts)
+    return _node
+
+
+_receivers: dict[tuple[str, int, Optional[int]], ferry.Receiver] = {}
+_receivers_lock = threading.Lock()
+
+
+def _receiver(address: str, rank: int, device: Optional[int]) -> ferry.Receiver:
+    """This process's connection to a remote pool as rank (one per pool, rank and GPU; None:
+    a host pool's)."""
+    key = (address, rank, device)
+    with _receivers_lock:
+        rx = _receivers.get(key)
+        if rx is None or rx.closed:
+            rx = _receivers[key] = ferry.connect(address, rank=rank, device=device)
+        return rx
+
+
+def close_receivers() -> None:
+    """Closes this process's connections to remote pools (the proxies reconnect on use)."""
+    with _receivers_lock:
+        for rx in _receivers.values():
+            rx.close()
+        _receivers.clear()
