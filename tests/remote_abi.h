@@ -105,6 +105,7 @@
     X(offsetof(ucp_request_param_t, user_data))                                                    \
     X(offsetof(ucp_request_param_t, reply_buffer))                                                 \
     X(offsetof(ucp_request_param_t, memory_type))                                                  \
+    X(offsetof(ucp_request_param_t, memh))                                                         \
     X(offsetof(ucp_am_handler_param_t, id))                                                        \
     X(offsetof(ucp_am_handler_param_t, flags))                                                     \
     X(offsetof(ucp_am_handler_param_t, cb))                                                        \
@@ -139,6 +140,7 @@
     X(UCP_OP_ATTR_FIELD_USER_DATA)                                                                 \
     X(UCP_OP_ATTR_FIELD_FLAGS)                                                                     \
     X(UCP_OP_ATTR_FIELD_MEMORY_TYPE)                                                               \
+    X(UCP_OP_ATTR_FIELD_MEMH)                                                                      \
     X(UCP_AM_SEND_FLAG_EAGER)                                                                      \
     X(UCP_AM_HANDLER_PARAM_FIELD_ID)                                                               \
     X(UCP_AM_HANDLER_PARAM_FIELD_FLAGS)                                                            \

@@ -848,6 +848,7 @@ typedef struct remote_worker {
     ferry_consumer *consumer;
     uint8_t *buf, *want; /* host: where reads land (and GPU reads are checked); the pattern */
     CUdeviceptr dev;     /* GPU: where device reads land */
+    ucp_mem_h dev_memh;  /* dev registered with UCX once: the floor's gets name it */
     uint64_t done[KINDS];
     ucx_node node;
     ucp_ep_h ep;
@@ -925,6 +926,19 @@ static int worker_init(bench_worker *w)
         return worker_fail(w, "ferry_consumer_connect: %s", ferry_last_error());
     if ((why = ucx_node_open(&s->node, UCS_THREAD_MODE_SERIALIZED, AM_ITEM, on_item, s)))
         return worker_fail(w, "the floor's UCX: %s", why);
+    if (s->dev && ucx_node_cuda(&s->node)) {
+        /* A bare get's best: the destination registered once (cuda_ipc then copies straight
+         * into it); without UCX's CUDA support it stays unregistered (the run says why). */
+        ucp_mem_map_params_t mp = {
+            .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                          UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE,
+            .address = (void *)(uintptr_t)s->dev,
+            .length = max,
+            .memory_type = UCS_MEMORY_TYPE_CUDA};
+        ucs_status_t st = ucx.ucp_mem_map(s->node.context, &mp, &s->dev_memh);
+        if (st != UCS_OK)
+            return worker_fail(w, "the floor's destination: %s", ucx_error("ucp_mem_map", st));
+    }
     rank_area *ra = rank_area_of(&w->region, w->rank);
     if (s->node.address_len > RANK_AREA - sizeof(rank_area))
         return worker_fail(w, "UCX's worker address of %zu bytes is too large",
@@ -1001,6 +1015,10 @@ static int floor_read(bench_worker *w, void *dst, uint64_t size, int mem)
     ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_MEMORY_TYPE,
                              .memory_type =
                                  mem == MEM_DEVICE ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST};
+    if (mem == MEM_DEVICE && s->dev_memh) {
+        p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+        p.memh = s->dev_memh;
+    }
     floor_ack a = {.rank = w->rank, .item = it.item};
     const char *why =
         ucx_wait(&s->node, ucx.ucp_get_nbx(s->ep, dst, size, s->base + it.offset, s->rkey, &p),
@@ -1116,6 +1134,8 @@ static void worker_release(bench_worker *w, int clean)
     if (s->rkey)
         ucx.ucp_rkey_destroy(s->rkey);
     ucx_ep_close(&s->node, s->ep);
+    if (s->dev_memh)
+        ucx.ucp_mem_unmap(s->node.context, s->dev_memh);
     ucx_node_close(&s->node);
     if (s->dev && cu)
         cu->cuMemFree(s->dev);

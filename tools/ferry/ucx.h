@@ -103,6 +103,7 @@ typedef struct ucp_mem_map_params {
 #define UCP_OP_ATTR_FIELD_USER_DATA   (1u << 2)
 #define UCP_OP_ATTR_FIELD_FLAGS       (1u << 4)
 #define UCP_OP_ATTR_FIELD_MEMORY_TYPE (1u << 6)
+#define UCP_OP_ATTR_FIELD_MEMH        (1u << 8)
 #define UCP_AM_SEND_FLAG_EAGER        (1u << 1)
 
 typedef void (*ucp_send_nbx_callback_t)(void *request, ucs_status_t status, void *user_data);
@@ -119,6 +120,11 @@ typedef struct {
     void *user_data;
     void *reply_buffer;
     ucs_memory_type_t memory_type;
+    union {
+        size_t *length;
+        void *tag_info;
+    } recv_info;
+    ucp_mem_h memh; /* UCX 1.12 and later: the floor's registered destination */
 } ucp_request_param_t;
 
 #define UCP_AM_HANDLER_PARAM_FIELD_ID    (1ull << 0)
