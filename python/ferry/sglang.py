@@ -39,7 +39,7 @@ from typing import Optional
 import torch
 
 import ferry
-from ferry._placement import _receiver, node_id
+from ferry._placement import _receiver, current_stream, node_id
 
 logger = logging.getLogger("ferry.sglang")
 
@@ -197,7 +197,7 @@ class FerryTensorTransportProxy(_ProxyBase):  # type: ignore[misc, valid-type]
         shape, dtype = self._state["shape"], getattr(torch, self._state["dtype"])
         out = torch.empty(shape, dtype=dtype, device=target)
         device = None if host else int(rebuild_device_idx)
-        stream = None if host else torch.cuda.current_stream(device)
+        stream = None if host else current_stream(device)
         others = [r for r in (range(ranks.start, rank), range(rank + 1, ranks.stop)) if len(r)]
         if self.remote:
             rx = _receiver(self._remote_address(), rank, device)
@@ -304,7 +304,7 @@ class FerryMmItemMemoryPool:
         self._pool.close()
 
     def _stream(self, tensor: torch.Tensor):
-        return torch.cuda.current_stream(tensor.device) if tensor.is_cuda else None
+        return current_stream(tensor.device.index) if tensor.is_cuda else None
 
     def _proxy(self, d: ferry.Descriptor, tensor: torch.Tensor) -> FerryTensorTransportProxy:
         return FerryTensorTransportProxy(d, tensor.shape, tensor.dtype, self._remote, self._node)

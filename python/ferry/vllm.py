@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 
 import ferry
-from ferry._placement import _receiver, node_id
+from ferry._placement import _receiver, current_stream, node_id
 
 from vllm.distributed.ec_transfer.ec_connector.base import (
     ECConnectorBase,
@@ -267,7 +267,7 @@ class FerryECConnector(ECConnectorBase):
         index = self._index or self._open_pool(tensor)
         stream = None
         if tensor.is_cuda and not self._host_pool:
-            stream = torch.cuda.current_stream(tensor.device)
+            stream = current_stream(tensor.device.index)
         elif tensor.is_cuda:
             tensor = tensor.cpu()
         index.put(mm_hash, tensor, stream)
@@ -345,7 +345,7 @@ class FerryECConnector(ECConnectorBase):
         rank = _tp_rank()
         gpu = torch.cuda.is_available()
         device = torch.cuda.current_device() if gpu else -1
-        stream = torch.cuda.current_stream(device) if gpu else None
+        stream = current_stream(device) if gpu else None
         here = node_id()
         for load in meta.loads:
             d = ferry.Descriptor(load.descriptor)
