@@ -170,13 +170,14 @@ class FerryTensorTransportProxy(_ProxyBase):  # type: ignore[misc, valid-type]
         rank = _consumer_rank(total, consumer_rank)
         return rank, range(rank, rank + 1)
 
-    def _ack(self, rank: int, ranks: range, device: Optional[int]) -> None:
+    def _ack(self, rank: int, ranks: range, device: Optional[int], lease: bool) -> None:
+        """Acknowledges this proxy's tensor for ranks (lease: the whole lease it is part of)."""
         d = self.descriptor
         if self.remote:
             rx = _receiver(self._remote_address(), rank, device)
-            rx.ack(d, ranks=ranks, lease=True)
+            rx.ack(d, ranks=ranks, lease=lease)
         else:
-            ferry.ack(d, ranks=ranks, device=device, lease=True)
+            ferry.ack(d, ranks=ranks, device=device, lease=lease)
 
     def reconstruct_on_target_device(self, rebuild_device_idx, consumer_count: int = 1,
                                      consumer_rank: Optional[int] = None):
@@ -199,35 +200,55 @@ class FerryTensorTransportProxy(_ProxyBase):  # type: ignore[misc, valid-type]
         device = None if host else int(rebuild_device_idx)
         stream = None if host else current_stream(device)
         others = [r for r in (range(ranks.start, rank), range(rank + 1, ranks.stop)) if len(r)]
-        if self.remote:
-            rx = _receiver(self._remote_address(), rank, device)
-            for r in others:  # the group's: its lease is held by this rank's until read
-                rx.ack(d, ranks=r)
-            rx.receive(d, out=out, stream=stream)
-        else:
-            for r in others:
-                ferry.ack(d, ranks=r, device=device)
-            ferry.receive(d, rank=rank, device=device, out=out, stream=stream)
+        try:
+            if self.remote:
+                rx = _receiver(self._remote_address(), rank, device)
+                for r in others:  # the group's: its lease is held by this rank's until read
+                    rx.ack(d, ranks=r)
+                rx.receive(d, out=out, stream=stream)
+            else:
+                for r in others:
+                    ferry.ack(d, ranks=r, device=device)
+                ferry.receive(d, rank=rank, device=device, out=out, stream=stream)
+        except ferry.Error:
+            # Not read (Timeout, ProducerGone, ...): this rank's part is released all the same,
+            # so that the lease is not held by a proxy SGLang will drop.
+            self._consumer_acknowledged = True
+            try:
+                self._ack(rank, range(rank, rank + 1), device, lease=False)
+            except ferry.Error:
+                pass  # acknowledged already, or the producer is gone
+            raise
         self._consumer_acknowledged = True
         self.reconstruct_tensor = out
         return out
 
-    def acknowledge_consumption(self, consumer_count: int = 1,
-                                consumer_rank: Optional[int] = None) -> None:
-        """Releases the lease without reading it (an embedding-cache hit): for this rank, or
-        for the whole group; a lease several tensors share is released whole."""
+    def _release(self, consumer_count: int, consumer_rank: Optional[int], lease: bool) -> None:
         if self._consumer_acknowledged:
             return
         rank, ranks = self._ranks(consumer_count, consumer_rank)
         device = None
         if self.descriptor.device >= 0 and torch.cuda.is_available():
             device = torch.cuda.current_device()
-        self._ack(rank, ranks, device)
+        try:
+            self._ack(rank, ranks, device, lease)
+        except ferry.Stale:
+            if not lease:
+                raise
+            # Released already, through another proxy of the same lease.
         self._consumer_acknowledged = True
 
+    def acknowledge_consumption(self, consumer_count: int = 1,
+                                consumer_rank: Optional[int] = None) -> None:
+        """Releases this proxy's tensor without reading it (an embedding-cache hit), for this
+        rank or for the whole group; other tensors of a shared lease stay readable."""
+        self._release(consumer_count, consumer_rank, lease=False)
+
     def release_without_reconstruction(self, consumer_count: int = 1) -> None:
-        """Releases a proxy whose request was abandoned."""
-        self.acknowledge_consumption(consumer_count)
+        """Releases a proxy whose request was abandoned: the whole lease it is part of (every
+        tensor of the request goes), once; the request's other proxies then find it released
+        and return."""
+        self._release(consumer_count, None, lease=True)
 
     def borrow_on_target_device(self, rebuild_device_idx: int) -> None:
         """No borrowed views: SGLang then reconstructs (a copy, acknowledged in order)."""

@@ -133,7 +133,7 @@ class _IndexHandler(socketserver.StreamRequestHandler):
                 return
             try:
                 request = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):  # too deeply nested is not JSON either
                 answer = {"ok": False, "error": "not JSON"}
             else:
                 answer = index.answer(request)
@@ -228,6 +228,7 @@ class FerryECConnector(ECConnectorBase):
         # consumer scheduler
         self._client: Optional[_IndexClient] = None
         self._pending: dict[str, FerryLoad] = {}
+        self._unavailable: set[str] = set()
         # consumer worker
         self._failed: set[str] = set()
 
@@ -235,11 +236,16 @@ class FerryECConnector(ECConnectorBase):
 
     def _open_pool(self, tensor: torch.Tensor) -> _Index:
         device = -1 if self._host_pool or not tensor.is_cuda else tensor.device.index or 0
-        self._pool = ferry.Pool(self._size, consumers=self._consumers, backend=self._backend,
-                                device=device, on_full="raise", listen=self._listen)
-        self._index = _Index(self._pool, node_id())
-        self._server = _IndexServer(self._index_address, _IndexHandler)
-        self._server.index = self._index  # type: ignore[attr-defined]
+        pool = ferry.Pool(self._size, consumers=self._consumers, backend=self._backend,
+                          device=device, on_full="raise", listen=self._listen)
+        index = _Index(pool, node_id())
+        try:
+            server = _IndexServer(self._index_address, _IndexHandler)
+        except OSError:
+            pool.close()  # no index, no pool: the next save tries again
+            raise
+        server.index = index  # type: ignore[attr-defined]
+        self._pool, self._index, self._server = pool, index, server
         threading.Thread(target=self._server.serve_forever, name="ferry-ec-index",
                          daemon=True).start()
         logger.info("ferry encoder-cache pool: %s, %d MiB, %d consumers, index at %s:%d%s",
@@ -310,13 +316,18 @@ class FerryECConnector(ECConnectorBase):
         mm_hash = request.mm_features[index].identifier
         if mm_hash in self._pending:
             return
+        request_id = getattr(request, "request_id", None)
         try:
             answer = self._index_client().ask("claim", mm_hash)
         except (OSError, ValueError) as e:
             logger.warning("ferry: could not claim %s from the encoder-cache index (%s)",
                            mm_hash, e)
-            return
+            answer = {"descriptor": None}
         if answer.get("descriptor") is None:
+            # Offered by has_cache_item and gone since (dropped for room, or the index
+            # stopped answering): vLLM fails the request (take_unavailable_requests).
+            if request_id is not None:
+                self._unavailable.add(request_id)
             return
         try:
             load = FerryLoad(mm_hash, bytes.fromhex(answer["descriptor"]), str(answer["node"]),
@@ -327,6 +338,12 @@ class FerryECConnector(ECConnectorBase):
                            mm_hash, e)
             return
         self._pending[mm_hash] = load
+
+    def take_unavailable_requests(self) -> set[str]:
+        """Requests whose claimed-for feature the producer no longer had (vLLM fails them;
+        re-issued, they are encoded again)."""
+        taken, self._unavailable = self._unavailable, set()
+        return taken
 
     def build_connector_meta(self, scheduler_output: Any,
                              encoder_cache_manager: Any = None) -> ECConnectorMetadata:
@@ -340,6 +357,7 @@ class FerryECConnector(ECConnectorBase):
         """Reads each feature the scheduler claimed into encoder_cache (one already there is
         only acknowledged), as this worker's tensor-parallel rank, on the current stream."""
         meta = self._get_connector_metadata()
+        self._failed = set()  # this step's (vLLM 0.34 never calls wait_for_load)
         if not isinstance(meta, FerryECConnectorMetadata):
             return
         rank = _tp_rank()
@@ -374,6 +392,19 @@ class FerryECConnector(ECConnectorBase):
                 logger.warning("ferry: could not load the encoder output %s: %s",
                                load.mm_hash, e)
                 self._failed.add(load.mm_hash)
+                self._give_up(load, d, rank, device if on_gpu else None)
+
+    def _give_up(self, load: FerryLoad, d: ferry.Descriptor, rank: int,
+                 device: Optional[int]) -> None:
+        """A feature not read: this rank's acknowledgement all the same, so that the slice is
+        not held by a rank that will never read it (best effort: the producer may be gone)."""
+        try:
+            if load.node != node_id() and load.remote is not None:
+                _receiver(load.remote, rank, device).ack(d, lease=True)
+            elif load.node == node_id():
+                ferry.ack(d, rank=rank, device=device, lease=True)
+        except (ferry.Error, ValueError):
+            pass
 
     def wait_for_load(self) -> set[str]:
         """The features whose load failed (the reads completed in start_load_caches, in

@@ -378,7 +378,9 @@ static PyObject *receiver_receive(PyObject *obj, PyObject *const *args, Py_ssize
         PyErr_SetString(PyExc_TypeError, "receive() missing its required argument 'descriptor'");
         return NULL;
     }
-    if (fy_descriptor_get(v[0], &d) < 0 || fy_timeout_arg(v[4], FERRY_WAIT_FOREVER, &ns) < 0)
+    /* timeout: as ferry.receive's (10 s unless given), not recv's (forever): the lease was
+     * sent already, a wait for it ends with the producer's copy. */
+    if (fy_descriptor_get(v[0], &d) < 0 || fy_timeout_arg(v[4], FY_DEFAULT_WAIT_NS, &ns) < 0)
         return NULL;
     int torch = v[5] && v[5] != Py_None ? PyObject_IsTrue(v[5]) : self->torch;
     if (torch < 0)
@@ -510,7 +512,8 @@ static PyMethodDef receiver_methods[] = {
      "Reads a lease whose descriptor came by a channel of the caller's own (Pool.publish's), "
      "as this receiver's rank and through its connection, as ferry.receive does. A pool on "
      "another host is read this way, by UCX gets (zero-copy views need the pool mapped: "
-     "local pools only). Stale if the lease was acknowledged for this rank already."},
+     "local pools only). timeout: seconds, 10 unless given. Stale if the lease was acknowledged "
+     "for this rank already."},
     {"ack", (PyCFunction)(void (*)(void))receiver_ack, METH_VARARGS | METH_KEYWORDS,
      "ack(descriptor, *, ranks=None, lease=False)\n\n"
      "Acknowledges without reading, as ferry.ack does, through this receiver's connection: "

@@ -199,7 +199,8 @@ def test_group_acknowledgement_and_release():
         assert pool.active_lease_count == 0
         shared = pool.wrap_tensors([sample(2), sample(3, (5,), torch.int64)])
         assert len(shared) == 2 and pool.active_lease_count == 1
-        pickle.loads(pickle.dumps(shared[1])).acknowledge_consumption(4, consumer_rank=0)
+        for proxy in shared:  # each tensor released by the group's leader
+            pickle.loads(pickle.dumps(proxy)).acknowledge_consumption(4, consumer_rank=0)
         pool.pool.drain(timeout=10)
         assert pool.active_lease_count == 0
         with pytest.raises(ValueError, match="one consumer or the complete"):
@@ -208,6 +209,39 @@ def test_group_acknowledgement_and_release():
             pool.wrap_tensor(x).reconstruct_on_target_device(0, consumer_rank=4)
     finally:
         pool.shutdown(); ferry.release_consumers()  # noqa: E702
+
+
+def test_shared_lease_cache_hit_and_abandon():
+    """Tensors of one request in one lease: a cache hit on one leaves the other readable; an
+    abandoned request releases the whole lease through its first proxy, and its other
+    proxies then return quietly (SGLang releases each)."""
+    pool = fs.FerryMmItemMemoryPool(4 << 20, 0.05, -1, 1)
+    try:
+        a, b = sample(4), sample(5, (3, 7), torch.float16)
+        hit, wanted = (pickle.loads(pickle.dumps(p)) for p in pool.wrap_tensors([a, b]))
+        hit.acknowledge_consumption()
+        assert torch.equal(wanted.reconstruct_on_target_device(0), b)
+        pool.pool.drain(timeout=10)
+        assert pool.active_lease_count == 0
+        abandoned = [pickle.loads(pickle.dumps(p)) for p in pool.wrap_tensors([a, b, a])]
+        for proxy in abandoned:
+            proxy.release_without_reconstruction()
+        pool.pool.drain(timeout=10)
+        assert pool.active_lease_count == 0
+    finally:
+        pool.shutdown()
+
+
+def test_failed_read_releases_its_rank():
+    """A read that fails (the producer closed its pool) still releases this rank's part, and
+    SGLang's later release of the abandoned proxy returns quietly."""
+    pool = fs.FerryMmItemMemoryPool(4 << 20, 0.05, -1, 2)
+    proxy = pickle.loads(pickle.dumps(pool.wrap_tensor(sample(6))))
+    pool.shutdown()
+    with pytest.raises(ferry.Error):
+        proxy.reconstruct_on_target_device(0, consumer_count=2, consumer_rank=1)
+    proxy.release_without_reconstruction(2)  # released already: no second acknowledgement
+    ferry.release_consumers()
 
 
 def test_cancel_proxy():

@@ -159,6 +159,11 @@ def test_full_pool_drops_oldest_unclaimed(producer, caplog):
         prod.save_caches(cache, f"h{i}")
     assert not sched.has_cache_item("h1")  # the oldest unclaimed went first
     assert sched.has_cache_item("h39")
+    late = request("h1")
+    late.request_id = "r-late"  # offered earlier, dropped since: vLLM is told to fail it
+    sched.update_state_after_alloc(late, 0)
+    assert sched.take_unavailable_requests() == {"r-late"}
+    assert sched.take_unavailable_requests() == set()
     meta = sched.build_connector_meta(None)
     conn = make(ECConnectorRole.WORKER, "ec_consumer", port)
     conn.bind_connector_metadata(meta)
@@ -201,6 +206,9 @@ def test_index_refuses_malformed_requests(producer):
         f.write(b'{"op": "has", "key": "h"}\n')
         f.flush()
         assert json.loads(f.readline()) == {"ok": True, "has": True}
+        f.write(b"[" * 60000 + b"\n")  # nested past Python's recursion limit
+        f.flush()
+        assert json.loads(f.readline()) == {"ok": False, "error": "not JSON"}
         f.write(b"x" * (fv._LINE_MAX + 10) + b"\n")
         f.flush()
         assert json.loads(f.readline())["error"] == "request too long"
