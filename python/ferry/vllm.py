@@ -101,6 +101,13 @@ class _Index:
                            tensor.numel() * tensor.element_size() / (1 << 20))
         return False
 
+    def unclaim(self, mm_hash: str, descriptor_hex: str) -> None:
+        """A claim whose answer did not get out: the feature is offered again, oldest first."""
+        with self.lock:
+            if mm_hash not in self.unclaimed:
+                self.unclaimed[mm_hash] = ferry.Descriptor(bytes.fromhex(descriptor_hex))
+                self.unclaimed.move_to_end(mm_hash, last=False)
+
     def answer(self, request: Any) -> dict:
         if not isinstance(request, dict) or not isinstance(request.get("key"), str):
             return {"ok": False, "error": "a request is {\"op\": ..., \"key\": mm_hash}"}
@@ -120,7 +127,8 @@ class _Index:
 class _IndexHandler(socketserver.StreamRequestHandler):
     def setup(self) -> None:
         super().setup()
-        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.connection.family in (socket.AF_INET, socket.AF_INET6):
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def handle(self) -> None:
         index: _Index = self.server.index  # type: ignore[attr-defined]
@@ -137,7 +145,14 @@ class _IndexHandler(socketserver.StreamRequestHandler):
                 answer = {"ok": False, "error": "not JSON"}
             else:
                 answer = index.answer(request)
-            self.wfile.write(json.dumps(answer).encode() + b"\n")
+            try:
+                self.wfile.write(json.dumps(answer).encode() + b"\n")
+            except OSError:
+                # The asker is gone: a feature it claimed goes back, else no one would read
+                # it (a reply lost after it was sent cannot be told from one read).
+                if answer.get("descriptor"):
+                    index.unclaim(request["key"], answer["descriptor"])
+                return
 
 
 class _IndexServer(socketserver.ThreadingTCPServer):

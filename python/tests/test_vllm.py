@@ -217,6 +217,29 @@ def test_index_refuses_malformed_requests(producer):
     assert sched.has_cache_item("h")  # the index still serves
 
 
+def test_claim_whose_answer_cannot_be_sent_goes_back(producer):
+    """A consumer that asked for a feature and went before the answer: the feature is offered
+    again (else its slice would be held for a reader that never comes)."""
+    prod, port = producer(consumers=1)
+    prod.save_caches({"h": feature(1)}, "h")
+    index = prod._index
+    ours, theirs = socket.socketpair()
+    theirs.sendall(b'{"op": "claim", "key": "h"}\n')
+    theirs.close()  # gone before the answer: the index's write fails (EPIPE)
+    server = types.SimpleNamespace(index=index)
+    fv._IndexHandler(ours, ("test", 0), server)  # serves the one connection to its end
+    ours.close()
+    sched = make(ECConnectorRole.SCHEDULER, "ec_consumer", port)
+    assert sched.has_cache_item("h")
+    sched.update_state_after_alloc(request("h"), 0)
+    conn = make(ECConnectorRole.WORKER, "ec_consumer", port)
+    conn.bind_connector_metadata(sched.build_connector_meta(None))
+    cache = {}
+    conn.start_load_caches(cache)
+    assert torch.equal(cache["h"].cpu(), feature(1))
+    prod.pool.drain(timeout=10)
+
+
 def test_index_gone():
     sched = make(ECConnectorRole.SCHEDULER, "ec_consumer", free_port(), timeout=1)
     assert sched.has_cache_item("h") is False  # a warning, not an exception
