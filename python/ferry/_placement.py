@@ -50,6 +50,41 @@ def _receiver(address: str, rank: int, device: Optional[int]) -> ferry.Receiver:
         return rx
 
 
+def _reader(node: str, remote: Optional[str], rank: int,
+            device: Optional[int]) -> Optional[ferry.Receiver]:
+    """None where the pool is mapped here (node is this process's), else the connection to
+    its remote address. RuntimeError for a pool elsewhere that serves no other host."""
+    if node == node_id():
+        return None
+    if remote is None:
+        raise RuntimeError("ferry: the pool is on another host and serves none: its producer "
+                           "must make it with listen= (FERRY_SGLANG_LISTEN, or the vLLM "
+                           "connector's extra config listen)")
+    return _receiver(remote, rank, device)
+
+
+def receive(d: ferry.Descriptor, *, node: str, remote: Optional[str], rank: int,
+            device: Optional[int], **kwargs):
+    """Reads lease d as rank, from where this process reads the pool (ferry.receive's
+    keywords; device None: a host pool's)."""
+    rx = _reader(node, remote, rank, device)
+    if rx is None:
+        return ferry.receive(d, rank=rank, device=device, **kwargs)
+    return rx.receive(d, **kwargs)
+
+
+def ack(d: ferry.Descriptor, *, node: str, remote: Optional[str], rank: int,
+        device: Optional[int], ranks: Optional[range] = None, lease: bool = False) -> None:
+    """Acknowledges lease d for ranks (default: rank's alone) without reading it, from where
+    this process reads the pool; lease: the whole lease d is part of."""
+    ranks = range(rank, rank + 1) if ranks is None else ranks
+    rx = _reader(node, remote, rank, device)
+    if rx is None:
+        ferry.ack(d, ranks=ranks, device=device, lease=lease)
+    else:
+        rx.ack(d, ranks=ranks, lease=lease)
+
+
 def close_receivers() -> None:
     """Closes this process's connections to remote pools (the proxies reconnect on use)."""
     with _receivers_lock:

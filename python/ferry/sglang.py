@@ -32,14 +32,14 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 from typing import Optional
 
 import torch
 
 import ferry
-from ferry._placement import _receiver, current_stream, node_id
+from ferry import _placement
+from ferry._placement import current_stream, node_id
 
 logger = logging.getLogger("ferry.sglang")
 
@@ -53,6 +53,10 @@ except ImportError:  # pragma: no cover - depends on the installed SGLang
 
 _ProxyBase: type = (getattr(_sglang_transport, "CudaIpcTensorTransportProxy", object)
                     if _sglang_transport is not None else object)
+try:  # SGLang's rule for a scheduler's consumer rank (its TP rank modulo the count)
+    from sglang.srt.multimodal.transport.memory_pool import resolve_consumer_rank as _resolve
+except ImportError:  # pragma: no cover - depends on the installed SGLang
+    _resolve = None
 
 #: Environment variables: the switch, and an address to serve other hosts from.
 ENV_ENABLE = "FERRY_SGLANG"
@@ -67,13 +71,9 @@ def _consumer_rank(total: int, consumer_rank: Optional[int]) -> int:
     """The rank a scheduler acknowledges as: the one given, else SGLang's own rule (its TP
     rank modulo the consumer count), else 0 for a single consumer."""
     if consumer_rank is None and total > 1:
-        resolve = None
-        if _sglang_transport is not None:
-            from sglang.srt.multimodal.transport import memory_pool as _mp
-            resolve = getattr(_mp, "resolve_consumer_rank", None)
-        if resolve is None:
+        if _resolve is None:
             raise RuntimeError(f"ferry: give consumer_rank= (the pool has {total} consumers)")
-        return int(resolve(total, None, "ferry"))
+        return int(_resolve(total, None, "ferry"))
     rank = 0 if consumer_rank is None else int(consumer_rank)
     if not 0 <= rank < total:
         raise RuntimeError(f"ferry consumer rank {rank} is outside [0, {total})")
@@ -90,21 +90,15 @@ class FerryTensorTransportProxy(_ProxyBase):  # type: ignore[misc, valid-type]
     def __init__(self, descriptor: ferry.Descriptor, shape, dtype: torch.dtype,
                  remote_address: Optional[str] = None, node: Optional[str] = None):
         # SGLang's constructor takes the pool's tensors: nothing of it applies here.
-        self.proxy_state = {
-            "ferry": {
-                "descriptor": bytes(descriptor),
-                "shape": tuple(int(n) for n in shape),
-                "dtype": str(dtype).replace("torch.", ""),
-                "remote": remote_address,
-                "node": node or node_id(),
-            },
-            "tensor_data": None,
-        }
-        self.sync_data_meta = None
-        self._reset_runtime()
+        self._set({"descriptor": bytes(descriptor), "shape": tuple(int(n) for n in shape),
+                   "dtype": str(dtype).replace("torch.", ""), "remote": remote_address,
+                   "node": node or node_id()})
         self._descriptor = descriptor
 
-    def _reset_runtime(self) -> None:
+    def _set(self, state: dict) -> None:
+        """The proxy from its state (proxy_state["ferry"]), nothing read or acknowledged."""
+        self.proxy_state = {"ferry": state, "tensor_data": None}
+        self.sync_data_meta = None
         self.reconstruct_tensor = None
         self._consumer_acknowledged = False
         self._descriptor: Optional[ferry.Descriptor] = None
@@ -113,9 +107,7 @@ class FerryTensorTransportProxy(_ProxyBase):  # type: ignore[misc, valid-type]
         return {"proxy_state": self.proxy_state}
 
     def __setstate__(self, state: dict) -> None:
-        self.proxy_state = state["proxy_state"]
-        self.sync_data_meta = None
-        self._reset_runtime()
+        self._set(state["proxy_state"]["ferry"])
 
     def __reduce__(self):
         # Pickled as a flat tuple (about half the time of the state dict's round trip).
@@ -149,14 +141,6 @@ class FerryTensorTransportProxy(_ProxyBase):  # type: ignore[misc, valid-type]
         """Whether this process reads the pool over UCX (another host) rather than mapped."""
         return self.proxy_state["ferry"]["node"] != node_id()
 
-    def _remote_address(self) -> str:
-        address = self._state["remote"]
-        if address is None:
-            raise RuntimeError(
-                "ferry: this feature's pool is on another host and serves none: make it with "
-                f"listen= ({ENV_LISTEN}=HOST:PORT for SGLang's pools)")
-        return address
-
     # ---- consuming -----------------------------------------------------------------------
 
     def _ranks(self, consumer_count: int, consumer_rank: Optional[int]) -> tuple[int, range]:
@@ -170,14 +154,10 @@ class FerryTensorTransportProxy(_ProxyBase):  # type: ignore[misc, valid-type]
         rank = _consumer_rank(total, consumer_rank)
         return rank, range(rank, rank + 1)
 
-    def _ack(self, rank: int, ranks: range, device: Optional[int], lease: bool) -> None:
-        """Acknowledges this proxy's tensor for ranks (lease: the whole lease it is part of)."""
-        d = self.descriptor
-        if self.remote:
-            rx = _receiver(self._remote_address(), rank, device)
-            rx.ack(d, ranks=ranks, lease=lease)
-        else:
-            ferry.ack(d, ranks=ranks, device=device, lease=lease)
+    def _where(self, rank: int, device: Optional[int]) -> dict:
+        """The keywords of _placement.receive and ack for this proxy's pool."""
+        st = self.proxy_state["ferry"]
+        return {"node": st["node"], "remote": st["remote"], "rank": rank, "device": device}
 
     def reconstruct_on_target_device(self, rebuild_device_idx, consumer_count: int = 1,
                                      consumer_rank: Optional[int] = None):
@@ -200,22 +180,17 @@ class FerryTensorTransportProxy(_ProxyBase):  # type: ignore[misc, valid-type]
         device = None if host else int(rebuild_device_idx)
         stream = None if host else current_stream(device)
         others = [r for r in (range(ranks.start, rank), range(rank + 1, ranks.stop)) if len(r)]
+        where = self._where(rank, device)
         try:
-            if self.remote:
-                rx = _receiver(self._remote_address(), rank, device)
-                for r in others:  # the group's: its lease is held by this rank's until read
-                    rx.ack(d, ranks=r)
-                rx.receive(d, out=out, stream=stream)
-            else:
-                for r in others:
-                    ferry.ack(d, ranks=r, device=device)
-                ferry.receive(d, rank=rank, device=device, out=out, stream=stream)
+            for r in others:  # the group's: its lease is held by this rank's until read
+                _placement.ack(d, ranks=r, **where)
+            _placement.receive(d, out=out, stream=stream, **where)
         except ferry.Error:
             # Not read (Timeout, ProducerGone, ...): this rank's part is released all the same,
             # so that the lease is not held by a proxy SGLang will drop.
             self._consumer_acknowledged = True
             try:
-                self._ack(rank, range(rank, rank + 1), device, lease=False)
+                _placement.ack(d, **where)
             except ferry.Error:
                 pass  # acknowledged already, or the producer is gone
             raise
@@ -231,7 +206,8 @@ class FerryTensorTransportProxy(_ProxyBase):  # type: ignore[misc, valid-type]
         if self.descriptor.device >= 0 and torch.cuda.is_available():
             device = torch.cuda.current_device()
         try:
-            self._ack(rank, ranks, device, lease)
+            _placement.ack(self.descriptor, ranks=ranks, lease=lease,
+                           **self._where(rank, device))
         except ferry.Stale:
             if not lease:
                 raise
@@ -268,13 +244,8 @@ class FerryTensorTransportProxy(_ProxyBase):  # type: ignore[misc, valid-type]
 def _proxy_from_wire(cls, descriptor: bytes, shape: tuple, dtype: str,
                      remote: Optional[str], node: str) -> FerryTensorTransportProxy:
     proxy = cls.__new__(cls)
-    proxy.proxy_state = {
-        "ferry": {"descriptor": descriptor, "shape": shape, "dtype": dtype, "remote": remote,
-                  "node": node},
-        "tensor_data": None,
-    }
-    proxy.sync_data_meta = None
-    proxy._reset_runtime()
+    proxy._set({"descriptor": descriptor, "shape": shape, "dtype": dtype, "remote": remote,
+                "node": node})
     return proxy
 
 
@@ -384,32 +355,22 @@ def enabled() -> bool:
     return os.environ.get(ENV_ENABLE, "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def _replace_everywhere(module, name: str, new) -> int:
-    """Puts new in place of module.name, and of every binding other modules took of it
-    (``from module import name``). The number of modules changed."""
-    old = getattr(module, name)
-    if old is new:
-        return 0
-    changed = 0
-    for mod in list(sys.modules.values()):
-        d = getattr(mod, "__dict__", None)
-        if not d or not getattr(mod, "__name__", "").startswith("sglang"):
-            continue
-        for key, value in list(d.items()):
-            if value is old:
-                setattr(mod, key, new)
-                changed += 1
-    return changed
+def _register() -> None:
+    """Registers the two classes with SGLang's hook registry (class replacement, which it
+    propagates to every module that imported SGLang's)."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    HookRegistry.register(_TARGET_POOL, FerryMmItemMemoryPool, HookType.REPLACE)
+    HookRegistry.register(_TARGET_PROXY, FerryTensorTransportProxy, HookType.REPLACE)
 
 
 def install() -> None:
-    """Puts ferry's classes in place of SGLang's CUDA IPC pool and proxy in this process
-    (what the plugin does under ``FERRY_SGLANG=1``)."""
+    """Puts ferry's classes in place of SGLang's CUDA IPC pool and proxy in this process,
+    through SGLang's hook registry (what the plugin does under ``FERRY_SGLANG=1``)."""
     if _sglang_transport is None:
         raise RuntimeError("ferry.sglang.install: SGLang is not installed")
-    _replace_everywhere(_sglang_transport, "MmItemMemoryPool", FerryMmItemMemoryPool)
-    _replace_everywhere(_sglang_transport, "CudaIpcTensorTransportProxy",
-                        FerryTensorTransportProxy)
+    from sglang.srt.plugins.hook_registry import HookRegistry
+    _register()
+    HookRegistry.apply_hooks()
 
 
 def plugin() -> None:
@@ -418,7 +379,5 @@ def plugin() -> None:
     them in place in each SGLang process; without it, nothing."""
     if not enabled():
         return
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-    HookRegistry.register(_TARGET_POOL, FerryMmItemMemoryPool, HookType.REPLACE)
-    HookRegistry.register(_TARGET_PROXY, FerryTensorTransportProxy, HookType.REPLACE)
+    _register()
     logger.info("ferry carries SGLang's multimodal features (%s=1)", ENV_ENABLE)

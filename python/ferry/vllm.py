@@ -47,7 +47,8 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 
 import ferry
-from ferry._placement import _receiver, current_stream, node_id
+from ferry import _placement
+from ferry._placement import current_stream, node_id
 
 from vllm.distributed.ec_transfer.ec_connector.base import (
     ECConnectorBase,
@@ -379,27 +380,18 @@ class FerryECConnector(ECConnectorBase):
         gpu = torch.cuda.is_available()
         device = torch.cuda.current_device() if gpu else -1
         stream = current_stream(device) if gpu else None
-        here = node_id()
         for load in meta.loads:
             d = ferry.Descriptor(load.descriptor)
             on_gpu = d.device >= 0
+            where = {"node": load.node, "remote": load.remote, "rank": rank,
+                     "device": device if on_gpu else None}
             hit = load.mm_hash in encoder_cache  # computed here meanwhile: released unread
             try:
-                if load.node != here:
-                    if load.remote is None:
-                        raise RuntimeError("the pool is on another host and serves none "
-                                           "(give the producer's extra config listen=)")
-                    rx = _receiver(load.remote, rank, device if on_gpu else None)
-                    if hit:
-                        rx.ack(d, lease=True)
-                    else:
-                        t = rx.receive(d, torch=True, stream=stream if on_gpu else None)
-                elif hit:
-                    ferry.ack(d, rank=rank, device=device if on_gpu else None, lease=True)
+                if hit:
+                    _placement.ack(d, lease=True, **where)
                 else:
-                    t = ferry.receive(d, rank=rank, device=device if on_gpu else None,
-                                      torch=True, stream=stream if on_gpu else None)
-                if not hit:
+                    t = _placement.receive(d, torch=True, stream=stream if on_gpu else None,
+                                           **where)
                     # A host pool's copy is host memory: the encoder cache is the GPU's.
                     encoder_cache[load.mm_hash] = t.to(f"cuda:{device}") \
                         if gpu and t.device.type == "cpu" else t
@@ -407,19 +399,10 @@ class FerryECConnector(ECConnectorBase):
                 logger.warning("ferry: could not load the encoder output %s: %s",
                                load.mm_hash, e)
                 self._failed.add(load.mm_hash)
-                self._give_up(load, d, rank, device if on_gpu else None)
-
-    def _give_up(self, load: FerryLoad, d: ferry.Descriptor, rank: int,
-                 device: Optional[int]) -> None:
-        """A feature not read: this rank's acknowledgement all the same, so that the slice is
-        not held by a rank that will never read it (best effort: the producer may be gone)."""
-        try:
-            if load.node != node_id() and load.remote is not None:
-                _receiver(load.remote, rank, device).ack(d, lease=True)
-            elif load.node == node_id():
-                ferry.ack(d, rank=rank, device=device, lease=True)
-        except (ferry.Error, ValueError):
-            pass
+                try:  # this rank's acknowledgement all the same: no slice is held for a rank
+                    _placement.ack(d, lease=True, **where)  # that will never read it
+                except (ferry.Error, RuntimeError, ValueError):
+                    pass  # the producer is gone, or its pool serves no other host
 
     def wait_for_load(self) -> set[str]:
         """The features whose load failed (the reads completed in start_load_caches, in

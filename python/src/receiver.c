@@ -302,6 +302,12 @@ static PyObject *read_lease(fy_consumer *c, const ferry_descriptor *descs, size_
     return result;
 }
 
+/* A call's torch= (NULL or None: the receiver's own): 0 or 1, or -1 with the exception. */
+static int torch_arg(const fy_receiver *self, PyObject *torch)
+{
+    return torch && torch != Py_None ? PyObject_IsTrue(torch) : self->torch;
+}
+
 static PyObject *receiver_recv(PyObject *obj, PyObject *const *args, Py_ssize_t nargs,
                                PyObject *kwnames)
 {
@@ -316,7 +322,7 @@ static PyObject *receiver_recv(PyObject *obj, PyObject *const *args, Py_ssize_t 
         return NULL;
     PyObject *copy = v[1] ? v[1] : Py_True, *out = v[2] ? v[2] : Py_None;
     PyObject *stream = v[3] ? v[3] : Py_None;
-    int torch = v[4] && v[4] != Py_None ? PyObject_IsTrue(v[4]) : self->torch;
+    int torch = torch_arg(self, v[4]);
     if (torch < 0)
         return NULL;
     fy_consumer *c = open_consumer(self);
@@ -382,7 +388,7 @@ static PyObject *receiver_receive(PyObject *obj, PyObject *const *args, Py_ssize
      * sent already, a wait for it ends with the producer's copy. */
     if (fy_descriptor_get(v[0], &d) < 0 || fy_timeout_arg(v[4], FY_DEFAULT_WAIT_NS, &ns) < 0)
         return NULL;
-    int torch = v[5] && v[5] != Py_None ? PyObject_IsTrue(v[5]) : self->torch;
+    int torch = torch_arg(self, v[5]);
     if (torch < 0)
         return NULL;
     fy_consumer *c = open_consumer(self);

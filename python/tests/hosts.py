@@ -58,3 +58,21 @@ class Hosts:
         prefix = ["ip", "netns", "exec", self.ns[side]] if self.netns else []
         return subprocess.Popen(prefix + [sys.executable] + args, env=env, text=True,
                                 stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def hand_over(self, producer, consumer, producer_env=None):
+        """Runs producer (python arguments) on host 0 and, with the first line it prints,
+        consumer(line) -> (arguments, stdin text or None) on host 1. The consumer must exit 0;
+        then the producer is told "done", must print 0 (its leases in flight once drained)
+        and exit 0. Returns what the consumer printed."""
+        prod = self.run(0, producer, env=producer_env, stdin=subprocess.PIPE)
+        first = prod.stdout.readline()
+        assert first.strip(), prod.stderr.read()
+        args, text = consumer(first.strip())
+        cons = self.run(1, args, stdin=subprocess.PIPE if text is not None else None)
+        out, err = cons.communicate(text, timeout=120)
+        assert cons.returncode == 0, err
+        prod.stdin.write("done\n")
+        prod.stdin.flush()
+        assert prod.stdout.readline().strip() == "0"
+        assert prod.wait(timeout=60) == 0, prod.stderr.read()
+        return out

@@ -306,8 +306,12 @@ def test_pool_full_falls_back_as_sglang_does(device, caplog):
 
 _CHECK_PLUGIN = textwrap.dedent("""
     import sys
-    from sglang.srt.plugins import load_plugins
-    load_plugins()
+    if sys.argv[1] == "install":
+        import ferry.sglang
+        ferry.sglang.install()
+    else:
+        from sglang.srt.plugins import load_plugins
+        load_plugins()
     from sglang.srt.multimodal.transport import cuda_ipc
     from sglang.srt.utils import cuda_ipc_transport_utils as compat
     print(cuda_ipc.MmItemMemoryPool.__module__, compat.MmItemMemoryPool.__module__,
@@ -315,16 +319,17 @@ _CHECK_PLUGIN = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("flag", ["1", ""])
-def test_plugin_turns_it_on(flag):
-    """SGLang's own plugin loader finds ferry's entry point; FERRY_SGLANG=1 decides."""
+@pytest.mark.parametrize("flag, how", [("1", "plugin"), ("", "plugin"), ("", "install")])
+def test_plugin_turns_it_on(flag, how):
+    """SGLang's own plugin loader finds ferry's entry point; FERRY_SGLANG=1 decides; install()
+    does it in a process of one's own."""
     env = dict(os.environ, FERRY_SGLANG=flag)
     env.pop("SGLANG_PLUGINS", None)
-    done = subprocess.run([sys.executable, "-c", _CHECK_PLUGIN], env=env,
+    done = subprocess.run([sys.executable, "-c", _CHECK_PLUGIN, how], env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     modules = done.stdout.split()
-    if flag:
+    if flag or how == "install":
         assert modules == ["ferry.sglang"] * 3
     else:
         assert "ferry.sglang" not in modules
@@ -364,17 +369,8 @@ def test_scheduler_on_another_host():
     if not hosts.netns:
         pytest.skip("needs two network namespaces (root and ip): one namespace is one host")
     try:
-        env_listen = {"FERRY_SGLANG_LISTEN": f"{hosts.ip[0]}:0"}
-        prod = hosts.run(0, ["-c", _PRODUCER], env=env_listen, stdin=subprocess.PIPE)
-        wire = prod.stdout.readline()
-        assert wire.strip(), prod.stderr.read()
-        cons = hosts.run(1, ["-c", _REMOTE_CONSUMER], stdin=subprocess.PIPE)
-        out, err = cons.communicate(wire, timeout=120)
-        assert cons.returncode == 0, err
+        out = hosts.hand_over(["-c", _PRODUCER], lambda wire: (["-c", _REMOTE_CONSUMER], wire),
+                              producer_env={"FERRY_SGLANG_LISTEN": f"{hosts.ip[0]}:0"})
         assert out.strip() == "read 5"
-        prod.stdin.write("done\n")
-        prod.stdin.flush()
-        assert prod.stdout.readline().strip() == "0"
-        assert prod.wait(timeout=60) == 0, prod.stderr.read()
     finally:
         hosts.down()

@@ -11,7 +11,6 @@ torch sees a GPU. Skipped, with the reason, where vLLM cannot be imported."""
 import json
 import multiprocessing as mp
 import socket
-import subprocess
 import textwrap
 import types
 
@@ -302,17 +301,11 @@ def test_consumer_on_another_host():
     if not hosts.netns:
         pytest.skip("needs two network namespaces (root and ip): one namespace is one host")
     try:
-        prod = hosts.run(0, ["-c", _PRODUCER, hosts.ip[0]], stdin=subprocess.PIPE)
-        port = prod.stdout.readline().strip()
-        assert port.isdigit(), prod.stderr.read()
-        cons = hosts.run(1, ["-c", _CONSUMER, hosts.ip[0], port])
-        out, err = cons.communicate(timeout=120)
-        assert cons.returncode == 0, err
+        def consumer(port):
+            assert port.isdigit(), port
+            return ["-c", _CONSUMER, hosts.ip[0], port], None
+        out = hosts.hand_over(["-c", _PRODUCER, hosts.ip[0]], consumer)
         assert out.strip() == "loaded 4"
-        prod.stdin.write("done\n")
-        prod.stdin.flush()
-        assert prod.stdout.readline().strip() == "0"
-        assert prod.wait(timeout=60) == 0, prod.stderr.read()
     finally:
         hosts.down()
 
