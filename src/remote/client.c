@@ -40,14 +40,19 @@
 #include "wire/remote.h"
 #include "wire/wire.h"
 
-/* How long a waiting call spins on the worker before it sleeps on its event fd. */
-#define CLIENT_SPIN_NS 50000ull
+/* How long a waiting call spins on the worker before it sleeps on its event fd; a read spins
+ * as long again as its bytes take at 16 GB/s: a get of GPU memory ends with a CUDA event,
+ * which UCX sees only when progressed (and the wake-up from the fd costs more than a copy of
+ * a few MiB). */
+#define CLIENT_SPIN_NS           50000ull
+#define CLIENT_SPIN_BYTES_PER_NS 16ull
 /* The longest sleep between looks at the connection. */
 #define CLIENT_SLICE_NS 10000000ull
-/* A read's slice is got in pieces of at most this many bytes: each ends within ~40 ms at the
- * slowest rate measured (0.4 GB/s), far within the keepalive bound (2 s at least), so a
- * piece that does not end within it means a producer that serves nothing. */
-#define CLIENT_GET_PIECE (16ull << 20)
+/* A read's slice is got in pieces of at most this many bytes: each ends within ~170 ms at the
+ * slowest rate measured (0.4 GB/s), well within the keepalive bound (2 s at least), so a
+ * piece that does not end within it means a producer that serves nothing. (A piece is a get
+ * of its own: over cuda_ipc each costs ~20 us besides its bytes.) */
+#define CLIENT_GET_PIECE (64ull << 20)
 /* How often a read polls the ready word of a lease that is not ready yet. */
 #define CLIENT_READY_POLL_NS 20000ull
 
@@ -556,7 +561,8 @@ static void abandon(ferry__remote_client *cl)
  * and the kernel answers its keepalives). What ends is what counts: the worker's progress
  * says nothing (UCX 1.22 reports progress of its own while the producer is stopped), so a
  * read's slice is got in pieces of CLIENT_GET_PIECE, each ending well within the bound. */
-static ferry_status wait_requests(ferry__remote_client *cl, void **reqs, int n, const char *what)
+static ferry_status wait_requests(ferry__remote_client *cl, void **reqs, int n, const char *what,
+                                  uint64_t spin_ns)
 {
     const ferry__ucx *u = cl->node.ucx;
     ucs_status_t first = UCS_OK;
@@ -591,8 +597,7 @@ static ferry_status wait_requests(ferry__remote_client *cl, void **reqs, int n, 
                 given_up = now;
             if (given_up && now - given_up > 100000000ull)
                 break;
-            if (!busy && now - start > CLIENT_SPIN_NS &&
-                u->ucp_worker_arm(cl->node.worker) == UCS_OK) {
+            if (!busy && now - start > spin_ns && u->ucp_worker_arm(cl->node.worker) == UCS_OK) {
                 struct pollfd p = {.fd = cl->node.efd, .events = POLLIN};
                 poll(&p, 1, 1);
             }
@@ -632,7 +637,7 @@ static ferry_status send_am(ferry__remote_client *cl, ferry__am *m, const void *
                              .flags = UCP_AM_SEND_FLAG_EAGER};
     void *req =
         cl->node.ucx->ucp_am_send_nbx(cl->ep, FERRY_AM_ID, hdr, sizeof(hdr), payload, n, &p);
-    return wait_requests(cl, &req, 1, "ucp_am_send_nbx");
+    return wait_requests(cl, &req, 1, "ucp_am_send_nbx", CLIENT_SPIN_NS);
 }
 
 /* Tells the producer how reads go, so that an emulated path is counted and logged there. */
@@ -977,7 +982,7 @@ static ferry_status wait_ready(ferry__remote_client *cl, const ferry_descriptor 
                 0),
             get(cl, extent, 16, cl->extent_addr + 16ull * d->slot, 0, 0),
         };
-        ferry_status st = wait_requests(cl, reqs, 3, "ucp_get_nbx");
+        ferry_status st = wait_requests(cl, reqs, 3, "ucp_get_nbx", CLIENT_SPIN_NS);
         if (st != FERRY_OK)
             return st;
         if (gen != d->generation)
@@ -1076,14 +1081,15 @@ static ferry_status read_checked(ferry__remote_client *cl, const ferry_descripto
     /* The checks are read once the slice is in (issued after its gets ended: a fence would
      * order them too, but UCX 1.22's fence waits for the slice inside UCX, where nothing
      * bounds the wait when the producer is stopped). */
-    st = wait_requests(cl, reqs, (int)pieces, "ucp_get_nbx");
+    st = wait_requests(cl, reqs, (int)pieces, "ucp_get_nbx",
+                       CLIENT_SPIN_NS + d->length / CLIENT_SPIN_BYTES_PER_NS);
     if (reqs != few)
         free(reqs);
     if (st != FERRY_OK)
         return st;
     void *checks[2] = {get(cl, &gen, 4, cl->gen_addr + 4ull * d->slot, 0, 0),
                        get(cl, &ack, 4, ack_word_addr(cl, d->slot), cl->control_rkey, 0)};
-    st = wait_requests(cl, checks, 2, "ucp_get_nbx");
+    st = wait_requests(cl, checks, 2, "ucp_get_nbx", CLIENT_SPIN_NS);
     if (st == FERRY_OK && (gen != d->generation || ack == d->generation))
         st = stale(d, gen, cl->rank);
     return st;

@@ -8,7 +8,11 @@
  * the only caller of its UCX worker as the pool's server thread is of the pool's, which sends
  * each consumer an active message with the place; the consumer gets the bytes (ucp_get_nbx)
  * into the same buffer and answers with an active message, after which the producer may reuse
- * the place. An item is handed over when every consumer's progress word says so, for both. */
+ * the place. An item is handed over when every consumer's progress word says so, for both.
+ * That is the latency rows. The throughput rows time reads alone: a pool's worth of items is
+ * put in first (ferry: sent; floor: copied into the ring), then each consumer times each of
+ * its reads: ferry_consumer_read + _ack of a lease it received, against one ucp_get_nbx of
+ * the item's place into its buffer (registered once) with nothing else: a bare get. */
 #include <errno.h>
 #include <ifaddrs.h>
 #include <math.h>
@@ -28,6 +32,10 @@
 enum { K_FERRY = 0, K_FLOOR = 1, KINDS = 2, PH_CONTROL = 2 };
 enum { MSG_CONNECT = 10, MSG_LOOP = 11 }; /* gpu.h numbers 8 and 9 */
 enum { MEM_HOST = 0, MEM_DEVICE = 1 };
+/* A LOOP message's flags: the memory read into, and whether the items are already in the pool
+ * (a throughput row's reads) or come one by one (a latency row's hand-overs). */
+#define LOOP_MEMORY 0x1u
+#define LOOP_READS  0x2u
 
 #define AM_ITEM       0x51     /* producer to consumer: the floor's item (floor_item) */
 #define AM_ACK        0x52     /* consumer to producer: done with it (floor_ack) */
@@ -40,6 +48,13 @@ enum { MEM_HOST = 0, MEM_DEVICE = 1 };
 
 static const char *const kind_names[KINDS] = {"ferry", "floor"};
 static const char *const mem_names[2] = {"host", "device"};
+
+/* How long a get of n bytes is waited for spinning before the wait sleeps: as ferry's reads
+ * (SPIN_NS, and as long again as n bytes take at 16 GB/s). */
+static uint64_t read_spin_ns(uint64_t n)
+{
+    return SPIN_NS + n / 16;
+}
 
 typedef struct floor_item {
     uint64_t item, offset, size;
@@ -172,6 +187,7 @@ typedef struct remote_run {
     /* the row being measured */
     int mem;
     uint64_t size, window, done[KINDS], *lat[KINDS], busy_ns[KINDS];
+    uint64_t floor_announced; /* 1 + the last floor item announced (answers count to it) */
     /* results */
     lat_row lrows[2];
     tp_row trows[2 * BENCH_MAX_SIZES];
@@ -346,6 +362,18 @@ static int send_ferry(bench_run *run, uint64_t item)
     return 0;
 }
 
+/* The source (the current item) copied into the floor's ring at offset. */
+static int floor_copy(bench_run *run, uint64_t offset)
+{
+    remote_run *s = RS(run);
+    if (!s->gpu) {
+        memcpy((uint8_t *)s->ring + offset, s->src, s->size);
+        return 0;
+    }
+    return RUN_CU(run, "the floor's copy", cuMemcpy, (CUdeviceptr)(uintptr_t)s->ring + offset,
+                  s->src_dev, s->size);
+}
+
 /* The floor's item `item`, the nth of its chunk: into its place in the ring once every
  * consumer answered the one that was there, then announced. */
 static int send_floor(bench_run *run, uint64_t item, uint64_t nth)
@@ -353,16 +381,11 @@ static int send_floor(bench_run *run, uint64_t item, uint64_t nth)
     remote_run *s = RS(run);
     uint64_t slot = (s->size + SLOT_ALIGN - 1) / SLOT_ALIGN * SLOT_ALIGN;
     floor_item it = {item, (nth % s->window) * slot, s->size};
-    if (nth >= s->window && wait_acked(run, item + 1 - s->window) != 0)
+    if ((nth >= s->window && wait_acked(run, item + 1 - s->window) != 0) ||
+        floor_copy(run, it.offset) != 0 || floor_announce(run, &it) != 0)
         return -1;
-    if (s->gpu) {
-        if (RUN_CU(run, "the floor's copy", cuMemcpy, (CUdeviceptr)(uintptr_t)s->ring + it.offset,
-                   s->src_dev, s->size))
-            return -1;
-    } else {
-        memcpy((uint8_t *)s->ring + it.offset, s->src, s->size);
-    }
-    return floor_announce(run, &it);
+    s->floor_announced = item + 1;
+    return 0;
 }
 
 /* Spins (yielding) until every consumer's progress word of kind k reaches need: the latency
@@ -387,10 +410,9 @@ static int spin_done(bench_run *run, int k, uint64_t need)
     }
 }
 
-/* n items of kind k of the current row; the consumers loop over them (one LOOP message).
- * lat (latency rows): each one's round trip, the next sent only once every consumer is done
- * with it; otherwise they go as fast as the pool (the floor's ring) takes them, and *ns gets
- * the time from the first send to the last consumer done. */
+/* n items of kind k of the current row, each one's round trip in lat: the next is sent only
+ * once every consumer is done with it; the consumers loop over them (one LOOP message). *ns
+ * gets the time from the first send to the last consumer done. */
 static int hand(bench_run *run, int k, uint64_t n, uint64_t *lat, uint64_t *ns)
 {
     remote_run *s = RS(run);
@@ -401,7 +423,8 @@ static int hand(bench_run *run, int k, uint64_t n, uint64_t *lat, uint64_t *ns)
                       .item = n,
                       .size = s->size};
     /* Each chunk starts with the floor's ring free. */
-    if ((k == K_FLOOR && wait_acked(run, first) != 0) || run_send(run, run->consumers, &loop) != 0)
+    if ((k == K_FLOOR && wait_acked(run, s->floor_announced) != 0) ||
+        run_send(run, run->consumers, &loop) != 0)
         return -1;
     uint64_t t0 = ferry_now_ns();
     for (uint64_t i = 0; i < n; i++) {
@@ -412,15 +435,10 @@ static int hand(bench_run *run, int k, uint64_t n, uint64_t *lat, uint64_t *ns)
         if ((k == K_FERRY ? send_ferry(run, item) : send_floor(run, item, i)) != 0)
             return -1;
         s->done[k] = item + 1;
-        if (lat && spin_done(run, k, item + 1) != 0)
+        if (spin_done(run, k, item + 1) != 0)
             return -1;
-        if (lat)
-            lat[i] = ferry_now_ns() - t1;
-        else if (run_check_often(run) != 0)
-            return -1;
+        lat[i] = ferry_now_ns() - t1;
     }
-    if (!lat && run_wait(run, k, run->consumers, s->done[k], NULL) != 0)
-        return -1;
     *ns = ferry_now_ns() - t0;
     return 0;
 }
@@ -435,11 +453,51 @@ static int lat_chunk(bench_run *run, int k, uint64_t begin, uint64_t end)
     return 0;
 }
 
+/* The consumers' read time of kind k so far, summed over them. */
+static uint64_t read_ns(const bench_run *run, int k)
+{
+    uint64_t ns = 0;
+    for (uint32_t r = 0; r < run->consumers; r++)
+        ns += __atomic_load_n(&run->region.ranks[r].stat[1 + k], __ATOMIC_ACQUIRE);
+    return ns;
+}
+
+/* n items of kind k read by every consumer, a pool's worth at a time: each batch is put in
+ * the pool first (ferry: sent; floor: copied into the ring), then read by the consumers,
+ * who time their reads alone (loop's LOOP_READS): *ns gets their mean time. */
+static int read_items(bench_run *run, int k, uint64_t n, uint64_t *ns)
+{
+    remote_run *s = RS(run);
+    uint64_t before = read_ns(run, k), slot = (s->size + SLOT_ALIGN - 1) / SLOT_ALIGN * SLOT_ALIGN;
+    for (uint64_t at = 0; at < n;) {
+        uint64_t batch = n - at < s->window ? n - at : s->window, first = s->done[k];
+        for (uint64_t i = 0; i < batch; i++) {
+            if (stamp(run, k, first + i) != 0 ||
+                (k == K_FERRY ? send_ferry(run, first + i) : floor_copy(run, i * slot)) != 0)
+                return -1;
+        }
+        bench_msg loop = {.type = MSG_LOOP,
+                          .phase = (uint32_t)k,
+                          .flags = (uint32_t)s->mem | LOOP_READS,
+                          .item = batch,
+                          .size = s->size,
+                          .key = slot,
+                          .seed = s->window};
+        if (run_send(run, run->consumers, &loop) != 0 ||
+            run_wait(run, k, run->consumers, first + batch, NULL) != 0)
+            return -1;
+        s->done[k] = first + batch;
+        at += batch;
+    }
+    *ns = (read_ns(run, k) - before) / run->consumers;
+    return 0;
+}
+
 static int tp_chunk(bench_run *run, int k, uint64_t begin, uint64_t end)
 {
     remote_run *s = RS(run);
     uint64_t ns;
-    if (hand(run, k, end - begin, NULL, &ns) != 0)
+    if (read_items(run, k, end - begin, &ns) != 0)
         return -1;
     s->busy_ns[k] += ns;
     return 0;
@@ -512,8 +570,8 @@ static int throughput_row(bench_run *run, int mem, uint64_t size)
     const bench_opts *o = run->opt;
     uint64_t n = tp_items(o, size), ns;
     tp_row *row = &s->trows[s->ntrows];
-    if (set_row(run, mem, size) != 0 || hand(run, K_FERRY, 1, NULL, &ns) != 0 ||
-        hand(run, K_FLOOR, 1, NULL, &ns) != 0)
+    if (set_row(run, mem, size) != 0 || read_items(run, K_FERRY, 1, &ns) != 0 ||
+        read_items(run, K_FLOOR, 1, &ns) != 0)
         return -1;
     s->busy_ns[0] = s->busy_ns[1] = 0;
     if (run_rounds(run, n, (uint64_t)o->rounds, KINDS, tp_chunk) != 0)
@@ -766,7 +824,9 @@ static void report_text(const bench_run *run)
                cli_ratio(r->lat[0].p50_us, r->lat[1].p50_us),
                cli_ratio(r->lat[0].p99_us, r->lat[1].p99_us));
     }
-    printf("\nthroughput: GB/s each consumer reads, %lld rounds\n", (long long)o->rounds);
+    printf("\nthroughput: GB/s of each consumer's reads of items already in the pool (ferry: "
+           "read + ack; floor: a bare get), %lld rounds\n",
+           (long long)o->rounds);
     printf("%-7s %9s %7s %11s %11s %12s\n", "memory", "size", "items", "ferry GB/s", "floor GB/s",
            "ferry/floor");
     for (uint32_t i = 0; i < s->ntrows; i++) {
@@ -856,6 +916,7 @@ typedef struct remote_worker {
     uint64_t base, bytes; /* the producer's ring */
     floor_item *queue;    /* the floor's items announced and not taken: [head, tail) */
     uint64_t head, tail, cap;
+    ferry_descriptor *descs; /* a throughput row's batch (cap) */
     int overflow;
 } remote_worker;
 
@@ -911,7 +972,8 @@ static int worker_init(bench_worker *w)
     s->buf = aligned_alloc(64, (max + 63) & ~63ull);
     s->want = malloc(max);
     s->queue = calloc(s->cap, sizeof(*s->queue));
-    if (!s->buf || !s->want || !s->queue)
+    s->descs = calloc(s->cap, sizeof(*s->descs));
+    if (!s->buf || !s->want || !s->queue || !s->descs)
         return worker_fail(w, "out of memory for the item buffers");
     cli_pattern_fill(s->want, 0, max, w->p.seed, 0);
     if (w->p.consumer_device >= 0) {
@@ -1022,9 +1084,9 @@ static int floor_read(bench_worker *w, void *dst, uint64_t size, int mem)
     floor_ack a = {.rank = w->rank, .item = it.item};
     const char *why =
         ucx_wait(&s->node, ucx.ucp_get_nbx(s->ep, dst, size, s->base + it.offset, s->rkey, &p),
-                 s->node.efd, w->p.timeout_ns, "ucp_get_nbx");
+                 s->node.efd, read_spin_ns(size), w->p.timeout_ns, "ucp_get_nbx");
     if (!why)
-        why = ucx_wait(&s->node, ucx_am_send(s->ep, AM_ACK, &a, sizeof(a)), s->node.efd,
+        why = ucx_wait(&s->node, ucx_am_send(s->ep, AM_ACK, &a, sizeof(a)), s->node.efd, SPIN_NS,
                        w->p.timeout_ns, "ucp_am_send_nbx");
     return why ? worker_fail(w, "floor item %llu: %s", (unsigned long long)it.item, why) : 0;
 }
@@ -1036,22 +1098,35 @@ static int ferry_failed(bench_worker *w, const char *call)
                        ferry_last_error());
 }
 
-static int ferry_read(bench_worker *w, void *dst, uint64_t size)
+/* The next lease sent to this rank, of size bytes. */
+static int ferry_take(bench_worker *w, uint64_t size, ferry_descriptor *d)
 {
     remote_worker *s = w->state;
-    ferry_descriptor d;
     size_t got = 0;
-    if (ferry_consumer_recv(s->consumer, w->p.timeout_ns, &d, 1, &got) != FERRY_OK)
+    if (ferry_consumer_recv(s->consumer, w->p.timeout_ns, d, 1, &got) != FERRY_OK)
         return ferry_failed(w, "ferry_consumer_recv");
-    if (d.length != size)
+    if (d->length != size)
         return worker_fail(w, "item %llu: a lease of %llu bytes, expected %llu",
-                           (unsigned long long)s->done[K_FERRY], (unsigned long long)d.length,
+                           (unsigned long long)s->done[K_FERRY], (unsigned long long)d->length,
                            (unsigned long long)size);
-    if (ferry_consumer_read(s->consumer, &d, dst, size, w->p.timeout_ns) != FERRY_OK)
+    return 0;
+}
+
+/* A lease read into dst, then acknowledged. */
+static int ferry_use(bench_worker *w, const ferry_descriptor *d, void *dst)
+{
+    remote_worker *s = w->state;
+    if (ferry_consumer_read(s->consumer, d, dst, d->length, w->p.timeout_ns) != FERRY_OK)
         return ferry_failed(w, "ferry_consumer_read");
-    if (ferry_consumer_ack(s->consumer, &d) != FERRY_OK)
+    if (ferry_consumer_ack(s->consumer, d) != FERRY_OK)
         return ferry_failed(w, "ferry_consumer_ack");
     return 0;
+}
+
+static int ferry_read(bench_worker *w, void *dst, uint64_t size)
+{
+    ferry_descriptor d;
+    return ferry_take(w, size, &d) || ferry_use(w, &d, dst) ? -1 : 0;
 }
 
 /* Item `item` of kind k, read into dst: its stamps at both ends always (device memory: only
@@ -1091,16 +1166,67 @@ static void check_item(bench_worker *w, int k, uint64_t item, const void *dst, u
     }
 }
 
+/* The floor of a read: one get of the item's place in the producer's ring into dst (the
+ * destination registered once, for device memory), waited for as ferry's reads wait.
+ * Nothing else. */
+static int bare_get(bench_worker *w, void *dst, uint64_t offset, uint64_t size, int mem)
+{
+    remote_worker *s = w->state;
+    if (offset > s->bytes || size > s->bytes - offset)
+        return worker_fail(w, "floor read [%llu, +%llu) outside the producer's ring",
+                           (unsigned long long)offset, (unsigned long long)size);
+    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_MEMORY_TYPE,
+                             .memory_type =
+                                 mem == MEM_DEVICE ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST};
+    if (mem == MEM_DEVICE && s->dev_memh) {
+        p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+        p.memh = s->dev_memh;
+    }
+    const char *why =
+        ucx_wait(&s->node, ucx.ucp_get_nbx(s->ep, dst, size, s->base + offset, s->rkey, &p),
+                 s->node.efd, read_spin_ns(size), w->p.timeout_ns, "ucp_get_nbx");
+    return why ? worker_fail(w, "floor item %llu: %s", (unsigned long long)s->done[K_FLOOR], why)
+               : 0;
+}
+
+/* The reads of a throughput row: m->item items of kind k already in the pool (ferry: sent to
+ * this rank, their descriptors taken first; floor: in the producer's ring, the nth at
+ * (nth % m->seed) * m->key), each read into dst and timed alone (ferry: the read and the
+ * acknowledgement; floor: the get), the time added to stat[1 + k], then said done and
+ * checked outside the time. */
+static int reads(bench_worker *w, const bench_msg *m, int k, int mem, void *dst)
+{
+    remote_worker *s = w->state;
+    if (m->item > s->cap || (k == K_FLOOR && (!m->seed || !m->key || m->key < m->size)))
+        return worker_fail(w, "a throughput row's reads the run did not prepare for");
+    for (uint64_t i = 0; k == K_FERRY && i < m->item; i++)
+        if (ferry_take(w, m->size, &s->descs[i]) != 0)
+            return -1;
+    for (uint64_t i = 0; i < m->item; i++) {
+        uint64_t item = s->done[k], t0 = ferry_now_ns();
+        if ((k == K_FERRY ? ferry_use(w, &s->descs[i], dst)
+                          : bare_get(w, dst, (i % m->seed) * m->key, m->size, mem)) != 0)
+            return -1;
+        /* the time before the progress word: the producer reads it once every rank is done */
+        __atomic_add_fetch(&w->me->stat[1 + k], ferry_now_ns() - t0, __ATOMIC_RELEASE);
+        worker_progress(w, k, (uint32_t)++s->done[k]);
+        check_item(w, k, item, dst, m->size, mem);
+    }
+    return 0;
+}
+
 /* n items of kind k: each read, acknowledged (ferry) or answered (floor), then said done,
  * then checked (the bytes are this process's by then). */
 static int loop(bench_worker *w, const bench_msg *m)
 {
     remote_worker *s = w->state;
-    int k = (int)m->phase, mem = (int)m->flags;
+    int k = (int)m->phase, mem = (int)(m->flags & LOOP_MEMORY);
     void *dst = mem == MEM_DEVICE ? (void *)(uintptr_t)s->dev : (void *)s->buf;
     if (k >= KINDS || mem > MEM_DEVICE || m->size < 16 || m->size > w->p.max_item ||
         (mem == MEM_DEVICE && !s->dev))
         return worker_fail(w, "a loop the run did not prepare for");
+    if (m->flags & LOOP_READS)
+        return reads(w, m, k, mem, dst);
     for (uint64_t i = 0; i < m->item; i++) {
         uint64_t item = s->done[k];
         if ((k == K_FERRY ? ferry_read(w, dst, m->size) : floor_read(w, dst, m->size, mem)) != 0)
@@ -1142,6 +1268,7 @@ static void worker_release(bench_worker *w, int clean)
     free(s->buf);
     free(s->want);
     free(s->queue);
+    free(s->descs);
     free(s);
 }
 

@@ -113,8 +113,9 @@ void ucx_node_close(ucx_node *n)
 }
 
 /* Progresses until req is done and frees it, as ferry's remote calls wait for theirs: spins
- * SPIN_NS, then sleeps on the worker's event fd (efd < 0: spins only). NULL, or why not. */
-const char *ucx_wait(ucx_node *n, void *req, int efd, uint64_t timeout_ns, const char *call)
+ * spin_ns, then sleeps on the worker's event fd. NULL, or why not. */
+const char *ucx_wait(ucx_node *n, void *req, int efd, uint64_t spin_ns, uint64_t timeout_ns,
+                     const char *call)
 {
     if (!req)
         return NULL;
@@ -132,7 +133,7 @@ const char *ucx_wait(ucx_node *n, void *req, int efd, uint64_t timeout_ns, const
                      (unsigned long long)(timeout_ns / 1000000));
             return text; /* the request stays UCX's: the run fails, the process exits */
         }
-        if (efd >= 0 && now - start > SPIN_NS && ucx.ucp_worker_arm(n->worker) == UCS_OK) {
+        if (now - start > spin_ns && ucx.ucp_worker_arm(n->worker) == UCS_OK) {
             struct pollfd p = {.fd = efd, .events = POLLIN};
             poll(&p, 1, 1);
         }

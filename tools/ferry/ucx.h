@@ -221,7 +221,8 @@ void ucx_ep_close(ucx_node *n, ucp_ep_h ep);
 /* Progresses n until req (what a ucp_*_nbx call returned) is done and frees it, as ferry's
  * remote calls wait for theirs: spins 50 us, then sleeps on efd (-1: spins only). NULL, or
  * why not. */
-const char *ucx_wait(ucx_node *n, void *req, int efd, uint64_t timeout_ns, const char *call);
+const char *ucx_wait(ucx_node *n, void *req, int efd, uint64_t spin_ns, uint64_t timeout_ns,
+                     const char *call);
 
 /* Sends an active message of a header alone, eagerly: a request, NULL or an error. */
 void *ucx_am_send(ucp_ep_h ep, unsigned id, const void *header, size_t n);
