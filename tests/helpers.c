@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "helpers.h"
 
@@ -108,6 +109,17 @@ int th_count_fds(void)
         n += e->d_name[0] != '.';
     closedir(d);
     return n - 1;
+}
+
+long th_threads_settled(long want)
+{
+    long v = th_status_field("Threads:");
+    for (int i = 0; i < 1000 && v > want; i++) {
+        struct timespec ms = {0, 1000000};
+        nanosleep(&ms, NULL);
+        v = th_status_field("Threads:");
+    }
+    return v;
 }
 
 long th_status_field(const char *name)

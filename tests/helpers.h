@@ -39,4 +39,10 @@ int th_count_fds(void);
  * /proc/self/status; -1 if there is none. */
 long th_status_field(const char *name);
 
+/* The process's threads once they are want or fewer, looked at every millisecond for up to a
+ * second: a thread UCX stops (its async thread, after the last worker that used it) may still
+ * be leaving when the caller looks, or may have been when want was counted. A thread leaked
+ * per cycle stays, and the count stays above want. */
+long th_threads_settled(long want);
+
 #endif
