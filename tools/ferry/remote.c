@@ -182,6 +182,7 @@ typedef struct remote_run {
     floor_item *queue;
     uint64_t queued_head, queued_tail, queue_cap;
     uint32_t sleeping, send_failed;
+    uint64_t sync, synced; /* floor_sync's request, and the last one the thread answered */
     uint32_t acked[BENCH_MAX_RANKS]; /* floor items each consumer answered (atomic) */
     uint32_t ack_seq, ack_waiting;   /* futex word: bumped by every answer */
     /* the row being measured */
@@ -259,9 +260,11 @@ static void *floor_main(void *arg)
     if (s->gpu)
         gpu_use_device((int)run->opt->producer_device); /* gets of device memory are served here */
     while (!__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE)) {
+        uint64_t sync = __atomic_load_n(&s->sync, __ATOMIC_ACQUIRE);
         while (ucx.ucp_worker_progress(s->node.worker)) {
         }
         announce_queued(run);
+        __atomic_store_n(&s->synced, sync, __ATOMIC_RELEASE); /* floor_sync */
         if (ucx.ucp_worker_arm(s->node.worker) == UCS_ERR_BUSY)
             continue;
         /* Dekker with floor_announce: its tail store, then its look at sleeping. */
@@ -359,6 +362,27 @@ static int send_ferry(bench_run *run, uint64_t item)
     if (ferry_pool_send(s->pool, &t, &src, 1, NULL, NULL, run->params.timeout_ns, NULL) != FERRY_OK)
         return run_fail(run, "ferry_pool_send of item %llu (%llu bytes): %s",
                         (unsigned long long)item, (unsigned long long)s->size, ferry_last_error());
+    return 0;
+}
+
+/* Waits until the floor's thread ends a round of its loop that began after this call: what it
+ * did before (the gets of the ring it served) is ordered before what the producer does next,
+ * and what the producer did before (its copies into the ring) before the gets it serves
+ * after. The consumers' word says as much, but across processes, where nothing in this one
+ * can see it (ThreadSanitizer). */
+static int floor_sync(bench_run *run)
+{
+    remote_run *s = RS(run);
+    uint64_t want = __atomic_add_fetch(&s->sync, 1, __ATOMIC_RELEASE), one = 1,
+             start = ferry_now_ns();
+    if (write(s->wake_fd, &one, sizeof(one)) < 0)
+        return run_fail(run, "waking the floor's thread: %s", strerror(errno));
+    while (__atomic_load_n(&s->synced, __ATOMIC_ACQUIRE) < want) {
+        if (ferry_now_ns() - start >= run->params.timeout_ns)
+            return run_fail(run, "the floor's thread did not answer within %llu ms",
+                            (unsigned long long)(run->params.timeout_ns / 1000000));
+        sched_yield();
+    }
     return 0;
 }
 
@@ -471,11 +495,15 @@ static int read_items(bench_run *run, int k, uint64_t n, uint64_t *ns)
     uint64_t before = read_ns(run, k), slot = (s->size + SLOT_ALIGN - 1) / SLOT_ALIGN * SLOT_ALIGN;
     for (uint64_t at = 0; at < n;) {
         uint64_t batch = n - at < s->window ? n - at : s->window, first = s->done[k];
+        if (k == K_FLOOR && floor_sync(run) != 0)
+            return -1;
         for (uint64_t i = 0; i < batch; i++) {
             if (stamp(run, k, first + i) != 0 ||
                 (k == K_FERRY ? send_ferry(run, first + i) : floor_copy(run, i * slot)) != 0)
                 return -1;
         }
+        if (k == K_FLOOR && floor_sync(run) != 0)
+            return -1;
         bench_msg loop = {.type = MSG_LOOP,
                           .phase = (uint32_t)k,
                           .flags = (uint32_t)s->mem | LOOP_READS,
