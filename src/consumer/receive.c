@@ -190,8 +190,8 @@ ferry_status ferry_consumer_connect(const char *address, uint32_t rank, int32_t 
                           : ferry__fail(FERRY_INVALID_ARGUMENT, "consumer output pointer is NULL");
     if (st != FERRY_OK)
         return st;
-    return connect_local(name, NULL, address, rank, device,
-                         ferry__deadline(FERRY_OPEN_TIMEOUT_NS), out);
+    return connect_local(name, NULL, address, rank, device, ferry__deadline(FERRY_OPEN_TIMEOUT_NS),
+                         out);
 }
 
 void ferry__consumer_unbind(ferry_consumer *c)

@@ -824,9 +824,9 @@ ferry_status ferry__remote_describe(const char *address, uint64_t deadline, ferr
     if (secret)
         *secret = '\0';
     st = bootstrap(cl, &a, deadline, buf, &w);
-    if (st == FERRY_OK && (ferry_descriptor_decode(w.pool, FERRY_DESCRIPTOR_SIZE, pool) != FERRY_OK ||
-                           !(pool->flags & FERRY_DESC_FLAG_POOL_ONLY) ||
-                           memcmp(pool->pool_id, a.pool_id, 16) != 0))
+    if (st == FERRY_OK &&
+        (ferry_descriptor_decode(w.pool, FERRY_DESCRIPTOR_SIZE, pool) != FERRY_OK ||
+         !(pool->flags & FERRY_DESC_FLAG_POOL_ONLY) || memcmp(pool->pool_id, a.pool_id, 16) != 0))
         st = ferry__fail(FERRY_MISMATCH, "remote pool %.80s described another pool", cl->address);
     if (cl->sock >= 0)
         close(cl->sock);
