@@ -351,7 +351,7 @@ static int receiver_main(const char *role, const char *addr, uint32_t rank)
     uint64_t verified = 0;
     size_t cap = 17u << 20;
     uint8_t *buf = malloc(cap);
-    int hold = strcmp(role, "hold") == 0, viewer = strcmp(role, "viewer") == 0;
+    int hold = strcmp(role, "hold") == 0;
     for (;;) {
         ferry_descriptor d;
         size_t k = 0;
@@ -368,14 +368,6 @@ static int receiver_main(const char *role, const char *addr, uint32_t rank)
         if (!th_check_stamp(buf, d.length, seed, NULL)) {
             th_report(FERRY_MISMATCH, verified);
             return 1;
-        }
-        if (viewer) { /* a view needs the pool mapped here: a consumer of this host's pool */
-            const void *v = NULL;
-            st = ferry_consumer_view(c, &d, &v, 5000 * MS);
-            if (st != FERRY_OK || memcmp(v, buf, d.length) != 0) {
-                th_report(st == FERRY_OK ? FERRY_MISMATCH : st, verified);
-                return 1;
-            }
         }
         if (hold) {
             verified++;
@@ -702,38 +694,6 @@ static void test_local_and_remote_ranks(void **state)
     assert_int_equal(s.remote_admitted, 2);
     assert_true(s.remote_forwarded >= 9);
     assert_int_equal(s.remote_refused, 0);
-    ferry_pool_destroy(pool);
-}
-
-/* A consumer of a pool on its own host, connected by the remote address, opens the pool
- * through its broker and reads it as a local consumer (a view works: the pool is mapped
- * there), unless FERRY_REMOTE_LOCAL=0; one in another network namespace, where the broker is
- * out of reach, is admitted over UCX. Both get every lease byte for byte; only the UCX ones
- * are admitted by the pool's server. */
-static void test_same_host_goes_local(void **state)
-{
-    (void)state;
-    ferry_pool *pool = make_pool(3, 16 << 20, 5000000);
-    char raddr[FERRY_REMOTE_ADDRESS_SIZE];
-    remote_address_of(pool, raddr);
-    setenv("FERRY_REMOTE_LOCAL", "1", 1);
-    th_helper here = spawn_consumer(0, "viewer", raddr, 0, FERRY_OK);
-    th_helper there = spawn_consumer(1, net.netns ? "receiver" : "viewer", raddr, 1, FERRY_OK);
-    setenv("FERRY_REMOTE_LOCAL", "0", 1);
-    th_helper over_ucx = spawn_consumer(0, "receiver", raddr, 2, FERRY_OK);
-    for (uint64_t i = 0; i < 4; i++)
-        assert_int_equal(send_stamped(pool, 4096 << i, 300 + i, NULL, 5000 * MS), FERRY_OK);
-    send_end(pool, NULL);
-    th_assert_result(th_finish_helper(&here, 10000), 4);
-    th_assert_result(th_finish_helper(&there, 10000), 4);
-    th_assert_result(th_finish_helper(&over_ucx, 10000), 4);
-    wait_settled(pool, 5000);
-    ferry_pool_stats s = th_stats(pool);
-    fprintf(stderr, "test_remote: same host: %llu of 3 ranks admitted over UCX (%s)\n",
-            (unsigned long long)s.remote_admitted,
-            net.netns ? "rank 1 in another network namespace" : "one namespace");
-    assert_int_equal(s.remote_admitted, net.netns ? 2 : 1);
-    assert_int_equal(s.consumers_attached, 3);
     ferry_pool_destroy(pool);
 }
 
@@ -1638,9 +1598,6 @@ int main(int argc, char **argv)
     if (argc >= 3 && strcmp(argv[1], "--helper") == 0)
         return helper_main(argc, argv);
     signal(SIGPIPE, SIG_IGN);
-    /* The remote path itself is what is tested here, on one host: a consumer of this host's
-     * pool would open it locally (test_same_host_goes_local asks for that). */
-    setenv("FERRY_REMOTE_LOCAL", "0", 1);
     const ferry__ucx *ucx;
     if (ferry__ucx_get(&ucx) != FERRY_OK) {
         fprintf(stderr, "test_remote: skipped: %s\n", ferry_last_error());
@@ -1650,7 +1607,6 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_addresses_and_config),
         cmocka_unit_test(test_ucx_symbol),
         cmocka_unit_test(test_local_and_remote_ranks),
-        cmocka_unit_test(test_same_host_goes_local),
         cmocka_unit_test(test_rank_in_use),
         cmocka_unit_test(test_consumer_killed),
         cmocka_unit_test(test_producer_gone),

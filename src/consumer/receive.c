@@ -1,7 +1,6 @@
 /* Channels, consumer side: connecting by address, taking descriptors from the rank's ring
  * (shm/ring.c holds both halves of the ring), and the pollable fd (ferry.h, "Channels"). */
 #include <errno.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -80,18 +79,40 @@ static ferry_status describe(const uint8_t name[16], const char *address, uint64
     return st;
 }
 
-/* Opens the pool whose broker is called name and claims rank: the consumer of a pool on this
- * host. pool_id (NULL: any) is the identity the pool must have. */
-static ferry_status connect_local(const uint8_t name[16], const uint8_t *pool_id,
-                                  const char *address, uint32_t rank, int32_t device,
-                                  uint64_t deadline, ferry_consumer **out)
+/* A consumer on another host: the remote server admits it and the connection carries its
+ * calls (remote/client.c). */
+static ferry_status connect_remote(const char *address, uint32_t rank, int32_t device,
+                                   ferry_consumer **out)
 {
+    ferry_consumer *c = NULL;
+    ferry_status st = ferry_consumer_create_on(rank, device, &c);
+    if (st == FERRY_OK)
+        st = ferry__remote_connect(address, rank, device, ferry__deadline(FERRY_OPEN_TIMEOUT_NS),
+                                   &c->remote);
+    if (st != FERRY_OK) {
+        ferry_consumer_destroy(c);
+        return st;
+    }
+    *out = c;
+    ferry__clear_error();
+    return FERRY_OK;
+}
+
+ferry_status ferry_consumer_connect(const char *address, uint32_t rank, int32_t device,
+                                    ferry_consumer **out)
+{
+    FERRY_CUDA_BOUNDARY;
+    if (out && ferry__remote_is_address(address))
+        return connect_remote(address, rank, device, out);
+    uint8_t name[16];
     ferry_descriptor d;
     ferry_consumer *c = NULL;
     ferry__mapped_pool *p = NULL;
-    ferry_status st = describe(name, address, deadline, &d);
-    if (st == FERRY_OK && pool_id && memcmp(d.pool_id, pool_id, 16) != 0)
-        st = ferry__fail(FERRY_MISMATCH, "the broker of %.80s described another pool", address);
+    uint64_t deadline = ferry__deadline(FERRY_OPEN_TIMEOUT_NS);
+    ferry_status st = out ? parse_address(address, name)
+                          : ferry__fail(FERRY_INVALID_ARGUMENT, "consumer output pointer is NULL");
+    if (st == FERRY_OK)
+        st = describe(name, address, deadline, &d);
     if (st == FERRY_OK && rank >= d.consumer_count)
         st = ferry__fail(FERRY_INVALID_ARGUMENT,
                          "rank %u is not a rank of the pool at %s, "
@@ -115,83 +136,6 @@ static ferry_status connect_local(const uint8_t name[16], const uint8_t *pool_id
     *out = c;
     ferry__clear_error();
     return FERRY_OK;
-}
-
-/* Whether a remote address of a pool on this host is read through the pool's own mapping
- * (FERRY_REMOTE_LOCAL=0: always over UCX). */
-static int local_allowed(void)
-{
-    const char *v = getenv("FERRY_REMOTE_LOCAL");
-    return !v || strcmp(v, "0") != 0;
-}
-
-/* Why a pool on this host could not be opened here, for which its connection over UCX is
- * tried instead: its broker out of reach (another network namespace), refusing this process
- * (another user), its memory not mappable here (CUDA IPC refused, another GPU set). What
- * the connection would answer the same (the rank held, out of range; no memory) is not. */
-static int try_ucx_instead(ferry_status st)
-{
-    return st != FERRY_RANK_IN_USE && st != FERRY_INVALID_ARGUMENT && st != FERRY_NO_MEMORY;
-}
-
-/* A consumer by a pool's remote address. A pool on this host is opened as a local consumer
- * opens it: its server says which pool it is (a connection that claims no rank, closed at
- * once), and where the pool's broker answers here with that pool, the rank is claimed there
- * and every call after is a local one (the gets, checks and acknowledgements over UCX cost
- * a round trip each that the mapping does not). Otherwise, and when the broker is out of
- * reach, the remote server admits it and the connection carries its calls
- * (remote/client.c). */
-static ferry_status connect_remote(const char *address, uint32_t rank, int32_t device,
-                                   ferry_consumer **out)
-{
-    ferry_consumer *c = NULL;
-    ferry_descriptor pool;
-    uint64_t deadline = ferry__deadline(FERRY_OPEN_TIMEOUT_NS);
-    ferry_status st;
-    if (local_allowed() && ferry__remote_describe(address, deadline, &pool) == FERRY_OK) {
-        char label[FERRY_REMOTE_ADDRESS_SIZE]; /* the secret stays out of messages */
-        snprintf(label, sizeof(label), "%s", address);
-        char *secret = strrchr(label, '/');
-        if (secret)
-            *secret = '\0';
-        st = connect_local(pool.broker, pool.pool_id, label, rank, device, deadline, out);
-        if (st == FERRY_OK) {
-            ferry__log(FERRY_LOG_INFO,
-                       "remote pool %.80s is on this host: rank %u reads it through its own "
-                       "mapping (FERRY_REMOTE_LOCAL=0: over UCX)",
-                       label, rank);
-            return FERRY_OK;
-        }
-        if (!try_ucx_instead(st))
-            return st;
-        ferry__log(FERRY_LOG_INFO, "remote pool %.80s: not opened on this host (%s): over UCX",
-                   label, ferry_last_error());
-    }
-    st = ferry_consumer_create_on(rank, device, &c);
-    if (st == FERRY_OK)
-        st = ferry__remote_connect(address, rank, device, deadline, &c->remote);
-    if (st != FERRY_OK) {
-        ferry_consumer_destroy(c);
-        return st;
-    }
-    *out = c;
-    ferry__clear_error();
-    return FERRY_OK;
-}
-
-ferry_status ferry_consumer_connect(const char *address, uint32_t rank, int32_t device,
-                                    ferry_consumer **out)
-{
-    FERRY_CUDA_BOUNDARY;
-    if (out && ferry__remote_is_address(address))
-        return connect_remote(address, rank, device, out);
-    uint8_t name[16];
-    ferry_status st = out ? parse_address(address, name)
-                          : ferry__fail(FERRY_INVALID_ARGUMENT, "consumer output pointer is NULL");
-    if (st != FERRY_OK)
-        return st;
-    return connect_local(name, NULL, address, rank, device, ferry__deadline(FERRY_OPEN_TIMEOUT_NS),
-                         out);
 }
 
 void ferry__consumer_unbind(ferry_consumer *c)

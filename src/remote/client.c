@@ -261,13 +261,10 @@ static ferry_status refused(ferry__remote_client *cl, const ferry__refuse *r)
 static ferry_status say_hello(ferry__remote_client *cl, const ferry__remote_address *a,
                               uint64_t deadline)
 {
-    /* A hello that claims no rank asks for the pool's description only (the server makes no
-     * endpoint): its worker address is one zero byte. */
-    static const uint8_t no_worker[1] = {0};
     ferry__hello h = {.rank = cl->rank,
                       .pid = (uint32_t)getpid(),
-                      .worker_len = cl->node.address ? (uint32_t)cl->node.address_len : 1,
-                      .worker = cl->node.address ? (const uint8_t *)cl->node.address : no_worker};
+                      .worker_len = (uint32_t)cl->node.address_len,
+                      .worker = (const uint8_t *)cl->node.address};
     memcpy(h.secret, a->secret, 16);
     memcpy(h.pool_id, a->pool_id, 16);
     char host[256] = "";
@@ -801,38 +798,6 @@ ferry_status ferry__remote_connect(const char *address, uint32_t rank, int32_t d
     }
     *out = cl;
     return FERRY_OK;
-}
-
-ferry_status ferry__remote_describe(const char *address, uint64_t deadline, ferry_descriptor *pool)
-{
-    ferry__remote_address a;
-    ferry__welcome w;
-    ferry_status st = ferry__remote_parse(address, &a);
-    if (st != FERRY_OK)
-        return st;
-    ferry__remote_client *cl = calloc(1, sizeof(*cl));
-    uint8_t *buf = malloc(FERRY_REMOTE_MAX_MESSAGE);
-    if (!cl || !buf) {
-        free(cl);
-        free(buf);
-        return ferry__fail(FERRY_NO_MEMORY, "out of memory asking %.80s", address);
-    }
-    cl->sock = -1;
-    cl->rank = FERRY__RANK_NONE;
-    ferry__remote_format(&a, cl->address, sizeof(cl->address));
-    char *secret = strrchr(cl->address, '/');
-    if (secret)
-        *secret = '\0';
-    st = bootstrap(cl, &a, deadline, buf, &w);
-    if (st == FERRY_OK &&
-        (ferry_descriptor_decode(w.pool, FERRY_DESCRIPTOR_SIZE, pool) != FERRY_OK ||
-         !(pool->flags & FERRY_DESC_FLAG_POOL_ONLY) || memcmp(pool->pool_id, a.pool_id, 16) != 0))
-        st = ferry__fail(FERRY_MISMATCH, "remote pool %.80s described another pool", cl->address);
-    if (cl->sock >= 0)
-        close(cl->sock);
-    free(buf);
-    free(cl);
-    return st;
 }
 
 int ferry__remote_owns(const ferry__remote_client *cl, const ferry_descriptor *d)

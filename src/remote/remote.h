@@ -163,10 +163,6 @@ typedef struct ferry__remote_client ferry__remote_client;
 ferry_status ferry__remote_connect(const char *address, uint32_t rank, int32_t device,
                                    uint64_t deadline, ferry__remote_client **out);
 
-/* The pool-only descriptor of the pool at a remote address, as its server tells it to a
- * hello that claims no rank (the connection then ends; no UCX on either side). */
-ferry_status ferry__remote_describe(const char *address, uint64_t deadline, ferry_descriptor *pool);
-
 /* Closes the connection (the producer acknowledges what this rank held) and frees it. */
 void ferry__remote_close(ferry__remote_client *client);
 
