@@ -780,7 +780,9 @@ ferry_status ferry__remote_connect(const char *address, uint32_t rank, int32_t d
         return st;
     ferry__remote_client *cl = calloc(1, sizeof(*cl));
     if (!cl)
-        return ferry__fail(FERRY_NO_MEMORY, "out of memory connecting to %.80s", address);
+        return ferry__fail(FERRY_NO_MEMORY,
+                           "out of memory connecting to the remote pool at %.64s:%u", a.host,
+                           (unsigned)a.port); /* the address itself carries the secret */
     pthread_mutex_init(&cl->lock, NULL);
     cl->sock = cl->poll_fd = -1;
     cl->owner = ferry__proc_self();
