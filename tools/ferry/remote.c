@@ -1091,6 +1091,23 @@ static int floor_take(bench_worker *w, floor_item *it)
     }
 }
 
+/* One get of [offset, +size) of the producer's ring (checked inside by the caller) into dst,
+ * naming the destination's registration for device memory, waited for as ferry's reads
+ * wait: NULL, or why not. */
+static const char *ring_get(bench_worker *w, void *dst, uint64_t offset, uint64_t size, int mem)
+{
+    remote_worker *s = w->state;
+    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_MEMORY_TYPE,
+                             .memory_type =
+                                 mem == MEM_DEVICE ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST};
+    if (mem == MEM_DEVICE && s->dev_memh) {
+        p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+        p.memh = s->dev_memh;
+    }
+    return ucx_wait(&s->node, ucx.ucp_get_nbx(s->ep, dst, size, s->base + offset, s->rkey, &p),
+                    read_spin_ns(size), w->p.timeout_ns, "ucp_get_nbx");
+}
+
 static int floor_read(bench_worker *w, void *dst, uint64_t size, int mem)
 {
     remote_worker *s = w->state;
@@ -1102,19 +1119,10 @@ static int floor_read(bench_worker *w, void *dst, uint64_t size, int mem)
         return worker_fail(w, "floor item %llu: announced as item %llu, [%llu, +%llu)",
                            (unsigned long long)s->done[K_FLOOR], (unsigned long long)it.item,
                            (unsigned long long)it.offset, (unsigned long long)it.size);
-    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_MEMORY_TYPE,
-                             .memory_type =
-                                 mem == MEM_DEVICE ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST};
-    if (mem == MEM_DEVICE && s->dev_memh) {
-        p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
-        p.memh = s->dev_memh;
-    }
     floor_ack a = {.rank = w->rank, .item = it.item};
-    const char *why =
-        ucx_wait(&s->node, ucx.ucp_get_nbx(s->ep, dst, size, s->base + it.offset, s->rkey, &p),
-                 s->node.efd, read_spin_ns(size), w->p.timeout_ns, "ucp_get_nbx");
+    const char *why = ring_get(w, dst, it.offset, size, mem);
     if (!why)
-        why = ucx_wait(&s->node, ucx_am_send(s->ep, AM_ACK, &a, sizeof(a)), s->node.efd, SPIN_NS,
+        why = ucx_wait(&s->node, ucx_am_send(s->ep, AM_ACK, &a, sizeof(a)), SPIN_NS,
                        w->p.timeout_ns, "ucp_am_send_nbx");
     return why ? worker_fail(w, "floor item %llu: %s", (unsigned long long)it.item, why) : 0;
 }
@@ -1203,16 +1211,7 @@ static int bare_get(bench_worker *w, void *dst, uint64_t offset, uint64_t size, 
     if (offset > s->bytes || size > s->bytes - offset)
         return worker_fail(w, "floor read [%llu, +%llu) outside the producer's ring",
                            (unsigned long long)offset, (unsigned long long)size);
-    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_MEMORY_TYPE,
-                             .memory_type =
-                                 mem == MEM_DEVICE ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST};
-    if (mem == MEM_DEVICE && s->dev_memh) {
-        p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
-        p.memh = s->dev_memh;
-    }
-    const char *why =
-        ucx_wait(&s->node, ucx.ucp_get_nbx(s->ep, dst, size, s->base + offset, s->rkey, &p),
-                 s->node.efd, read_spin_ns(size), w->p.timeout_ns, "ucp_get_nbx");
+    const char *why = ring_get(w, dst, offset, size, mem);
     return why ? worker_fail(w, "floor item %llu: %s", (unsigned long long)s->done[K_FLOOR], why)
                : 0;
 }

@@ -114,7 +114,7 @@ void ucx_node_close(ucx_node *n)
 
 /* Progresses until req is done and frees it, as ferry's remote calls wait for theirs: spins
  * spin_ns, then sleeps on the worker's event fd. NULL, or why not. */
-const char *ucx_wait(ucx_node *n, void *req, int efd, uint64_t spin_ns, uint64_t timeout_ns,
+const char *ucx_wait(ucx_node *n, void *req, uint64_t spin_ns, uint64_t timeout_ns,
                      const char *call)
 {
     if (!req)
@@ -134,7 +134,7 @@ const char *ucx_wait(ucx_node *n, void *req, int efd, uint64_t spin_ns, uint64_t
             return text; /* the request stays UCX's: the run fails, the process exits */
         }
         if (now - start > spin_ns && ucx.ucp_worker_arm(n->worker) == UCS_OK) {
-            struct pollfd p = {.fd = efd, .events = POLLIN};
+            struct pollfd p = {.fd = n->efd, .events = POLLIN};
             poll(&p, 1, 1);
         }
     }

@@ -219,9 +219,9 @@ const char *ucx_ep_open(ucx_node *n, const void *address, ucp_ep_h *ep);
 void ucx_ep_close(ucx_node *n, ucp_ep_h ep);
 
 /* Progresses n until req (what a ucp_*_nbx call returned) is done and frees it, as ferry's
- * remote calls wait for theirs: spins 50 us, then sleeps on efd (-1: spins only). NULL, or
- * why not. */
-const char *ucx_wait(ucx_node *n, void *req, int efd, uint64_t spin_ns, uint64_t timeout_ns,
+ * remote calls wait for theirs: spins spin_ns, then sleeps on n's event fd. NULL, or why
+ * not. */
+const char *ucx_wait(ucx_node *n, void *req, uint64_t spin_ns, uint64_t timeout_ns,
                      const char *call);
 
 /* Sends an active message of a header alone, eagerly: a request, NULL or an error. */
