@@ -5,6 +5,7 @@
 #include <grp.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,6 +40,9 @@
 #define NOBODY       65534
 #define EXIT_NO_DROP 77
 #define MS           1000000ull
+#define PERMISSION_TEXT                                                                            \
+    LABEL " refused the request: permission denied (it serves processes of its own user, and "     \
+          "names ranks only to those it can see: in its PID namespace or one below it)"
 
 /* ------------------------------------------------------------------------------------
  * Fixture: a memfd with known content served by a broker of CONSUMERS ranks
@@ -51,6 +55,9 @@ typedef struct attach_log {
     unsigned count;
     uint32_t rank[MAX_ATTACHES];
     pid_t pid[MAX_ATTACHES];
+    unsigned releases; /* RELEASE requests, and the last one's rank and pid */
+    uint32_t release_rank;
+    pid_t release_pid;
 } attach_log;
 
 typedef struct fixture {
@@ -75,6 +82,17 @@ static ferry_status record_attach(void *user, uint32_t rank, pid_t pid, pid_t *h
         *holder = log->holder;
     pthread_mutex_unlock(&log->lock);
     return answer;
+}
+
+static ferry_status record_release(void *user, uint32_t rank, pid_t pid)
+{
+    attach_log *log = user;
+    pthread_mutex_lock(&log->lock);
+    log->releases++;
+    log->release_rank = rank;
+    log->release_pid = pid;
+    pthread_mutex_unlock(&log->lock);
+    return FERRY_OK;
 }
 
 /* Makes the fixture's on_attach answer status (with holder) from now on. */
@@ -114,7 +132,7 @@ static int make_memfd(size_t size, uint64_t seed)
 static ferry__broker_config fixture_config(fixture *f)
 {
     ferry__broker_config config = {f->pool_id,    f->memfd, POOL_SIZE, CONSUMERS, LABEL,
-                                   record_attach, &f->log,  NULL,      NULL};
+                                   record_attach, &f->log,  NULL,      NULL,      record_release};
     return config;
 }
 
@@ -637,7 +655,7 @@ static int child_as_nobody(const fixture *f)
         ferry__broker_request(f->name, f->pool_id, LABEL, TIMEOUT_NS, &fd, &size, &producer);
     if (st != FERRY_PERMISSION || fd != -1)
         return 1;
-    return strcmp(ferry_last_error(), LABEL " refused the request: permission denied") == 0 ? 0 : 2;
+    return strcmp(ferry_last_error(), PERMISSION_TEXT) == 0 ? 0 : 2;
 }
 
 static void test_other_uid_refused(void **state)
@@ -857,7 +875,7 @@ static void test_bad_replies(void **state)
     /* A refusal is passed through; an unknown status is malformed. */
     make_reply(reply, FERRY_PERMISSION, 0);
     assert_int_equal(against_fake(reply, REPLY_SIZE, 0, &fd), FERRY_PERMISSION);
-    assert_string_equal(ferry_last_error(), LABEL " refused the request: permission denied");
+    assert_string_equal(ferry_last_error(), PERMISSION_TEXT);
     assert_int_equal(against_fake(reply, REPLY_SIZE, 1, &fd), FERRY_SYSTEM);
     make_reply(reply, 999, 0);
     assert_int_equal(against_fake(reply, REPLY_SIZE, 0, &fd), FERRY_SYSTEM);
@@ -875,7 +893,7 @@ static void test_start_validation(void **state)
     uint8_t pool_id[16] = {0}, name[16];
     ferry__broker *sentinel = (ferry__broker *)(uintptr_t)0x1;
     ferry__broker *b = sentinel;
-    ferry__broker_config good = {pool_id, 0, 4096, 1, LABEL, NULL, NULL, NULL, NULL};
+    ferry__broker_config good = {pool_id, 0, 4096, 1, LABEL, NULL, NULL, NULL, NULL, NULL};
     ferry__broker_config c;
 
     assert_int_equal(ferry__broker_start(NULL, &b, name), FERRY_INVALID_ARGUMENT);
@@ -907,7 +925,7 @@ static void test_stop_idle_and_null(void **state)
     (void)state;
     uint8_t pool_id[16] = {0}, name[16];
     ferry__broker *b = NULL;
-    ferry__broker_config config = {pool_id, 0, 4096, 1, LABEL, NULL, NULL, NULL, NULL};
+    ferry__broker_config config = {pool_id, 0, 4096, 1, LABEL, NULL, NULL, NULL, NULL, NULL};
     char buf[64] = "x";
 
     assert_int_equal(ferry__broker_start(&config, &b, name), FERRY_OK);
@@ -1398,6 +1416,159 @@ static void test_rank_none_opens_without_attach(void **state)
     assert_int_equal(ferry__broker_refused(f->broker), 0);
 }
 
+/* A RELEASE reaches on_release with the rank and the peer's pid; a rank the pool lacks is
+ * refused before it; a broker without on_release answers NOT_SUPPORTED. */
+static void test_release(void **state)
+{
+    fixture *f = *state;
+    assert_int_equal(ferry__broker_release(f->name, f->pool_id, 2, LABEL, TIMEOUT_NS), FERRY_OK);
+    pthread_mutex_lock(&f->log.lock);
+    assert_int_equal(f->log.releases, 1);
+    assert_int_equal(f->log.release_rank, 2);
+    assert_int_equal(f->log.release_pid, getpid());
+    pthread_mutex_unlock(&f->log.lock);
+    assert_int_equal(ferry__broker_release(f->name, f->pool_id, CONSUMERS, LABEL, TIMEOUT_NS),
+                     FERRY_INVALID_ARGUMENT);
+    assert_int_equal(
+        ferry__broker_release(f->name, f->pool_id, FERRY__RANK_NONE, LABEL, TIMEOUT_NS),
+        FERRY_INVALID_ARGUMENT);
+    pthread_mutex_lock(&f->log.lock);
+    assert_int_equal(f->log.releases, 1);
+    pthread_mutex_unlock(&f->log.lock);
+    assert_int_equal(attach_count(f), 0);
+
+    uint8_t name[16];
+    ferry__broker *b = NULL;
+    ferry__broker_config bare = fixture_config(f);
+    bare.on_release = NULL;
+    assert_int_equal(ferry__broker_start(&bare, &b, name), FERRY_OK);
+    assert_int_equal(ferry__broker_release(name, f->pool_id, 1, LABEL, TIMEOUT_NS),
+                     FERRY_NOT_SUPPORTED);
+    ferry__broker_stop(b);
+}
+
+/* Runs fn in a process of a new PID namespace (a grandchild: pid 1 there), with arg; its exit
+ * status, or -1 (and the reason printed) where this process may not make one. */
+static int in_new_pid_namespace(int (*fn)(void *), void *arg)
+{
+    int ready[2];
+    assert_int_equal(pipe(ready), 0);
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        close(ready[0]);
+        if (unshare(CLONE_NEWPID) != 0) {
+            char why = (char)errno;
+            (void)!write(ready[1], &why, 1);
+            _exit(0);
+        }
+        close(ready[1]);
+        pid_t inner = fork();
+        if (inner == 0)
+            _exit(fn(arg));
+        int status = 0;
+        if (inner < 0 || waitpid(inner, &status, 0) != inner || !WIFEXITED(status))
+            _exit(99);
+        _exit(WEXITSTATUS(status));
+    }
+    close(ready[1]);
+    char why = 0;
+    ssize_t n = read(ready[0], &why, 1);
+    close(ready[0]);
+    int status = 0;
+    assert_int_equal(waitpid(child, &status, 0), child);
+    if (n == 1) {
+        fprintf(stderr, "test_broker: no new PID namespace here (unshare: %s)\n", strerror(why));
+        return -1;
+    }
+    assert_true(WIFEXITED(status));
+    return WEXITSTATUS(status);
+}
+
+/* In a new PID namespace: a claim of the fixture's rank 1 fails before it is sent, since the
+ * producer (the test process, above that namespace) reads as pid 0 there. */
+static int claim_unseen_producer(void *arg)
+{
+    fixture *f = arg;
+    ferry_status st = ferry__broker_claim(f->name, f->pool_id, 1, LABEL, TIMEOUT_NS);
+    if (st != FERRY_PERMISSION || !strstr(ferry_last_error(), "another PID namespace")) {
+        fprintf(stderr, "claim from a new PID namespace: %s: %s\n", ferry_status_name(st),
+                ferry_last_error());
+        return 1;
+    }
+    return 0;
+}
+
+/* In a new PID namespace: a broker of its own serving the fixture's memfd; its name goes to
+ * the pipe, then it serves until the pipe's other end closes. */
+typedef struct unseen_broker {
+    fixture *f;
+    int name_pipe[2], stop_pipe[2];
+} unseen_broker;
+
+static int serve_unseen(void *arg)
+{
+    unseen_broker *u = arg;
+    uint8_t name[16];
+    ferry__broker *b = NULL;
+    ferry__broker_config config = fixture_config(u->f);
+    if (ferry__broker_start(&config, &b, name) != FERRY_OK ||
+        write(u->name_pipe[1], name, sizeof(name)) != (ssize_t)sizeof(name))
+        return 1;
+    char c;
+    while (read(u->stop_pipe[0], &c, 1) < 0 && errno == EINTR) {
+    }
+    ferry__broker_stop(b);
+    return 0;
+}
+
+/* Ranks are named only between processes that see each other's pid: a claim from a PID
+ * namespace where the producer is not seen fails at the claimant, and one the producer
+ * cannot see is refused by the broker (PERMISSION, nothing recorded), while opening the pool
+ * (no rank) still works both ways. */
+static void test_pid_namespaces(void **state)
+{
+    fixture *f = *state;
+    int rc = in_new_pid_namespace(claim_unseen_producer, f);
+    if (rc < 0)
+        skip();
+    assert_int_equal(rc, 0);
+    assert_int_equal(attach_count(f), 0);
+
+    unseen_broker u = {.f = f};
+    assert_int_equal(pipe(u.name_pipe), 0);
+    assert_int_equal(pipe(u.stop_pipe), 0);
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        close(u.name_pipe[0]);
+        close(u.stop_pipe[1]); /* the broker serves until the test closes its end */
+        _exit(in_new_pid_namespace(serve_unseen, &u) == 0 ? 0 : 1);
+    }
+    close(u.name_pipe[1]);
+    close(u.stop_pipe[0]);
+    uint8_t name[16];
+    assert_int_equal(read(u.name_pipe[0], name, sizeof(name)), (ssize_t)sizeof(name));
+    close(u.name_pipe[0]);
+    assert_int_equal(ferry__broker_claim(name, f->pool_id, 1, LABEL, TIMEOUT_NS), FERRY_PERMISSION);
+    assert_non_null(strstr(ferry_last_error(), "names ranks only to those it can see"));
+    assert_string_equal(ferry_last_error(), PERMISSION_TEXT);
+    assert_int_equal(ferry__broker_release(name, f->pool_id, 1, LABEL, TIMEOUT_NS),
+                     FERRY_PERMISSION);
+    int fd = -1;
+    uint64_t size = 0;
+    pid_t producer = 0;
+    assert_int_equal(
+        ferry__broker_request(name, f->pool_id, LABEL, TIMEOUT_NS, &fd, &size, &producer),
+        FERRY_OK);
+    assert_true(fd >= 0 && producer > 0 && size == POOL_SIZE);
+    close(fd);
+    close(u.stop_pipe[1]);
+    int status = 0;
+    assert_int_equal(waitpid(child, &status, 0), child);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
 static void test_rank_in_use(void **state)
 {
     fixture *f = *state;
@@ -1633,6 +1804,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_stop_closes_pending, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rank_none_opens_without_attach, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rank_in_use, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_release, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pid_namespaces, setup, teardown),
         cmocka_unit_test(test_rank_in_use_replies),
         cmocka_unit_test_setup_teardown(test_forget_in_forked_child, setup, teardown),
         cmocka_unit_test(test_timeout_is_prompt),

@@ -61,6 +61,7 @@
 #define BROKER_TYPE_DESCRIBE 2u
 #define BROKER_TYPE_NOTIFY   3u
 #define BROKER_TYPE_CLAIM    4u
+#define BROKER_TYPE_RELEASE  5u
 #define BROKER_REQUEST_SIZE  32
 #define BROKER_REPLY_SIZE    24
 #define BROKER_DESCRIBE_SIZE (BROKER_REPLY_SIZE + FERRY_DESCRIPTOR_SIZE)
@@ -118,6 +119,7 @@ struct ferry__broker {
     ferry__broker_attach_fn on_attach;
     ferry__broker_describe_fn on_describe;
     ferry__broker_notify_fn on_notify;
+    ferry__broker_release_fn on_release;
     void *user;
     int listen_fd; /* atomic: -1 once the thread closed it after a latched error */
     int stop_fd;   /* eventfd: readable once ferry__broker_stop was called */
@@ -406,10 +408,10 @@ static void refuse(ferry__broker *b, int conn, ferry_status status, pid_t detail
     send_reply(conn, status, 0, (uint64_t)detail, -1, NULL);
 }
 
-/* Whether a request of type names a rank (NOTIFY, CLAIM) or none (OPEN, DESCRIBE). */
+/* Whether a request of type names a rank (NOTIFY, CLAIM, RELEASE) or none (OPEN, DESCRIBE). */
 static bool names_rank(uint16_t type)
 {
-    return type == BROKER_TYPE_NOTIFY || type == BROKER_TYPE_CLAIM;
+    return type == BROKER_TYPE_NOTIFY || type == BROKER_TYPE_CLAIM || type == BROKER_TYPE_RELEASE;
 }
 
 static ferry_status check_request(const ferry__broker *b, const uint8_t *buf, broker_request *req)
@@ -417,7 +419,7 @@ static ferry_status check_request(const ferry__broker *b, const uint8_t *buf, br
     static const uint8_t zero[BROKER_ID_SIZE];
     decode_request(buf, req);
     if (req->magic != BROKER_REQUEST_MAGIC || req->version != BROKER_VERSION ||
-        req->type < BROKER_TYPE_OPEN || req->type > BROKER_TYPE_CLAIM || req->reserved != 0)
+        req->type < BROKER_TYPE_OPEN || req->type > BROKER_TYPE_RELEASE || req->reserved != 0)
         return FERRY_INVALID_ARGUMENT;
     if (req->type == BROKER_TYPE_DESCRIBE)
         return memcmp(req->pool_id, zero, BROKER_ID_SIZE) == 0 && req->rank == FERRY__RANK_NONE
@@ -503,8 +505,19 @@ static void conn_serve(ferry__broker *b, broker_conn *c)
     int fd = -1;
 
     ferry_status status = read_request(b, c->fd, &req, &fd);
+    /* A rank's holder is watched by its pid: a peer whose pid reads 0 here (a process of
+     * another PID namespace, not below this one) cannot hold or be told of one. */
+    if (status == FERRY_OK && names_rank(req.type) && c->pid <= 0) {
+        status = FERRY_PERMISSION;
+        if (fd >= 0)
+            close(fd);
+        fd = -1;
+    }
     if (status == FERRY_OK && req.type == BROKER_TYPE_CLAIM)
         status = claim_rank(b, req.rank, c->pid, &holder);
+    if (status == FERRY_OK && req.type == BROKER_TYPE_RELEASE)
+        status = b->on_release ? sendable(b->on_release(b->user, req.rank, c->pid))
+                               : FERRY_NOT_SUPPORTED;
     if (status == FERRY_OK && req.type == BROKER_TYPE_DESCRIBE)
         status = b->on_describe ? sendable(b->on_describe(b->user, desc)) : FERRY_NOT_SUPPORTED;
     if (status == FERRY_OK && req.type == BROKER_TYPE_NOTIFY) {
@@ -733,6 +746,7 @@ static ferry__broker *broker_new(const ferry__broker_config *config)
     b->on_attach = config->on_attach;
     b->on_describe = config->on_describe;
     b->on_notify = config->on_notify;
+    b->on_release = config->on_release;
     b->user = config->user;
     b->listen_fd = -1;
     b->stop_fd = -1;
@@ -1039,6 +1053,12 @@ static ferry_status refusal(const broker_call *c, const broker_reply *rep)
                            "rank %u is held by live process %lld (a rank belongs to one live "
                            "process at a time)",
                            (unsigned)c->rank, (long long)rep->detail);
+    if (rep->status == FERRY_PERMISSION)
+        return ferry__fail(FERRY_PERMISSION,
+                           "%s refused the request: permission denied (it serves processes of "
+                           "its own user, and names ranks only to those it can see: in its PID "
+                           "namespace or one below it)",
+                           c->label);
     return ferry__fail((ferry_status)rep->status, "%s refused the request: %s", c->label,
                        ferry_status_str((ferry_status)rep->status));
 }
@@ -1147,6 +1167,12 @@ static ferry_status call_exchange(const broker_call *c, const uint8_t name[16],
     ferry_status status = call_connect(c, name);
     if (status == FERRY_OK)
         status = call_peer(c, &cred);
+    if (status == FERRY_OK && cred.pid <= 0) /* before the request: nothing is claimed */
+        status = ferry__fail(FERRY_PERMISSION,
+                             "%s: the producer is a process of another PID namespace, not seen "
+                             "from this one (its pid reads 0 here): its liveness cannot be "
+                             "watched from here",
+                             c->label);
     if (status == FERRY_OK)
         status = call_send(c, pool_id);
     if (status == FERRY_OK)
@@ -1237,6 +1263,19 @@ ferry_status ferry__broker_claim(const uint8_t name[16], const uint8_t pool_id[1
     pid_t pid = 0;
     if (!name || !pool_id || !label || rank == FERRY__RANK_NONE)
         return ferry__fail(FERRY_INVALID_ARGUMENT, "broker claim: NULL argument or no rank");
+    call.patient = 1;
+    return call_run(&call, name, pool_id, &fd, &size, &pid);
+}
+
+ferry_status ferry__broker_release(const uint8_t name[16], const uint8_t pool_id[16], uint32_t rank,
+                                   const char *label, uint64_t timeout_ns)
+{
+    broker_call call = call_new(label, BROKER_TYPE_RELEASE, rank, timeout_ns);
+    int fd = -1;
+    uint64_t size = 0;
+    pid_t pid = 0;
+    if (!name || !pool_id || !label || rank == FERRY__RANK_NONE)
+        return ferry__fail(FERRY_INVALID_ARGUMENT, "broker release: NULL argument or no rank");
     call.patient = 1;
     return call_run(&call, name, pool_id, &fd, &size, &pid);
 }

@@ -2,10 +2,11 @@
  *
  * A broker is a thread of the producer serving an abstract-namespace Unix SOCK_SEQPACKET
  * socket whose name is "ferry." followed by 32 hex digits of a random 128-bit value. Only
- * peers of the producer's uid are served (SO_PEERCRED); others, and any malformed request,
- * are refused and counted. One request per connection, one reply, then the broker closes
- * the connection. Connections are served concurrently: up to 64 wait for their request at
- * once, each for 1 s at most, and none waits behind a silent one. The wire messages are
+ * peers of the producer's uid are served (SO_PEERCRED), and requests naming a rank only from
+ * peers whose pid the producer sees (a holder is watched by its pid); others, and any
+ * malformed request, are refused and counted. One request per connection, one reply, then the
+ * broker closes the connection. Connections are served concurrently: up to 64 wait for their
+ * request at once, each for 1 s at most, and none waits behind a silent one. The wire messages are
  * defined in broker.c and docs/wire-format.md. */
 #ifndef FERRY_BROKER_BROKER_H
 #define FERRY_BROKER_BROKER_H
@@ -40,6 +41,11 @@ typedef ferry_status (*ferry__broker_describe_fn)(void *user, uint8_t out[FERRY_
  * failure). Returns FERRY_OK, or the refusal to send. Must not block. */
 typedef ferry_status (*ferry__broker_notify_fn)(void *user, uint32_t rank, pid_t pid, int fd);
 
+/* Called on the broker thread for a RELEASE request: pid gives rank back (its consumer of the
+ * rank was destroyed). Returns FERRY_OK once the rank is free of pid (released now, or not
+ * pid's), or the refusal to send. Must not block. */
+typedef ferry_status (*ferry__broker_release_fn)(void *user, uint32_t rank, pid_t pid);
+
 typedef struct ferry__broker_config {
     const uint8_t *pool_id;            /* 16 bytes: requests must name it */
     int shared_fd;                     /* the fd handed to consumers (the broker does not own it) */
@@ -50,6 +56,7 @@ typedef struct ferry__broker_config {
     void *user;
     ferry__broker_describe_fn on_describe; /* may be NULL: DESCRIBE gets NOT_SUPPORTED */
     ferry__broker_notify_fn on_notify;     /* may be NULL: NOTIFY gets NOT_SUPPORTED */
+    ferry__broker_release_fn on_release;   /* may be NULL: RELEASE gets NOT_SUPPORTED */
 } ferry__broker_config;
 
 /* Starts a broker thread on a fresh random name (written to name_out, 16 bytes). On failure
@@ -85,7 +92,8 @@ ferry_status ferry__broker_error(const ferry__broker *broker, char *buf, size_t 
  * it claims no rank; ferry__broker_claim does, once the caller has opened the pool). On
  * success *fd is the received fd (O_CLOEXEC, owned by the caller), *size its size as the
  * producer sent it, and *producer_pid the producer's pid as seen from this process
- * (SO_PEERCRED). PRODUCER_GONE if nobody listens on name; PERMISSION if refused; SYSTEM with
+ * (SO_PEERCRED). PRODUCER_GONE if nobody listens on name; PERMISSION if refused, and before
+ * asking where that pid reads 0 (a producer in a PID namespace not seen from here); SYSTEM with
  * "<label> returned no file descriptor" if the reply carries none, and with EMFILE's text
  * when this process had no descriptor free to take the fd. Every fd received is closed on
  * every error path. Never blocks longer than timeout_ns; with 0 it makes one attempt
@@ -110,6 +118,12 @@ ferry_status ferry__broker_request_patient(const uint8_t name[16], const uint8_t
  * which may claim again, and is taken over once it exits). */
 ferry_status ferry__broker_claim(const uint8_t name[16], const uint8_t pool_id[16], uint32_t rank,
                                  const char *label, uint64_t timeout_ns);
+
+/* Client side: gives rank of pool_id back (a RELEASE; the producer's on_release settles it as
+ * it settles a holder that died: what the rank took and never acknowledged is acknowledged
+ * on its behalf, and another process may claim it). Errors as for ferry__broker_claim. */
+ferry_status ferry__broker_release(const uint8_t name[16], const uint8_t pool_id[16], uint32_t rank,
+                                   const char *label, uint64_t timeout_ns);
 
 /* Client side, by the broker's name alone (a pool's address): the pool's encoded pool-only
  * descriptor into desc, and the producer's pid as seen from this process. Patient as

@@ -108,6 +108,7 @@ static ferry_status start_broker(ferry_pool *pool)
         .on_attach = ferry__ranks_attach,
         .on_describe = ferry__channel_describe,
         .on_notify = ferry__channel_notify,
+        .on_release = ferry__ranks_release,
         .user = pool,
     };
     return ferry__broker_start(&bc, &pool->broker, pool->broker_name);

@@ -62,6 +62,8 @@ static void holder_describe(const ferry__holder *h, const char *state, char *buf
 {
     if (h->kind == FERRY__HOLDER_REMOTE)
         snprintf(buf, size, "pid %d on host %s, remote, %s", (int)h->pid, h->host, state);
+    else if (h->kind == FERRY__HOLDER_PROCESS && h->gone)
+        snprintf(buf, size, "pid %d, gave it back", (int)h->pid);
     else
         snprintf(buf, size, "pid %d, %s", h->kind == FERRY__HOLDER_PROCESS ? (int)h->pid : 0,
                  state);
@@ -283,7 +285,7 @@ ferry_status ferry__ranks_attach(void *arg, uint32_t rank, pid_t pid, pid_t *hol
     pthread_mutex_lock(&pool->lock);
     ferry__rank *rk = &pool->ranks[rank];
     ferry_status st = FERRY_OK;
-    if (holder_is(&rk->holder, pid)) { /* the holder again */
+    if (!rk->dead && holder_is(&rk->holder, pid)) { /* the holder again */
         pthread_mutex_unlock(&pool->lock);
         return FERRY_OK;
     }
@@ -310,6 +312,23 @@ ferry_status ferry__ranks_attach(void *arg, uint32_t rank, pid_t pid, pid_t *hol
     pthread_mutex_unlock(&pool->lock);
     if (settled)
         ferry__shm_acked(&pool->mem.shm);
+    return FERRY_OK;
+}
+
+ferry_status ferry__ranks_release(void *arg, uint32_t rank, pid_t pid)
+{
+    ferry_pool *pool = arg;
+    pthread_mutex_lock(&pool->lock);
+    ferry__rank *rk = &pool->ranks[rank];
+    int released = !rk->dead && holder_is(&rk->holder, pid);
+    if (released) {
+        rk->holder.gone = 1;
+        rk->dead = 1; /* settled as a death is: reaped, or taken over */
+    }
+    pthread_mutex_unlock(&pool->lock);
+    if (released)
+        ferry__log(FERRY_LOG_INFO, "%s pool: process %d gave consumer rank %u back",
+                   pool->ops->name, (int)pid, rank);
     return FERRY_OK;
 }
 

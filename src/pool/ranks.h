@@ -32,7 +32,7 @@ typedef struct ferry__holder {
     uint64_t starttime; /* PROCESS: guards against pid reuse (0: unknown) */
     int pidfd;          /* PROCESS: held from attach; -1 where none could be had */
     uint32_t conn;      /* REMOTE: the connection's id */
-    int gone;           /* REMOTE: its connection ended */
+    int gone;           /* REMOTE: its connection ended; PROCESS: it gave the rank back */
     char host[64];      /* REMOTE: its host name (pid is its pid there) */
 } ferry__holder;
 
@@ -65,6 +65,11 @@ void ferry__ranks_fini(ferry_pool *pool);
  * when the producer cannot watch the claimant or cannot tell whether the holder lives (out of
  * file descriptors: logged, never taken for a death). */
 ferry_status ferry__ranks_attach(void *pool, uint32_t rank, pid_t pid, pid_t *holder);
+
+/* Broker callback (ferry__broker_release_fn): pid gives rank back. If pid holds it, the
+ * verdict is given now, as for a holder that died (its leases are acknowledged on its behalf
+ * when reclaim reaps the rank or a successor takes it over); FERRY_OK either way. */
+ferry_status ferry__ranks_release(void *pool, uint32_t rank, pid_t pid);
 
 /* Remote server callbacks (remote/remote.h hooks): connection conn, of process pid on host,
  * claims rank (as ferry__ranks_attach: RANK_IN_USE with *holder while another holder lives);
