@@ -588,7 +588,13 @@ FERRY_API void ferry_consumer_destroy(ferry_consumer *consumer);
  * read, wait, ack (by rank, range or all), fd and the stream-ordered read (done before it
  * returns) work as for a local pool; views need the pool mapped in this process and answer
  * NOT_SUPPORTED. NOT_SUPPORTED also without UCX, FORKED in a child forked by a process that
- * used UCX (start such processes with spawn or exec). */
+ * used UCX (start such processes with spawn or exec). A process on the pool's own host, in
+ * its network namespace, of its user and where the producer's pid is seen, is told by the
+ * producer which pool it is and opens it through its broker instead: a local consumer in
+ * every respect (views work), no UCX used, whose ferry_consumer_destroy gives the rank back
+ * as closing a remote connection does (docs/design.md, "Consumers on the producer's host");
+ * where it cannot open the pool so, it connects over UCX. FERRY_REMOTE_LOCAL=0 in the
+ * environment keeps it on UCX. */
 FERRY_API ferry_status ferry_consumer_connect(const char *address, uint32_t rank, int32_t device,
                                               ferry_consumer **consumer);
 

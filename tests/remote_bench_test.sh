@@ -63,10 +63,10 @@ fi
 # the second (their UCX_NET_DEVICES found by the workers themselves), or both on loopback.
 bench() {
     if [ $netns -eq 1 ]; then
-        $limit ip netns exec "$ns_a" env UCX_TLS=tcp UCX_NET_DEVICES="$dev_a" "$ferry" bench \
-            --mode remote --listen "$ip_a:0" --worker-netns "$ns_b" "$@"
+        $limit ip netns exec "$ns_a" env FERRY_REMOTE_LOCAL=0 UCX_TLS=tcp \
+            UCX_NET_DEVICES="$dev_a" "$ferry" bench --mode remote --listen "$ip_a:0" --worker-netns "$ns_b" "$@"
     else
-        $limit env UCX_TLS=tcp UCX_NET_DEVICES=lo "$ferry" bench --mode remote \
+        $limit env FERRY_REMOTE_LOCAL=0 UCX_TLS=tcp UCX_NET_DEVICES=lo "$ferry" bench --mode remote \
             --listen 127.0.0.1:0 "$@"
     fi
 }
@@ -87,7 +87,7 @@ wants=('"mode": "remote"' '"backend": "host"' '"consumers": 2'
     '"throughput": [{"memory": "host", "item_size": 65536, "items": 64, "ferry_seconds": '
     '{"memory": "host", "item_size": 1048576, "items": 4, ' '"floor_gbytes_per_s": '
     '"ratio_vs_floor": ' '"read_path": "emulated over active messages (tcp/'
-    '"ferry_emulated": 2,' "\"received\": $expected, \"verified\": $expected, \"verified_in_full\": $expected, \"errors\": 0}")
+    '"ferry_over_ucx": 2, "ferry_emulated": 2,' "\"received\": $expected, \"verified\": $expected, \"verified_in_full\": $expected, \"errors\": 0}")
 if [ $netns -eq 1 ]; then
     wants+=("\"worker_netns\": \"$ns_b\"" "tcp/$dev_b")
 fi
@@ -108,6 +108,17 @@ for want in "ferry bench: remote, backend host, 1 consumer" "ferry/floor p50: " 
     "memory       size   items  ferry GB/s  floor GB/s  ferry/floor" \
     "received: 52 items, verified: 52 (52 byte for byte), errors: 0"; do
     [ $rc -eq 0 ] && [[ "$out" == *"$want"* ]] || fail "text report (rc=$rc) lacks '$want': $out"
+done
+
+# Consumers on the producer's host and in its namespace, FERRY_REMOTE_LOCAL unset: ferry's open
+# the pool through its broker (none over UCX); the floor's reads are UCX's as before.
+json=$($limit env -u FERRY_REMOTE_LOCAL UCX_TLS=tcp UCX_NET_DEVICES=lo "$ferry" bench \
+    --mode remote --listen 127.0.0.1:0 --iterations 20 --warmup 2 --rounds 1 --item-size 256KiB \
+    --items 3 --pool-size 4MiB --verify-every 1 --json 2>"$out_file")
+rc=$?
+for want in '"ferry_over_ucx": 0, "ferry_emulated": 0,' '"verified": 52, "verified_in_full": 52'; do
+    [ $rc -eq 0 ] && [[ "$json" == *"$want"* ]] ||
+        fail "same host (rc=$rc) lacks '$want': $json $(cat "$out_file")"
 done
 
 # Consumers in a namespace that does not exist: their rank and exit status, exit 1, no hang.

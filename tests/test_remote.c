@@ -351,7 +351,7 @@ static int receiver_main(const char *role, const char *addr, uint32_t rank)
     uint64_t verified = 0;
     size_t cap = 17u << 20;
     uint8_t *buf = malloc(cap);
-    int hold = strcmp(role, "hold") == 0;
+    int hold = strcmp(role, "hold") == 0, viewer = strcmp(role, "viewer") == 0;
     for (;;) {
         ferry_descriptor d;
         size_t k = 0;
@@ -368,6 +368,14 @@ static int receiver_main(const char *role, const char *addr, uint32_t rank)
         if (!th_check_stamp(buf, d.length, seed, NULL)) {
             th_report(FERRY_MISMATCH, verified);
             return 1;
+        }
+        if (viewer) { /* a view needs the pool mapped here: a consumer of this host's pool */
+            const void *v = NULL;
+            st = ferry_consumer_view(c, &d, &v, 5000 * MS);
+            if (st != FERRY_OK || memcmp(v, buf, d.length) != 0) {
+                th_report(st == FERRY_OK ? FERRY_MISMATCH : st, verified);
+                return 1;
+            }
         }
         if (hold) {
             verified++;
@@ -633,6 +641,69 @@ static int symbol_main(const char *name)
     return 0;
 }
 
+/* Forks: the parent waits for the child and exits with its status; the child returns 0
+ * (after unshare(CLONE_NEWPID), the child is the new namespace's first process). */
+static int in_child_waited(void)
+{
+    pid_t child = fork();
+    if (child < 0)
+        return -1;
+    if (child == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        return 0;
+    }
+    int status = 0;
+    while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
+    }
+    _exit(WIFEXITED(status) ? WEXITSTATUS(status) : 98);
+}
+
+/* Receives one lease, reads it and checks every byte; acknowledges it if ack. */
+static ferry_status take_one(ferry_consumer *c, int ack)
+{
+    static uint8_t buf[1 << 20];
+    ferry_descriptor d;
+    size_t k = 0;
+    ferry_status st = ferry_consumer_recv(c, 10000 * MS, &d, 1, &k);
+    if (st == FERRY_OK)
+        st = ferry_consumer_read(c, &d, buf, sizeof(buf), 5000 * MS);
+    if (st == FERRY_OK) {
+        uint64_t seed = 0;
+        th_check_stamp(buf, d.length, 0, &seed);
+        st = th_check_stamp(buf, d.length, seed, NULL) ? FERRY_OK : FERRY_MISMATCH;
+    }
+    if (st == FERRY_OK && ack)
+        st = ferry_consumer_ack(c, &d);
+    return st;
+}
+
+/* "giveback ADDR RANK": connects, reports, receives one lease and reports it (read and
+ * checked, not acknowledged). At the test's first ITEM destroys the consumer and reports; at
+ * the second connects again as the same rank, reports, then takes one more lease
+ * (acknowledged) and reports; at the third destroys that one and reports; lives on until the
+ * test's DONE. */
+static int giveback_main(const char *addr, uint32_t rank)
+{
+    ferry_consumer *c = connect_reported(addr, rank, -1);
+    if (!c)
+        return 1;
+    th_report(take_one(c, 0), 1);
+    th_msg m;
+    if (th_recv_msg(TH_CHANNEL_FD, &m, 10000) != 0)
+        return 1;
+    ferry_consumer_destroy(c);
+    th_report(FERRY_OK, 0);
+    if (th_recv_msg(TH_CHANNEL_FD, &m, 10000) != 0 || !(c = connect_reported(addr, rank, -1)))
+        return 1;
+    th_report(take_one(c, 1), 1);
+    if (th_recv_msg(TH_CHANNEL_FD, &m, 10000) != 0)
+        return 1;
+    ferry_consumer_destroy(c);
+    th_report(FERRY_OK, 0);
+    th_recv_msg(TH_CHANNEL_FD, &m, 20000);
+    return 0;
+}
+
 static int helper_main(int argc, char **argv)
 {
     prctl(PR_SET_PDEATHSIG, SIGKILL); /* a test that dies takes its helpers along */
@@ -641,11 +712,15 @@ static int helper_main(int argc, char **argv)
         th_report(FERRY_SYSTEM, 0);
         return 3;
     }
+    if (getenv("FERRY_TEST_NEWPID") && (unshare(CLONE_NEWPID) != 0 || in_child_waited() != 0))
+        return 3; /* the helper runs on as pid 1 of a new PID namespace */
     setenv("UCX_TLS", "tcp", 0);
     if (dev)
         setenv("UCX_NET_DEVICES", dev, 1);
     if (argc < 5)
         return 2;
+    if (strcmp(argv[2], "giveback") == 0)
+        return giveback_main(argv[3], (uint32_t)strtoul(argv[4], NULL, 10));
     if (strcmp(argv[2], "symbol") == 0)
         return symbol_main(argv[3]);
     if (strcmp(argv[2], "producer") == 0)
@@ -694,6 +769,119 @@ static void test_local_and_remote_ranks(void **state)
     assert_int_equal(s.remote_admitted, 2);
     assert_true(s.remote_forwarded >= 9);
     assert_int_equal(s.remote_refused, 0);
+    ferry_pool_destroy(pool);
+}
+
+/* A consumer of a pool on its own host, connected by the remote address, opens the pool
+ * through its broker and reads it as a local consumer (a view works: the pool is mapped
+ * there), unless FERRY_REMOTE_LOCAL=0; one in another network namespace, where the broker is
+ * out of reach, is admitted over UCX. Both get every lease byte for byte; only the UCX ones
+ * are admitted by the pool's server. */
+static void test_same_host_goes_local(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(3, 16 << 20, 5000000);
+    char raddr[FERRY_REMOTE_ADDRESS_SIZE];
+    remote_address_of(pool, raddr);
+    setenv("FERRY_REMOTE_LOCAL", "1", 1);
+    th_helper here = spawn_consumer(0, "viewer", raddr, 0, FERRY_OK);
+    th_helper there = spawn_consumer(1, net.netns ? "receiver" : "viewer", raddr, 1, FERRY_OK);
+    setenv("FERRY_REMOTE_LOCAL", "0", 1);
+    th_helper over_ucx = spawn_consumer(0, "receiver", raddr, 2, FERRY_OK);
+    for (uint64_t i = 0; i < 4; i++)
+        assert_int_equal(send_stamped(pool, 4096 << i, 300 + i, NULL, 5000 * MS), FERRY_OK);
+    send_end(pool, NULL);
+    th_assert_result(th_finish_helper(&here, 10000), 4);
+    th_assert_result(th_finish_helper(&there, 10000), 4);
+    th_assert_result(th_finish_helper(&over_ucx, 10000), 4);
+    wait_settled(pool, 5000);
+    ferry_pool_stats s = th_stats(pool);
+    fprintf(stderr, "test_remote: same host: %llu of 3 ranks admitted over UCX (%s)\n",
+            (unsigned long long)s.remote_admitted,
+            net.netns ? "rank 1 in another network namespace" : "one namespace");
+    assert_int_equal(s.remote_admitted, net.netns ? 2 : 1);
+    assert_int_equal(s.consumers_attached, 3);
+    /* Asked which pool it is only by the consumer whose address is on its host: not the one in
+     * the other namespace, nor the one kept on UCX. */
+    assert_int_equal(remote_counts(pool).described, net.netns ? 1 : 2);
+    ferry_pool_destroy(pool);
+}
+
+/* A consumer by remote address on the producer's host that cannot open the pool here goes
+ * over UCX: one in a new PID namespace (the producer's pid reads 0 there: its liveness could
+ * not be watched) is admitted over UCX and gets every item; a rank out of range, or held by a
+ * live process, is answered at once, as the connection would answer it, without one. */
+static void test_same_host_falls_back(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(2, 16 << 20, 5000000);
+    char raddr[FERRY_REMOTE_ADDRESS_SIZE];
+    remote_address_of(pool, raddr);
+    setenv("FERRY_REMOTE_LOCAL", "1", 1);
+    th_helper local = spawn_consumer(0, "receiver", raddr, 0, FERRY_OK);
+    th_helper taken = spawn_consumer(0, "receiver", raddr, 0, FERRY_RANK_IN_USE);
+    th_reap_helper(&taken);
+    th_helper out = spawn_consumer(0, "receiver", raddr, 2, FERRY_INVALID_ARGUMENT);
+    th_reap_helper(&out);
+    assert_int_equal(th_stats(pool).remote_admitted, 0);
+    setenv("FERRY_TEST_NEWPID", "1", 1);
+    th_helper unseen = spawn_consumer(0, "receiver", raddr, 1, FERRY_OK);
+    unsetenv("FERRY_TEST_NEWPID");
+    setenv("FERRY_REMOTE_LOCAL", "0", 1);
+    for (uint64_t i = 0; i < 3; i++)
+        assert_int_equal(send_stamped(pool, 4096 << i, 500 + i, NULL, 5000 * MS), FERRY_OK);
+    send_end(pool, NULL);
+    th_assert_result(th_finish_helper(&local, 10000), 3);
+    th_assert_result(th_finish_helper(&unseen, 10000), 3);
+    wait_settled(pool, 5000);
+    assert_int_equal(th_stats(pool).remote_admitted, 1);
+    assert_int_equal(remote_counts(pool).described, 4);
+    ferry_pool_destroy(pool);
+}
+
+/* A consumer by remote address that went local gives its rank back when destroyed, as closing
+ * its connection would: the lease it read and never acknowledged is acknowledged on its behalf,
+ * the same process may connect as the rank again (and gets what is sent then), and once that
+ * one is destroyed too another process takes the rank at once, while the first lives on. */
+static void test_same_host_gives_rank_back(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(1, 16 << 20, 5000000);
+    char raddr[FERRY_REMOTE_ADDRESS_SIZE];
+    remote_address_of(pool, raddr);
+    setenv("FERRY_REMOTE_LOCAL", "1", 1);
+    th_helper first = spawn_consumer(0, "giveback", raddr, 0, FERRY_OK);
+    assert_int_equal(send_stamped(pool, 65536, 700, NULL, 5000 * MS), FERRY_OK);
+    th_msg m;
+    assert_int_equal(th_recv_msg(first.fd, &m, 10000), 0);
+    assert_int_equal(m.status, FERRY_OK);
+    assert_int_equal(th_stats(pool).leases_in_flight, 1);
+    th_helper early = spawn_consumer(0, "receiver", raddr, 0, FERRY_RANK_IN_USE);
+    th_reap_helper(&early);
+    for (int round = 0; round < 2; round++) {
+        th_send_type(first.fd, TH_MSG_ITEM); /* destroy */
+        assert_int_equal(th_recv_msg(first.fd, &m, 10000), 0);
+        assert_int_equal(m.status, FERRY_OK);
+        wait_settled(pool, 5000); /* what it held, acknowledged on its behalf */
+        if (round == 1)
+            break;
+        th_send_type(first.fd, TH_MSG_ITEM); /* the same process, the same rank again */
+        assert_int_equal(th_recv_msg(first.fd, &m, 10000), 0);
+        assert_int_equal(m.status, FERRY_OK);
+        assert_int_equal(send_stamped(pool, 65536, 701, NULL, 5000 * MS), FERRY_OK);
+        assert_int_equal(th_recv_msg(first.fd, &m, 10000), 0);
+        assert_int_equal(m.status, FERRY_OK);
+        assert_int_equal(th_stats(pool).consumers_alive, 1);
+    }
+    th_helper next = spawn_consumer(0, "receiver", raddr, 0, FERRY_OK);
+    setenv("FERRY_REMOTE_LOCAL", "0", 1);
+    assert_int_equal(send_stamped(pool, 65536, 702, NULL, 5000 * MS), FERRY_OK);
+    send_end(pool, NULL);
+    th_assert_result(th_finish_helper(&next, 10000), 1);
+    th_send_type(first.fd, TH_MSG_DONE);
+    th_reap_helper(&first);
+    wait_settled(pool, 5000);
+    assert_int_equal(th_stats(pool).remote_admitted, 0);
     ferry_pool_destroy(pool);
 }
 
@@ -1497,6 +1685,61 @@ static void test_gpu_pool(void **state)
     setenv("UCX_TLS", "tcp", 1);
 }
 
+/* A consumer by remote address on the GPU pool's host that cannot open it here as asked (made
+ * for no device: a local consumer of a GPU pool needs one) falls back to UCX and reads into
+ * host memory there, every byte checked (the GPU machine; skipped as test_gpu_pool is). */
+static void test_gpu_pool_host_reader_falls_back(void **state)
+{
+    (void)state;
+    void *src = NULL;
+    ferry__ucx_report r;
+    if (ferry_gpu_alloc(0, 1u << 20, &src) != FERRY_OK) {
+        fprintf(stderr, "test_remote: no GPU: %s\n", ferry_last_error());
+        skip();
+    }
+    setenv("UCX_TLS", "tcp,cuda_copy", 1);
+    ferry__ucx_report_get(&r);
+    if (!r.cuda) {
+        ferry_gpu_free(0, src);
+        setenv("UCX_TLS", "tcp", 1);
+        skip();
+    }
+    char listen[64];
+    snprintf(listen, sizeof(listen), "%s:0", net.ip[0]);
+    ferry_pool_config cfg = FERRY_POOL_CONFIG_INIT;
+    cfg.backend = FERRY_BACKEND_CUDA_IPC;
+    cfg.device = 0;
+    cfg.memory_size = 16 << 20;
+    cfg.consumer_count = 1;
+    cfg.listen = listen;
+    ferry_pool *pool = NULL;
+    if (ferry_pool_create(&cfg, &pool) != FERRY_OK)
+        fail_msg("GPU pool: %s", ferry_last_error());
+    char addr[FERRY_REMOTE_ADDRESS_SIZE];
+    remote_address_of(pool, addr);
+    setenv("FERRY_REMOTE_LOCAL", "1", 1);
+    th_helper h = spawn_consumer(0, "receiver", addr, 0, FERRY_OK);
+    setenv("FERRY_REMOTE_LOCAL", "0", 1);
+    uint8_t *host = malloc(1u << 20);
+    for (uint64_t i = 0; i <= 3; i++) {
+        size_t size = i == 3 ? 64 : (4096u << (4 * i)); /* 4 KiB, 64 KiB, 1 MiB, then END */
+        th_stamp(host, size, i == 3 ? END_SEED : 900 + i);
+        assert_int_equal(ferry_gpu_copy_async(0, src, host, size, NULL), FERRY_OK);
+        assert_int_equal(ferry_gpu_stream_synchronize(0, NULL), FERRY_OK);
+        ferry_tensor t = ferry_tensor_bytes(size);
+        const void *s0 = src;
+        if (ferry_pool_send(pool, &t, &s0, 1, NULL, NULL, 20000 * MS, NULL) != FERRY_OK)
+            fail_msg("send: %s", ferry_last_error());
+        assert_int_equal(ferry_pool_drain(pool, 20000 * MS), FERRY_OK);
+    }
+    th_assert_result(th_finish_helper(&h, 60000), 3);
+    assert_int_equal(th_stats(pool).remote_admitted, 1);
+    free(host);
+    ferry_gpu_free(0, src);
+    ferry_pool_destroy(pool);
+    setenv("UCX_TLS", "tcp", 1);
+}
+
 /* The remote address and its API: a pool without cfg.listen has none; bad listen addresses
  * and keepalive bounds are refused; an address that is not exactly the printed form is. */
 static void test_addresses_and_config(void **state)
@@ -1598,6 +1841,9 @@ int main(int argc, char **argv)
     if (argc >= 3 && strcmp(argv[1], "--helper") == 0)
         return helper_main(argc, argv);
     signal(SIGPIPE, SIG_IGN);
+    /* The remote path itself is what is tested here, on one host: a consumer of this host's
+     * pool would open it locally (test_same_host_goes_local asks for that). */
+    setenv("FERRY_REMOTE_LOCAL", "0", 1);
     const ferry__ucx *ucx;
     if (ferry__ucx_get(&ucx) != FERRY_OK) {
         fprintf(stderr, "test_remote: skipped: %s\n", ferry_last_error());
@@ -1607,6 +1853,9 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_addresses_and_config),
         cmocka_unit_test(test_ucx_symbol),
         cmocka_unit_test(test_local_and_remote_ranks),
+        cmocka_unit_test(test_same_host_goes_local),
+        cmocka_unit_test(test_same_host_falls_back),
+        cmocka_unit_test(test_same_host_gives_rank_back),
         cmocka_unit_test(test_rank_in_use),
         cmocka_unit_test(test_consumer_killed),
         cmocka_unit_test(test_producer_gone),
@@ -1626,6 +1875,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_many_hand_overs),
         cmocka_unit_test(test_connect_close_cycles),
         cmocka_unit_test(test_gpu_pool),
+        cmocka_unit_test(test_gpu_pool_host_reader_falls_back),
     };
     if (getenv("FERRY_TEST_ONLY")) /* one test, by name (a pattern cmocka matches) */
         cmocka_set_test_filter(getenv("FERRY_TEST_ONLY"));

@@ -1157,6 +1157,59 @@ static void test_fd_limit_backlog(void **state)
     ferry_pool_destroy(pool);
 }
 
+/* A hello that claims no rank asks which pool this is (a consumer of this host, to open it
+ * through its broker): with the secret it gets the welcome and the connection ends, nothing
+ * admitted, the rank's queued lease untouched, no endpoint made for the worker it named (one
+ * zero byte, or junk); without the secret it is refused as any other. */
+static void test_description_admits_nothing(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(1, 1 << 20);
+    char addr[FERRY_REMOTE_ADDRESS_SIZE];
+    ferry__remote_address a;
+    address_of(pool, addr, &a);
+    assert_int_equal(send_stamped(pool, 4096, 301, NULL, NULL), FERRY_OK); /* queued */
+    const uint8_t junk[3] = {0, 0xff, 7};
+    for (int i = 0; i < 2; i++) {
+        fake f;
+        fake_open(&f);
+        assert_int_equal(fake_hello(&f, &a, UINT32_MAX, junk, i ? 3 : 1), 0);
+        ferry_descriptor d;
+        assert_int_equal(ferry_descriptor_decode(f.w.pool, FERRY_DESCRIPTOR_SIZE, &d), FERRY_OK);
+        assert_true(d.flags & FERRY_DESC_FLAG_POOL_ONLY);
+        assert_memory_equal(d.pool_id, a.pool_id, 16);
+        assert_int_equal(f.w.conn_id, 0);
+        assert_int_equal(f.w.token, 0);
+        uint8_t b;
+        struct pollfd p = {.fd = f.sock, .events = POLLIN};
+        assert_int_equal(poll(&p, 1, 2000), 1);
+        assert_int_equal(recv(f.sock, &b, 1, 0), 0); /* the producer closed it */
+        fake_close(&f);
+    }
+    fake f;
+    fake_open(&f);
+    a.secret[0] ^= 1;
+    assert_int_equal(fake_hello(&f, &a, UINT32_MAX, junk, 1), 1);
+    assert_int_equal(f.r.status, FERRY_PERMISSION);
+    fake_close(&f);
+    a.secret[0] ^= 1;
+    ferry_pool_stats s = th_stats(pool);
+    assert_int_equal(s.remote_admitted, 0);
+    assert_int_equal(s.remote_connected, 0);
+    assert_int_equal(s.remote_refused, 1);
+    assert_int_equal(s.leases_in_flight, 1);
+    ferry_consumer *c = NULL;
+    assert_int_equal(ferry_consumer_connect(addr, 0, -1, &c), FERRY_OK);
+    ferry_descriptor d;
+    size_t k;
+    uint8_t buf[4096];
+    assert_int_equal(ferry_consumer_recv(c, 3000 * MS, &d, 1, &k), FERRY_OK);
+    assert_int_equal(ferry_consumer_read(c, &d, buf, sizeof(buf), 3000 * MS), FERRY_OK);
+    assert_true(th_check_stamp(buf, sizeof(buf), 301, NULL));
+    ferry_consumer_destroy(c);
+    ferry_pool_destroy(pool);
+}
+
 /* A consumer that gave up while its connection waited in the backlog (the producer out of
  * fds), or died right after its hello: its hello is read once the producer can, but a peer
  * that left is not admitted (its rank would be released as dead at once, the lease queued
@@ -1847,6 +1900,7 @@ int main(int argc, char **argv)
     if (argc >= 3 && strcmp(argv[1], "--helper") == 0)
         return helper_main(argc, argv);
     signal(SIGPIPE, SIG_IGN);
+    setenv("FERRY_REMOTE_LOCAL", "0", 1); /* the remote path on one host (test_remote.c) */
     const ferry__ucx *ucx;
     if (ferry__ucx_get(&ucx) != FERRY_OK) {
         fprintf(stderr, "test_remote_attack: skipped: %s\n", ferry_last_error());
@@ -1854,6 +1908,7 @@ int main(int argc, char **argv)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_forged_messages),
+        cmocka_unit_test(test_description_admits_nothing),
         cmocka_unit_test(test_emulated_counted_once),
         cmocka_unit_test(test_last_acks_before_close),
         cmocka_unit_test(test_leader_acks_then_leaves),

@@ -14,6 +14,11 @@ import pytest
 import ferry
 import workers
 
+# The remote path is what the remote tests test, on one host: a consumer of this host's pool
+# by its remote address would open it through its broker instead (test_remote.py's
+# test_same_host_receiver_maps_the_pool asks for that).
+os.environ["FERRY_REMOTE_LOCAL"] = "0"
+
 CTX = multiprocessing.get_context("spawn")
 TESTS = pathlib.Path(__file__).resolve().parent
 

@@ -76,6 +76,31 @@ def test_remote_receiver_in_this_process():
                 rx.recv(timeout=10, copy=False)  # a view needs the pool mapped here
 
 
+def test_same_host_receiver_maps_the_pool(monkeypatch):
+    """By default a receiver of a pool on its own host, connected by the remote address, opens
+    the pool through its broker: a view works (it needs the pool mapped here), and the pool's
+    server admits nobody."""
+    monkeypatch.delenv("FERRY_REMOTE_LOCAL")
+    with ferry.Pool("16MiB", consumers=1, listen="127.0.0.1:0") as pool:
+        with ferry.connect(pool.remote_address, rank=0) as rx:
+            pool.send(np.arange(256, dtype=np.int64))
+            got = rx.recv(timeout=10, copy=False)
+            assert (np.from_dlpack(got) == np.arange(256)).all()
+            del got
+            pool.send(np.arange(4, dtype=np.int64))
+            out = np.zeros(4, np.int64)
+            assert rx.recv(timeout=10, out=out) is out
+            assert (out == np.arange(4)).all()
+        assert pool.stats()["remote_admitted"] == 0
+        # Closing the receiver gave the rank back: this process connects as rank 0 again.
+        with ferry.connect(pool.remote_address, rank=0) as rx:
+            pool.send(np.arange(8, dtype=np.int64))
+            out = np.zeros(8, np.int64)
+            assert rx.recv(timeout=10, out=out) is out
+            assert (out == np.arange(8)).all()
+        assert pool.stats()["remote_admitted"] == 0
+
+
 def test_descriptors_read_through_a_receiver():
     """A descriptor that came by the caller's own channel (SGLang's proxies, vLLM's index) is
     read and acknowledged through a receiver connected to the pool's remote address."""

@@ -68,7 +68,9 @@ static void unmap_pool(ferry__mapped_pool *pool)
         munmap(pool->base, pool->size);
     if (pool->producer_fd >= 0)
         close(pool->producer_fd);
+    pthread_mutex_destroy(&pool->claim_lock);
     free(pool->attached);
+    free(pool->lent);
     free(pool);
 }
 
@@ -146,7 +148,8 @@ static ferry_status map_checked(ferry__mapped_pool *pool, const ferry_descriptor
         st = ferry__shm_open(&pool->shm, pool->base, size, d);
     if (st == FERRY_OK)
         st = check_transport(&pool->shm.layout, size, &pool->ops);
-    if (st == FERRY_OK && !(pool->attached = calloc(d->consumer_count, 1)))
+    if (st == FERRY_OK && (!(pool->attached = calloc(d->consumer_count, 1)) ||
+                           !(pool->lent = calloc(d->consumer_count, sizeof(*pool->lent)))))
         st = ferry__fail(FERRY_NO_MEMORY, "out of memory opening a pool");
     if (st != FERRY_OK)
         return st;
@@ -171,6 +174,7 @@ static ferry_status open_pool(const ferry_descriptor *d, uint32_t claim, int dev
         return ferry__fail(FERRY_NO_MEMORY, "out of memory opening a pool");
     pool->producer_fd = -1;
     pthread_mutex_init(&pool->parts_lock, NULL);
+    pthread_mutex_init(&pool->claim_lock, NULL);
     ferry_status st = broker_ask(d->broker, d->pool_id, deadline, &fd, &size, &ppid);
     if (st == FERRY_OK)
         st = map_checked(pool, d, fd, size);
@@ -191,24 +195,72 @@ static ferry_status open_pool(const ferry_descriptor *d, uint32_t claim, int dev
     return FERRY_OK;
 }
 
-ferry_status ferry__cache_claim(ferry__mapped_pool *pool, uint32_t rank, uint64_t deadline)
+/* What this process holds of a rank (attached[rank]). */
+enum { RANK_NOT_HELD = 0, RANK_HELD = 1, RANK_LENT = 2 };
+
+/* Claims rank for this process unless it holds it; then held for the process's life
+ * (RANK_HELD), or only while lent[rank] counts consumers that give it back (RANK_LENT).
+ * Called with claim_lock held. */
+static ferry_status claim_locked(ferry__mapped_pool *pool, uint32_t rank, int lend,
+                                 uint64_t deadline)
 {
     if (rank >= pool->consumers)
         return ferry__fail(FERRY_MISMATCH, "rank %u is out of range for the pool (consumers=%u)",
                            rank, pool->consumers);
     pthread_mutex_lock(&cache_lock);
-    int attached = pool->attached[rank];
+    uint8_t held = pool->attached[rank];
     pthread_mutex_unlock(&cache_lock);
-    if (attached)
-        return FERRY_OK;
-    ferry_status st =
-        ferry__broker_claim(pool->broker, pool->pool_id, rank, "pool broker", remaining(deadline));
-    if (st != FERRY_OK)
-        return st;
+    if (held == RANK_NOT_HELD) {
+        ferry_status st = ferry__broker_claim(pool->broker, pool->pool_id, rank, "pool broker",
+                                              remaining(deadline));
+        if (st != FERRY_OK)
+            return st;
+    }
     pthread_mutex_lock(&cache_lock);
-    pool->attached[rank] = 1;
+    if (lend)
+        pool->lent[rank]++;
+    if (!lend || held == RANK_NOT_HELD)
+        pool->attached[rank] = lend ? RANK_LENT : RANK_HELD;
     pthread_mutex_unlock(&cache_lock);
     return FERRY_OK;
+}
+
+static ferry_status claim(ferry__mapped_pool *pool, uint32_t rank, int lend, uint64_t deadline)
+{
+    pthread_mutex_lock(&pool->claim_lock);
+    ferry_status st = claim_locked(pool, rank, lend, deadline);
+    pthread_mutex_unlock(&pool->claim_lock);
+    return st;
+}
+
+ferry_status ferry__cache_claim(ferry__mapped_pool *pool, uint32_t rank, uint64_t deadline)
+{
+    return claim(pool, rank, 0, deadline);
+}
+
+ferry_status ferry__cache_lend(ferry__mapped_pool *pool, uint32_t rank, uint64_t deadline)
+{
+    return claim(pool, rank, 1, deadline);
+}
+
+void ferry__cache_give_back(ferry__mapped_pool *pool, uint32_t rank)
+{
+    pthread_mutex_lock(&pool->claim_lock);
+    pthread_mutex_lock(&cache_lock);
+    int last = pool->lent[rank] > 0 && --pool->lent[rank] == 0 && pool->attached[rank] == RANK_LENT;
+    if (last)
+        pool->attached[rank] = RANK_NOT_HELD;
+    pthread_mutex_unlock(&cache_lock);
+    /* A producer gone has nothing to settle; one that cannot be told is told it held the
+     * rank all the same once it dies (liveness settles it then). */
+    if (last && !ferry__load_acquire32(&pool->gone) &&
+        ferry__broker_release(pool->broker, pool->pool_id, rank, "pool broker",
+                              FERRY_GIVE_BACK_TIMEOUT_NS) != FERRY_OK)
+        ferry__log(FERRY_LOG_WARN,
+                   "%s; rank %u stays this process's until it exits (its leases in flight are "
+                   "then acknowledged on its behalf)",
+                   ferry_last_error(), rank);
+    pthread_mutex_unlock(&pool->claim_lock);
 }
 
 /* Only a producer known gone: one whose liveness cannot be told now stays. */

@@ -21,6 +21,7 @@ struct ferry_consumer {
     pid_t pid;      /* the process that created it */
     /* ferry_consumer_connect (receive.c): the pool it holds a reference on, else NULL. */
     ferry__mapped_pool *bound;
+    int lent; /* its rank is given back when it is destroyed (connected by remote address) */
     pthread_mutex_t fd_lock; /* guards the fds below, made by the first ferry_consumer_fd */
     int event_fd;            /* signalled by the producer (-1 until asked for) */
     int poll_fd;             /* epoll set of event_fd and the producer's pidfd */
@@ -61,6 +62,18 @@ ferry_status ferry__cache_acquire(const ferry_descriptor *desc, uint32_t claim, 
  * RANK_IN_USE if another live process does, MISMATCH for a rank the pool lacks), waiting
  * for the broker until deadline at most. */
 ferry_status ferry__cache_claim(ferry__mapped_pool *pool, uint32_t rank, uint64_t deadline);
+
+/* ferry__cache_claim for a consumer that gives the rank back when it is destroyed, as a
+ * remote connection's close does (ferry__cache_give_back): unless this process also holds
+ * the rank for its life, the last of them to give it back releases it. */
+ferry_status ferry__cache_lend(ferry__mapped_pool *pool, uint32_t rank, uint64_t deadline);
+
+/* Gives back a rank ferry__cache_lend claimed: the last one releases it at the broker (the
+ * producer settles it as it settles a dead holder's), waiting FERRY_GIVE_BACK_TIMEOUT_NS at
+ * most; a failure is logged (the rank then stays this process's until it exits). */
+void ferry__cache_give_back(ferry__mapped_pool *pool, uint32_t rank);
+
+#define FERRY_GIVE_BACK_TIMEOUT_NS (1000ull * 1000 * 1000)
 
 /* Takes one more reference on a pool the caller holds one on. */
 void ferry__cache_retain(ferry__mapped_pool *pool);

@@ -1,6 +1,7 @@
 /* Channels, consumer side: connecting by address, taking descriptors from the rank's ring
  * (shm/ring.c holds both halves of the ring), and the pollable fd (ferry.h, "Channels"). */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -79,16 +80,97 @@ static ferry_status describe(const uint8_t name[16], const char *address, uint64
     return st;
 }
 
-/* A consumer on another host: the remote server admits it and the connection carries its
- * calls (remote/client.c). */
+/* Opens the pool whose broker is called name and claims rank: the consumer of a pool on this
+ * host. pool_id (NULL: any) is the identity the pool must have; lend: the rank is given back
+ * when the consumer is destroyed (else held while the process lives). */
+static ferry_status connect_local(const uint8_t name[16], const uint8_t *pool_id,
+                                  const char *address, uint32_t rank, int32_t device, int lend,
+                                  uint64_t deadline, ferry_consumer **out)
+{
+    ferry_descriptor d;
+    ferry_consumer *c = NULL;
+    ferry__mapped_pool *p = NULL;
+    ferry_status st = describe(name, address, deadline, &d);
+    if (st == FERRY_OK && pool_id && memcmp(d.pool_id, pool_id, 16) != 0)
+        st = ferry__fail(FERRY_MISMATCH, "the broker of %.80s described another pool", address);
+    if (st == FERRY_OK && rank >= d.consumer_count)
+        st = ferry__fail(FERRY_INVALID_ARGUMENT,
+                         "rank %u is not a rank of the pool at %s, "
+                         "which has ranks 0 to %u",
+                         rank, address, d.consumer_count - 1u);
+    if (st == FERRY_OK)
+        st = ferry_consumer_create_on(rank, device, &c);
+    if (st == FERRY_OK)
+        st = ferry__cache_acquire(&d, FERRY__RANK_NONE, device, deadline, 0, &p);
+    if (st == FERRY_OK)
+        st = p->ops->view_map(p, device, deadline);
+    if (st == FERRY_OK) /* last: a connect that fails holds no rank */
+        st = lend ? ferry__cache_lend(p, rank, deadline) : ferry__cache_claim(p, rank, deadline);
+    if (st != FERRY_OK) {
+        if (p)
+            ferry__cache_release(p);
+        ferry_consumer_destroy(c);
+        return st;
+    }
+    c->bound = p;
+    c->lent = lend;
+    *out = c;
+    ferry__clear_error();
+    return FERRY_OK;
+}
+
+/* Whether a remote address of a pool on this host is read through the pool's own mapping
+ * (FERRY_REMOTE_LOCAL=0: always over UCX). */
+static int local_allowed(void)
+{
+    const char *v = getenv("FERRY_REMOTE_LOCAL");
+    return !v || strcmp(v, "0") != 0;
+}
+
+/* A consumer by a pool's remote address. A pool on this host (the address names one of its
+ * interfaces) is opened as a local consumer opens it: its server says which pool it is (a
+ * connection that claims no rank, closed at once), and where the pool's broker answers here
+ * with that pool, the rank is claimed there and every call after is a local one (the gets,
+ * checks and acknowledgements over UCX cost a round trip each that the mapping does not);
+ * destroying the consumer gives the rank back, as closing its connection would. Otherwise
+ * the remote server admits it and the connection carries its calls (remote/client.c): where
+ * the broker is out of reach (another network namespace), refuses this process (another
+ * user, another PID namespace), or the pool cannot be opened here as asked (CUDA IPC refused,
+ * a device it does not see, device -1 for a GPU pool). Only a rank out of range or held by a
+ * live process is answered at once, as the connection would answer it. */
 static ferry_status connect_remote(const char *address, uint32_t rank, int32_t device,
                                    ferry_consumer **out)
 {
     ferry_consumer *c = NULL;
-    ferry_status st = ferry_consumer_create_on(rank, device, &c);
+    ferry_descriptor pool;
+    uint64_t deadline = ferry__deadline(FERRY_OPEN_TIMEOUT_NS);
+    ferry_status st;
+    if (local_allowed() && ferry__remote_describe(address, deadline, &pool) == FERRY_OK) {
+        char label[FERRY_REMOTE_ADDRESS_SIZE]; /* the secret stays out of messages */
+        snprintf(label, sizeof(label), "%s", address);
+        char *secret = strrchr(label, '/');
+        if (secret)
+            *secret = '\0';
+        if (rank >= pool.consumer_count)
+            return ferry__fail(FERRY_INVALID_ARGUMENT,
+                               "rank %u is not a rank of the pool at %s, which has ranks 0 to %u",
+                               rank, label, pool.consumer_count - 1u);
+        st = connect_local(pool.broker, pool.pool_id, label, rank, device, 1, deadline, out);
+        if (st == FERRY_OK) {
+            ferry__log(FERRY_LOG_INFO,
+                       "remote pool %.80s is on this host: rank %u reads it through its own "
+                       "mapping (FERRY_REMOTE_LOCAL=0: over UCX)",
+                       label, rank);
+            return FERRY_OK;
+        }
+        if (st == FERRY_RANK_IN_USE)
+            return st;
+        ferry__log(FERRY_LOG_INFO, "remote pool %.80s: not opened on this host (%s): over UCX",
+                   label, ferry_last_error());
+    }
+    st = ferry_consumer_create_on(rank, device, &c);
     if (st == FERRY_OK)
-        st = ferry__remote_connect(address, rank, device, ferry__deadline(FERRY_OPEN_TIMEOUT_NS),
-                                   &c->remote);
+        st = ferry__remote_connect(address, rank, device, deadline, &c->remote);
     if (st != FERRY_OK) {
         ferry_consumer_destroy(c);
         return st;
@@ -105,45 +187,23 @@ ferry_status ferry_consumer_connect(const char *address, uint32_t rank, int32_t 
     if (out && ferry__remote_is_address(address))
         return connect_remote(address, rank, device, out);
     uint8_t name[16];
-    ferry_descriptor d;
-    ferry_consumer *c = NULL;
-    ferry__mapped_pool *p = NULL;
-    uint64_t deadline = ferry__deadline(FERRY_OPEN_TIMEOUT_NS);
     ferry_status st = out ? parse_address(address, name)
                           : ferry__fail(FERRY_INVALID_ARGUMENT, "consumer output pointer is NULL");
-    if (st == FERRY_OK)
-        st = describe(name, address, deadline, &d);
-    if (st == FERRY_OK && rank >= d.consumer_count)
-        st = ferry__fail(FERRY_INVALID_ARGUMENT,
-                         "rank %u is not a rank of the pool at %s, "
-                         "which has ranks 0 to %u",
-                         rank, address, d.consumer_count - 1u);
-    if (st == FERRY_OK)
-        st = ferry_consumer_create_on(rank, device, &c);
-    if (st == FERRY_OK)
-        st = ferry__cache_acquire(&d, FERRY__RANK_NONE, device, deadline, 0, &p);
-    if (st == FERRY_OK)
-        st = p->ops->view_map(p, device, deadline);
-    if (st == FERRY_OK) /* last: a connect that fails holds no rank */
-        st = ferry__cache_claim(p, rank, deadline);
-    if (st != FERRY_OK) {
-        if (p)
-            ferry__cache_release(p);
-        ferry_consumer_destroy(c);
+    if (st != FERRY_OK)
         return st;
-    }
-    c->bound = p;
-    *out = c;
-    ferry__clear_error();
-    return FERRY_OK;
+    return connect_local(name, NULL, address, rank, device, 0,
+                         ferry__deadline(FERRY_OPEN_TIMEOUT_NS), out);
 }
 
 void ferry__consumer_unbind(ferry_consumer *c)
 {
     /* In a forked child the pool's bookkeeping is the parent's (the child's cache starts
      * empty): only the child's copies of the fds go. */
-    if (c->bound && c->pid == ferry__proc_self())
+    if (c->bound && c->pid == ferry__proc_self()) {
+        if (c->lent)
+            ferry__cache_give_back(c->bound, c->rank);
         ferry__cache_release(c->bound);
+    }
     c->bound = NULL;
     ferry__remote_close(c->remote); /* in a forked child: the child's copies only */
     c->remote = NULL;

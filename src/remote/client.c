@@ -14,6 +14,7 @@
  * pool comes with its bytes inside its DESC (copied and checked by the producer while the
  * lease was this rank's): reads of it into host memory copy them, without a get. */
 #include <errno.h>
+#include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -260,10 +261,13 @@ static ferry_status refused(ferry__remote_client *cl, const ferry__refuse *r)
 static ferry_status say_hello(ferry__remote_client *cl, const ferry__remote_address *a,
                               uint64_t deadline)
 {
+    /* A hello that claims no rank asks for the pool's description only (the server makes no
+     * endpoint): its worker address is one zero byte. */
+    static const uint8_t no_worker[1] = {0};
     ferry__hello h = {.rank = cl->rank,
                       .pid = (uint32_t)getpid(),
-                      .worker_len = (uint32_t)cl->node.address_len,
-                      .worker = (const uint8_t *)cl->node.address};
+                      .worker_len = cl->node.address ? (uint32_t)cl->node.address_len : 1,
+                      .worker = cl->node.address ? (const uint8_t *)cl->node.address : no_worker};
     memcpy(h.secret, a->secret, 16);
     memcpy(h.pool_id, a->pool_id, 16);
     char host[256] = "";
@@ -799,6 +803,83 @@ ferry_status ferry__remote_connect(const char *address, uint32_t rank, int32_t d
     }
     *out = cl;
     return FERRY_OK;
+}
+
+/* 1 if sa is a loopback address or one of this network namespace's interfaces (from ifs). */
+static int address_here(const struct sockaddr *sa, const struct ifaddrs *ifs)
+{
+    if (sa->sa_family == AF_INET) {
+        const struct in_addr *in = &((const struct sockaddr_in *)sa)->sin_addr;
+        if ((ntohl(in->s_addr) >> 24) == 127)
+            return 1;
+        for (const struct ifaddrs *i = ifs; i; i = i->ifa_next)
+            if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET &&
+                memcmp(&((const struct sockaddr_in *)i->ifa_addr)->sin_addr, in, sizeof(*in)) == 0)
+                return 1;
+    } else if (sa->sa_family == AF_INET6) {
+        const struct in6_addr *in6 = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+        if (IN6_IS_ADDR_LOOPBACK(in6))
+            return 1;
+        for (const struct ifaddrs *i = ifs; i; i = i->ifa_next)
+            if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET6 &&
+                memcmp(&((const struct sockaddr_in6 *)i->ifa_addr)->sin6_addr, in6, sizeof(*in6)) ==
+                    0)
+                return 1;
+    }
+    return 0;
+}
+
+/* 1 if host names an address of this host as this network namespace sees it (loopback or one
+ * of its interfaces): only such a pool may be on this host. 0 where that cannot be told. */
+static int host_here(const char *host)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
+    struct ifaddrs *ifs = NULL;
+    int here = 0;
+    if (getaddrinfo(host, NULL, &hints, &res) != 0)
+        return 0;
+    if (getifaddrs(&ifs) == 0) {
+        for (const struct addrinfo *ai = res; ai && !here; ai = ai->ai_next)
+            here = address_here(ai->ai_addr, ifs);
+        freeifaddrs(ifs);
+    }
+    freeaddrinfo(res);
+    return here;
+}
+
+ferry_status ferry__remote_describe(const char *address, uint64_t deadline, ferry_descriptor *pool)
+{
+    ferry__remote_address a;
+    ferry__welcome w;
+    ferry_status st = ferry__remote_parse(address, &a);
+    if (st != FERRY_OK)
+        return st;
+    if (!host_here(a.host))
+        return ferry__fail(FERRY_NOT_SUPPORTED, "remote pool at %s:%u is not on this host", a.host,
+                           (unsigned)a.port);
+    ferry__remote_client *cl = calloc(1, sizeof(*cl));
+    uint8_t *buf = malloc(FERRY_REMOTE_MAX_MESSAGE);
+    if (!cl || !buf) {
+        free(cl);
+        free(buf);
+        return ferry__fail(FERRY_NO_MEMORY, "out of memory asking %.80s", address);
+    }
+    cl->sock = -1;
+    cl->rank = FERRY__RANK_NONE;
+    ferry__remote_format(&a, cl->address, sizeof(cl->address));
+    char *secret = strrchr(cl->address, '/');
+    if (secret)
+        *secret = '\0';
+    st = bootstrap(cl, &a, deadline, buf, &w);
+    if (st == FERRY_OK &&
+        (ferry_descriptor_decode(w.pool, FERRY_DESCRIPTOR_SIZE, pool) != FERRY_OK ||
+         !(pool->flags & FERRY_DESC_FLAG_POOL_ONLY) || memcmp(pool->pool_id, a.pool_id, 16) != 0))
+        st = ferry__fail(FERRY_MISMATCH, "remote pool %.80s described another pool", cl->address);
+    if (cl->sock >= 0)
+        close(cl->sock);
+    free(buf);
+    free(cl);
+    return st;
 }
 
 int ferry__remote_owns(const ferry__remote_client *cl, const ferry_descriptor *d)

@@ -128,6 +128,7 @@ typedef struct ferry__remote_counts {
     uint64_t bad_messages;  /* active messages dropped as malformed or forged */
     uint64_t inlined;       /* leases sent with their bytes in the DESC */
     uint64_t inline_stale;  /* bytes copied for that and dropped: the lease moved on */
+    uint64_t described;     /* hellos that claimed no rank, answered with the pool's description */
 } ferry__remote_counts;
 
 enum {
@@ -162,6 +163,12 @@ typedef struct ferry__remote_client ferry__remote_client;
  * host): the bootstrap, the UCX endpoint, the remote keys. deadline on ferry__now_ns. */
 ferry_status ferry__remote_connect(const char *address, uint32_t rank, int32_t device,
                                    uint64_t deadline, ferry__remote_client **out);
+
+/* The pool-only descriptor of the pool at a remote address, as its server tells it to a
+ * hello that claims no rank (the connection then ends; no UCX on either side). NOT_SUPPORTED,
+ * without asking, where the address's host is not this one's (neither loopback nor an
+ * address of an interface in this network namespace). */
+ferry_status ferry__remote_describe(const char *address, uint64_t deadline, ferry_descriptor *pool);
 
 /* Closes the connection (the producer acknowledges what this rank held) and frees it. */
 void ferry__remote_close(ferry__remote_client *client);

@@ -792,6 +792,17 @@ static int on_hello(ferry__remote_server *s, conn *c)
         refuse(s, c, FERRY_REMOTE_REFUSED_SECRET, FERRY_PERMISSION, 0, 0);
         return -1;
     }
+    if (h.rank == FERRY__RANK_NONE) {
+        /* A consumer of this host asks which pool this is, to open it through its broker:
+         * the welcome, which admits nothing (no connection id, no token, no endpoint), and
+         * the connection ends. */
+        c->id = 0;
+        c->token = 0;
+        count_add(s, &s->counts.described, 1);
+        if (send_welcome(s, c) != FERRY_OK)
+            ferry__log(FERRY_LOG_WARN, "%s; a pool's description was not sent", ferry_last_error());
+        return -1;
+    }
     if (h.rank >= s->cfg.consumers || s->by_rank[h.rank]) {
         refuse(s, c, FERRY_REMOTE_REFUSED_RANK,
                h.rank >= s->cfg.consumers ? FERRY_INVALID_ARGUMENT : FERRY_RANK_IN_USE, h.rank, 0);

@@ -50,14 +50,16 @@ typedef struct ferry__mapped_pool {
     uint64_t data_size;
     pid_t producer_pid; /* as seen from this process */
     uint64_t producer_start;
-    int producer_fd;    /* the producer's pidfd, held from open (-1 where none could be had) */
-    uint8_t *attached;  /* one byte per rank; cache lock */
-    uint32_t open_rank; /* the rank that opened the pool (asks the CUDA VMM fd broker) */
-    uint32_t *my_acks;  /* control words on the device: the acknowledgements this process
-                         * wrote, by slot and rank (atomic), so that refusing an already
-                         * acknowledged lease costs no device read */
-    uint32_t *viewed;   /* by slot and rank, the generation of a view holding a reference
-                         * (0: none); allocated on the first view (atomic words) */
+    int producer_fd;   /* the producer's pidfd, held from open (-1 where none could be had) */
+    uint8_t *attached; /* one byte per rank: held, lent or not (cache.c); cache lock */
+    uint32_t *lent;    /* per rank: consumers that give it back when destroyed; cache lock */
+    pthread_mutex_t claim_lock; /* orders claims and releases at the broker */
+    uint32_t open_rank;         /* the rank that opened the pool (asks the CUDA VMM fd broker) */
+    uint32_t *my_acks;          /* control words on the device: the acknowledgements this process
+                                 * wrote, by slot and rank (atomic), so that refusing an already
+                                 * acknowledged lease costs no device read */
+    uint32_t *viewed;           /* by slot and rank, the generation of a view holding a reference
+                                 * (0: none); allocated on the first view (atomic words) */
     pthread_mutex_t parts_lock; /* guards parts */
     ferry__part_set *parts;     /* packed leases acknowledged part by part, in progress */
 } ferry__mapped_pool;

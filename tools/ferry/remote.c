@@ -195,6 +195,8 @@ typedef struct remote_run {
     uint32_t nlrows, ntrows;
     char path[PATH_SIZE];
     uint64_t emulated; /* the pool's remote consumers whose reads are emulated */
+    uint64_t admitted; /* ferry's consumers the pool's server admitted (the rest: on this host,
+                        * through the pool's own mapping) */
 } remote_run;
 
 #define RS(run) ((remote_run *)(run)->state)
@@ -768,6 +770,7 @@ static int measure(bench_run *run)
     if (run_pool_stats(s->pool, &st) != FERRY_OK)
         return run_fail(run, "reading the pool's statistics failed: %s", ferry_last_error());
     s->emulated = st.remote_emulated;
+    s->admitted = st.remote_admitted;
     return 0;
 }
 
@@ -834,8 +837,10 @@ static void report_text(const bench_run *run)
            ferry_backend_name(o->backend), run->consumers, run->consumers > 1 ? "s" : "",
            o->worker_netns ? " in network namespace " : "", o->worker_netns ? o->worker_netns : "",
            pool, (long long)o->max_inflight, (unsigned long long)o->seed);
-    printf("reads: %s (the floor's endpoint, rank 0); ferry: %llu of %u consumers emulated\n",
-           s->path, (unsigned long long)s->emulated, run->consumers);
+    printf("reads: %s (the floor's endpoint, rank 0); ferry: %llu of %u consumers over UCX "
+           "(%llu emulated), the rest through the pool's own mapping\n",
+           s->path, (unsigned long long)s->admitted, run->consumers,
+           (unsigned long long)s->emulated);
     printf("\nlatency: send -> every consumer's recv + read + ack done; %lld round trips of each "
            "after %lld warm-up, %lld rounds\n",
            (long long)o->iterations, (long long)o->warmup, (long long)o->rounds);
@@ -898,10 +903,12 @@ static void report_json(const bench_run *run)
     json_string("listen", o->listen ? o->listen : "127.0.0.1:0", ", ");
     json_string("worker_netns", o->worker_netns, ", ");
     json_string("read_path", s->path, ", ");
-    printf("\"ferry_emulated\": %llu, \"pool_size\": %lld, \"max_inflight\": %lld, \"seed\": "
+    printf("\"ferry_over_ucx\": %llu, \"ferry_emulated\": %llu, \"pool_size\": %lld, "
+           "\"max_inflight\": %lld, \"seed\": "
            "%llu, \"rounds\": %lld, \"verify_every\": %lld, \"latency\": [",
-           (unsigned long long)s->emulated, (long long)o->pool_size, (long long)o->max_inflight,
-           (unsigned long long)o->seed, (long long)o->rounds, (long long)o->verify_every);
+           (unsigned long long)s->admitted, (unsigned long long)s->emulated,
+           (long long)o->pool_size, (long long)o->max_inflight, (unsigned long long)o->seed,
+           (long long)o->rounds, (long long)o->verify_every);
     for (uint32_t i = 0; i < s->nlrows; i++) {
         const lat_row *r = &s->lrows[i];
         printf("%s{\"memory\": \"%s\", \"item_size\": %llu, \"iterations\": %llu, ", i ? ", " : "",
@@ -1019,12 +1026,12 @@ static int worker_init(bench_worker *w)
     if (s->dev && ucx_node_cuda(&s->node)) {
         /* A bare get's best: the destination registered once (cuda_ipc then copies straight
          * into it); without UCX's CUDA support it stays unregistered (the run says why). */
-        ucp_mem_map_params_t mp = {
-            .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
-                          UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE,
-            .address = (void *)(uintptr_t)s->dev,
-            .length = max,
-            .memory_type = UCS_MEMORY_TYPE_CUDA};
+        ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
+                                                 UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                                                 UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE,
+                                   .address = (void *)(uintptr_t)s->dev,
+                                   .length = max,
+                                   .memory_type = UCS_MEMORY_TYPE_CUDA};
         ucs_status_t st = ucx.ucp_mem_map(s->node.context, &mp, &s->dev_memh);
         if (st != UCS_OK)
             return worker_fail(w, "the floor's destination: %s", ucx_error("ucp_mem_map", st));
