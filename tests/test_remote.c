@@ -30,6 +30,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "broker/broker.h"
 #include "ferry.h"
 #include "helpers.h"
 #include "pool/pool.h"
@@ -882,6 +883,112 @@ static void test_same_host_gives_rank_back(void **state)
     th_reap_helper(&first);
     wait_settled(pool, 5000);
     assert_int_equal(th_stats(pool).remote_admitted, 0);
+    ferry_pool_destroy(pool);
+}
+
+/* A consumer by remote address on the pool's host has its rank to itself, as a connection
+ * would: a second consumer of it in the same process is refused, by either address. Given
+ * back (destroyed), what it read and never acknowledged is acknowledged at once, a lease
+ * handed over outside the rings (ferry_pool_publish) included, also where the same process
+ * takes the rank again before the pool next looks at its ranks. */
+static void test_given_back_rank_settles_at_once(void **state)
+{
+    (void)state;
+    char listen[64], raddr[FERRY_REMOTE_ADDRESS_SIZE], laddr[FERRY_ADDRESS_SIZE];
+    snprintf(listen, sizeof(listen), "%s:0", net.ip[0]);
+    ferry_pool_config cfg = FERRY_POOL_CONFIG_INIT;
+    cfg.backend = FERRY_BACKEND_HOST;
+    cfg.memory_size = 1 << 20;
+    cfg.consumer_count = 1;
+    cfg.listen = listen;
+    cfg.reclaim_interval_us = 60 * 1000000; /* no look at the ranks during the test */
+    ferry_pool *pool = NULL;
+    assert_int_equal(ferry_pool_create(&cfg, &pool), FERRY_OK);
+    remote_address_of(pool, raddr);
+    assert_int_equal(ferry_pool_address(pool, laddr, sizeof(laddr)), FERRY_OK);
+    setenv("FERRY_REMOTE_LOCAL", "1", 1);
+    ferry_consumer *c = NULL, *other = NULL;
+    assert_int_equal(ferry_consumer_connect(raddr, 0, -1, &c), FERRY_OK);
+    assert_int_equal(remote_counts(pool).admitted, 0); /* opened through the broker */
+    assert_int_equal(ferry_consumer_connect(raddr, 0, -1, &other), FERRY_RANK_IN_USE);
+    assert_non_null(strstr(ferry_last_error(), "is held by live process"));
+    assert_int_equal(ferry_consumer_connect(laddr, 0, -1, &other), FERRY_RANK_IN_USE);
+    static uint8_t src[65536], dst[65536];
+    for (uint64_t round = 0; round < 2; round++) {
+        th_stamp(src, sizeof(src), 900 + round);
+        ferry_tensor t = ferry_tensor_bytes(sizeof(src));
+        ferry_descriptor d;
+        assert_int_equal(ferry_pool_publish(pool, &t, src, 1000 * MS, &d), FERRY_OK);
+        assert_int_equal(ferry_consumer_read(c, &d, dst, sizeof(dst), 1000 * MS), FERRY_OK);
+        assert_true(th_check_stamp(dst, sizeof(dst), 900 + round, NULL));
+        assert_int_equal(th_stats(pool).leases_in_flight, 1);
+        ferry_consumer_destroy(c);
+        c = NULL;
+        assert_int_equal(ferry_consumer_connect(raddr, 0, -1, &c), FERRY_OK); /* at once */
+        wait_settled(pool, 2000);
+    }
+    ferry_consumer_destroy(c);
+    /* Held for the process's life by its local address, the rank is not lent as well. */
+    assert_int_equal(ferry_consumer_connect(laddr, 0, -1, &c), FERRY_OK);
+    assert_int_equal(ferry_consumer_connect(raddr, 0, -1, &other), FERRY_RANK_IN_USE);
+    ferry_consumer_destroy(c);
+    ferry_consumer_info info = FERRY_CONSUMER_INFO_INIT;
+    assert_int_equal(ferry_pool_consumer_info(pool, 0, &info), FERRY_OK);
+    assert_true(info.alive && info.pid == getpid());
+    setenv("FERRY_REMOTE_LOCAL", "0", 1);
+    ferry_pool_destroy(pool);
+}
+
+static int warnings_seen;
+
+static void count_warnings(int level, const char *message, void *user)
+{
+    (void)message;
+    (void)user;
+    if (level <= FERRY_LOG_WARN)
+        __atomic_add_fetch(&warnings_seen, 1, __ATOMIC_RELAXED);
+}
+
+/* A consumer by remote address on the pool's host destroyed after its producer ended has
+ * nothing to give back: no warning that the rank "stays this process's". */
+static void test_give_back_after_producer_quiet(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(1, 1 << 20, 5000000);
+    char raddr[FERRY_REMOTE_ADDRESS_SIZE];
+    remote_address_of(pool, raddr);
+    setenv("FERRY_REMOTE_LOCAL", "1", 1);
+    ferry_consumer *c = NULL;
+    assert_int_equal(ferry_consumer_connect(raddr, 0, -1, &c), FERRY_OK);
+    setenv("FERRY_REMOTE_LOCAL", "0", 1);
+    ferry_pool_destroy(pool);
+    warnings_seen = 0;
+    ferry_set_log(count_warnings, NULL);
+    ferry_consumer_destroy(c);
+    ferry_set_log(NULL, NULL);
+    assert_int_equal(__atomic_load_n(&warnings_seen, __ATOMIC_RELAXED), 0);
+}
+
+/* RELEASE gives a rank back only for the process holding it: one asked by another process
+ * (here the test's, which holds no rank) changes nothing, and the holder keeps receiving. */
+static void test_release_by_another_process_ignored(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(1, 16 << 20, 5000000);
+    char laddr[FERRY_ADDRESS_SIZE];
+    assert_int_equal(ferry_pool_address(pool, laddr, sizeof(laddr)), FERRY_OK);
+    th_helper h = spawn_consumer(0, "receiver", laddr, 0, FERRY_OK);
+    assert_int_equal(ferry__broker_release(pool->broker_name, pool->pool_id, 0, "pool broker",
+                                           1000 * MS),
+                     FERRY_OK);
+    ferry_consumer_info info = FERRY_CONSUMER_INFO_INIT;
+    assert_int_equal(ferry_pool_consumer_info(pool, 0, &info), FERRY_OK);
+    assert_true(info.alive && info.pid == h.pid);
+    assert_int_equal(send_stamped(pool, 4096, 800, NULL, 5000 * MS), FERRY_OK);
+    send_end(pool, NULL);
+    th_assert_result(th_finish_helper(&h, 10000), 1);
+    wait_settled(pool, 5000);
+    assert_int_equal(th_stats(pool).acked_for_dead, 0);
     ferry_pool_destroy(pool);
 }
 
@@ -1856,6 +1963,9 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_same_host_goes_local),
         cmocka_unit_test(test_same_host_falls_back),
         cmocka_unit_test(test_same_host_gives_rank_back),
+        cmocka_unit_test(test_given_back_rank_settles_at_once),
+        cmocka_unit_test(test_release_by_another_process_ignored),
+        cmocka_unit_test(test_give_back_after_producer_quiet),
         cmocka_unit_test(test_rank_in_use),
         cmocka_unit_test(test_consumer_killed),
         cmocka_unit_test(test_producer_gone),

@@ -70,7 +70,6 @@ static void unmap_pool(ferry__mapped_pool *pool)
         close(pool->producer_fd);
     pthread_mutex_destroy(&pool->claim_lock);
     free(pool->attached);
-    free(pool->lent);
     free(pool);
 }
 
@@ -148,8 +147,7 @@ static ferry_status map_checked(ferry__mapped_pool *pool, const ferry_descriptor
         st = ferry__shm_open(&pool->shm, pool->base, size, d);
     if (st == FERRY_OK)
         st = check_transport(&pool->shm.layout, size, &pool->ops);
-    if (st == FERRY_OK && (!(pool->attached = calloc(d->consumer_count, 1)) ||
-                           !(pool->lent = calloc(d->consumer_count, sizeof(*pool->lent)))))
+    if (st == FERRY_OK && !(pool->attached = calloc(d->consumer_count, 1)))
         st = ferry__fail(FERRY_NO_MEMORY, "out of memory opening a pool");
     if (st != FERRY_OK)
         return st;
@@ -199,7 +197,9 @@ static ferry_status open_pool(const ferry_descriptor *d, uint32_t claim, int dev
 enum { RANK_NOT_HELD = 0, RANK_HELD = 1, RANK_LENT = 2 };
 
 /* Claims rank for this process unless it holds it; then held for the process's life
- * (RANK_HELD), or only while lent[rank] counts consumers that give it back (RANK_LENT).
+ * (RANK_HELD), or lent to the one consumer that gives it back (RANK_LENT). A lent rank is
+ * that consumer's alone, as a connection's is: the process holding the rank otherwise, or
+ * lending it, gets RANK_IN_USE from the other kind of claim, as a remote connection would.
  * Called with claim_lock held. */
 static ferry_status claim_locked(ferry__mapped_pool *pool, uint32_t rank, int lend,
                                  uint64_t deadline)
@@ -210,6 +210,12 @@ static ferry_status claim_locked(ferry__mapped_pool *pool, uint32_t rank, int le
     pthread_mutex_lock(&cache_lock);
     uint8_t held = pool->attached[rank];
     pthread_mutex_unlock(&cache_lock);
+    if (held == RANK_LENT || (lend && held == RANK_HELD))
+        return ferry__fail(FERRY_RANK_IN_USE,
+                           "rank %u is held by live process %d, this one (a rank belongs to one "
+                           "live process at a time, and one consumer by remote address has it "
+                           "to itself)",
+                           rank, (int)getpid());
     if (held == RANK_NOT_HELD) {
         ferry_status st = ferry__broker_claim(pool->broker, pool->pool_id, rank, "pool broker",
                                               remaining(deadline));
@@ -217,10 +223,7 @@ static ferry_status claim_locked(ferry__mapped_pool *pool, uint32_t rank, int le
             return st;
     }
     pthread_mutex_lock(&cache_lock);
-    if (lend)
-        pool->lent[rank]++;
-    if (!lend || held == RANK_NOT_HELD)
-        pool->attached[rank] = lend ? RANK_LENT : RANK_HELD;
+    pool->attached[rank] = lend ? RANK_LENT : RANK_HELD;
     pthread_mutex_unlock(&cache_lock);
     return FERRY_OK;
 }
@@ -247,15 +250,18 @@ void ferry__cache_give_back(ferry__mapped_pool *pool, uint32_t rank)
 {
     pthread_mutex_lock(&pool->claim_lock);
     pthread_mutex_lock(&cache_lock);
-    int last = pool->lent[rank] > 0 && --pool->lent[rank] == 0 && pool->attached[rank] == RANK_LENT;
-    if (last)
+    int lent = pool->attached[rank] == RANK_LENT;
+    if (lent)
         pool->attached[rank] = RANK_NOT_HELD;
     pthread_mutex_unlock(&cache_lock);
-    /* A producer gone has nothing to settle; one that cannot be told is told it held the
-     * rank all the same once it dies (liveness settles it then). */
-    if (last && !ferry__load_acquire32(&pool->gone) &&
-        ferry__broker_release(pool->broker, pool->pool_id, rank, "pool broker",
-                              FERRY_GIVE_BACK_TIMEOUT_NS) != FERRY_OK)
+    /* A producer gone has nothing to settle. Where the release fails, the rank stays this
+     * process's at the producer, as any local claim does, and is settled when the process
+     * exits; this process may claim it again meanwhile. */
+    ferry_status st = FERRY_OK;
+    if (lent && !ferry__load_acquire32(&pool->gone))
+        st = ferry__broker_release(pool->broker, pool->pool_id, rank, "pool broker",
+                                   FERRY_GIVE_BACK_TIMEOUT_NS);
+    if (st != FERRY_OK && st != FERRY_PRODUCER_GONE)
         ferry__log(FERRY_LOG_WARN,
                    "%s; rank %u stays this process's until it exits (its leases in flight are "
                    "then acknowledged on its behalf)",

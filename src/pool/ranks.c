@@ -45,17 +45,22 @@ static ferry_status holder_watch(ferry__holder *h, pid_t pid)
     return FERRY_OK;
 }
 
-/* 1 if the holder is the process pid. A holder's pid is nobody else's while its pidfd says
- * it lives (a pid is reused only once its process is gone); without a pidfd, start times
- * tell. */
-static int holder_is(const ferry__holder *h, pid_t pid)
+/* 1 if the holder is the process pid, 0 if not, -1 (errno set) where the look failed. A
+ * holder's pid is nobody else's while its pidfd says it lives (a pid is reused only once its
+ * process is gone); without a pidfd, start times tell. */
+static int holder_look(const ferry__holder *h, pid_t pid)
 {
     if (h->kind != FERRY__HOLDER_PROCESS || h->pid != pid)
         return 0;
-    if (h->pidfd >= 0)
-        return ferry__proc_check(pid, 0, h->pidfd) == 1;
-    uint64_t start = ferry__proc_starttime(pid);
-    return start && start == h->starttime;
+    if (h->pidfd < 0 && !h->starttime)
+        return 0; /* neither a pidfd nor a start time: nothing tells it from a successor */
+    return ferry__proc_check(pid, h->starttime, h->pidfd);
+}
+
+/* 1 if the holder is the process pid (a failed look: not known to be). */
+static int holder_is(const ferry__holder *h, pid_t pid)
+{
+    return holder_look(h, pid) == 1;
 }
 
 static void holder_describe(const ferry__holder *h, const char *state, char *buf, size_t size)
@@ -231,13 +236,16 @@ static int taken_by_dead(const ferry_pool *pool, uint32_t slot, void *arg)
     return s->leased_ns < *(const uint64_t *)arg;
 }
 
-/* A rank whose holder died is taken over: what the dead holder took is acknowledged on its
- * behalf, in the same critical section as the takeover (a lease it took and never
- * acknowledged would otherwise wait forever for an acknowledgement the new process knows
- * nothing of); what is still queued in the rank's ring, or on its way there, is left to the
- * successor, which receives it. born: when the successor started (CLOCK_MONOTONIC ns;
- * UINT64_MAX where unknown, or for a remote one, whose clock is another host's). */
-static uint64_t settle_dead_rank_locked(ferry_pool *pool, uint32_t rank, uint64_t born)
+/* A rank whose holder died is taken over, or one its holder gave back: what the holder took
+ * is acknowledged on its behalf, in the same critical section as the takeover or the giving
+ * back (a lease it took and never acknowledged would otherwise wait forever for an
+ * acknowledgement the next process knows nothing of); what is still queued in the rank's
+ * ring, or on its way there, is left to the successor, which receives it. born: when the
+ * successor started (CLOCK_MONOTONIC ns; UINT64_MAX where unknown, or for a remote one, whose
+ * clock is another host's), or when the rank was given back. event: what happens, for the
+ * warning. */
+static uint64_t settle_rank_locked(ferry_pool *pool, uint32_t rank, uint64_t born,
+                                   const char *event)
 {
     if (pool->ops->sync_control(&pool->mem) != FERRY_OK)
         return 0;
@@ -250,9 +258,9 @@ static uint64_t settle_dead_rank_locked(ferry_pool *pool, uint32_t rank, uint64_
         char who[FERRY__HOLDER_TEXT];
         holder_describe(&pool->ranks[rank].holder, "dead", who, sizeof(who));
         ferry__log(FERRY_LOG_WARN,
-                   "%s pool: consumer rank %u (%s) is gone and a new process takes it over; its "
-                   "%llu leases in flight were acknowledged on its behalf",
-                   pool->ops->name, rank, who, (unsigned long long)n);
+                   "%s pool: consumer rank %u (%s) %s; its %llu leases in flight were "
+                   "acknowledged on its behalf",
+                   pool->ops->name, rank, who, event, (unsigned long long)n);
     }
     return n;
 }
@@ -302,7 +310,8 @@ ferry_status ferry__ranks_attach(void *arg, uint32_t rank, pid_t pid, pid_t *hol
     }
     if (rk->holder.kind != FERRY__HOLDER_NONE) {
         uint64_t born = ferry__proc_start_ns(pid);
-        settled = settle_dead_rank_locked(pool, rank, born ? born : UINT64_MAX);
+        settled = settle_rank_locked(pool, rank, born ? born : UINT64_MAX,
+                                     "is gone and a new process takes it over");
         ferry__channel_forget_rank_locked(pool, rank);
     }
     holder_release(&rk->holder);
@@ -318,15 +327,28 @@ ferry_status ferry__ranks_attach(void *arg, uint32_t rank, pid_t pid, pid_t *hol
 ferry_status ferry__ranks_release(void *arg, uint32_t rank, pid_t pid)
 {
     ferry_pool *pool = arg;
+    uint64_t settled = 0;
     pthread_mutex_lock(&pool->lock);
     ferry__rank *rk = &pool->ranks[rank];
-    int released = !rk->dead && holder_is(&rk->holder, pid);
-    if (released) {
+    int is = rk->dead ? 0 : holder_look(&rk->holder, pid);
+    if (is < 0) {
+        int err = errno;
+        pthread_mutex_unlock(&pool->lock);
+        return ferry__fail_errno(FERRY_SYSTEM, err,
+                                 "%s pool: cannot tell whether process %d holds rank %u",
+                                 pool->ops->name, (int)pid, rank);
+    }
+    if (is) {
+        /* Settled now, by the time it is given back: a successor may be this same process,
+         * born before the leases it gave back. */
         rk->holder.gone = 1;
-        rk->dead = 1; /* settled as a death is: reaped, or taken over */
+        rk->dead = 1; /* reaped, or taken over, as a death is */
+        settled = settle_rank_locked(pool, rank, ferry__now_ns(), "was given back");
     }
     pthread_mutex_unlock(&pool->lock);
-    if (released)
+    if (settled)
+        ferry__shm_acked(&pool->mem.shm);
+    if (is)
         ferry__log(FERRY_LOG_INFO, "%s pool: process %d gave consumer rank %u back",
                    pool->ops->name, (int)pid, rank);
     return FERRY_OK;
@@ -348,7 +370,8 @@ ferry_status ferry__ranks_attach_remote(ferry_pool *pool, uint32_t rank, uint32_
         }
         /* As for a local successor: what the server forwarded to the dead holder (moving
          * the ring's head) is settled, what is still queued is the successor's. */
-        settled = settle_dead_rank_locked(pool, rank, UINT64_MAX);
+        settled = settle_rank_locked(pool, rank, UINT64_MAX,
+                                     "is gone and a remote consumer takes it over");
         ferry__channel_forget_rank_locked(pool, rank);
     }
     holder_release(&rk->holder);
