@@ -978,9 +978,9 @@ static void test_release_by_another_process_ignored(void **state)
     char laddr[FERRY_ADDRESS_SIZE];
     assert_int_equal(ferry_pool_address(pool, laddr, sizeof(laddr)), FERRY_OK);
     th_helper h = spawn_consumer(0, "receiver", laddr, 0, FERRY_OK);
-    assert_int_equal(ferry__broker_release(pool->broker_name, pool->pool_id, 0, "pool broker",
-                                           1000 * MS),
-                     FERRY_OK);
+    assert_int_equal(
+        ferry__broker_release(pool->broker_name, pool->pool_id, 0, "pool broker", 1000 * MS),
+        FERRY_OK);
     ferry_consumer_info info = FERRY_CONSUMER_INFO_INIT;
     assert_int_equal(ferry_pool_consumer_info(pool, 0, &info), FERRY_OK);
     assert_true(info.alive && info.pid == h.pid);
@@ -1733,6 +1733,38 @@ static void test_connect_close_cycles(void **state)
     ferry_pool_destroy(pool);
 }
 
+/* A cuda_ipc pool on GPU 0 of memory bytes serving remote consumers, with a device buffer
+ * src of src_size for the items' bytes, and UCX_TLS as pip's libucx-cu13 has it; NULL (the
+ * test skips, UCX_TLS put back) without a GPU or a UCX with CUDA support. r: that UCX. */
+static ferry_pool *gpu_pool_or_skip(int64_t memory, size_t src_size, void **src,
+                                    ferry__ucx_report *r)
+{
+    if (ferry_gpu_alloc(0, src_size, src) != FERRY_OK) {
+        fprintf(stderr, "test_remote: no GPU: %s\n", ferry_last_error());
+        return NULL;
+    }
+    setenv("UCX_TLS", "tcp,cuda_copy", 1); /* as pip's libucx-cu13 has them */
+    ferry__ucx_report_get(r);              /* with the transports the pool's UCX will have */
+    if (!r->cuda) {
+        fprintf(stderr, "test_remote: this UCX (%s) has no CUDA support\n", r->path);
+        ferry_gpu_free(0, *src);
+        setenv("UCX_TLS", "tcp", 1);
+        return NULL;
+    }
+    char listen[64];
+    snprintf(listen, sizeof(listen), "%s:0", net.ip[0]);
+    ferry_pool_config cfg = FERRY_POOL_CONFIG_INIT;
+    cfg.backend = FERRY_BACKEND_CUDA_IPC;
+    cfg.device = 0;
+    cfg.memory_size = memory;
+    cfg.consumer_count = 1;
+    cfg.listen = listen;
+    ferry_pool *pool = NULL;
+    if (ferry_pool_create(&cfg, &pool) != FERRY_OK)
+        fail_msg("GPU pool: %s", ferry_last_error());
+    return pool;
+}
+
 /* A GPU pool read by a consumer process into GPU memory and into host memory, through UCX's
  * CUDA-aware transports, every byte checked (the GPU machine: scripts/gpu-check carries pip's
  * libucx-cu13; skipped without a GPU or without a UCX that reaches CUDA memory). */
@@ -1741,29 +1773,9 @@ static void test_gpu_pool(void **state)
     (void)state;
     void *src = NULL;
     ferry__ucx_report r;
-    if (ferry_gpu_alloc(0, 64u << 20, &src) != FERRY_OK) {
-        fprintf(stderr, "test_remote: no GPU: %s\n", ferry_last_error());
+    ferry_pool *pool = gpu_pool_or_skip(256 << 20, 64u << 20, &src, &r);
+    if (!pool)
         skip();
-    }
-    setenv("UCX_TLS", "tcp,cuda_copy", 1); /* as pip's libucx-cu13 has them */
-    ferry__ucx_report_get(&r);             /* with the transports the pool's UCX will have */
-    if (!r.cuda) {
-        fprintf(stderr, "test_remote: this UCX (%s) has no CUDA support\n", r.path);
-        ferry_gpu_free(0, src);
-        setenv("UCX_TLS", "tcp", 1);
-        skip();
-    }
-    char listen[64];
-    snprintf(listen, sizeof(listen), "%s:0", net.ip[0]);
-    ferry_pool_config cfg = FERRY_POOL_CONFIG_INIT;
-    cfg.backend = FERRY_BACKEND_CUDA_IPC;
-    cfg.device = 0;
-    cfg.memory_size = 256 << 20;
-    cfg.consumer_count = 1;
-    cfg.listen = listen;
-    ferry_pool *pool = NULL;
-    if (ferry_pool_create(&cfg, &pool) != FERRY_OK)
-        fail_msg("GPU pool: %s", ferry_last_error());
     char addr[FERRY_REMOTE_ADDRESS_SIZE];
     remote_address_of(pool, addr);
     th_helper h = spawn_consumer(1, "gpu-receiver", addr, 0, FERRY_OK);
@@ -1800,28 +1812,9 @@ static void test_gpu_pool_host_reader_falls_back(void **state)
     (void)state;
     void *src = NULL;
     ferry__ucx_report r;
-    if (ferry_gpu_alloc(0, 1u << 20, &src) != FERRY_OK) {
-        fprintf(stderr, "test_remote: no GPU: %s\n", ferry_last_error());
+    ferry_pool *pool = gpu_pool_or_skip(16 << 20, 1u << 20, &src, &r);
+    if (!pool)
         skip();
-    }
-    setenv("UCX_TLS", "tcp,cuda_copy", 1);
-    ferry__ucx_report_get(&r);
-    if (!r.cuda) {
-        ferry_gpu_free(0, src);
-        setenv("UCX_TLS", "tcp", 1);
-        skip();
-    }
-    char listen[64];
-    snprintf(listen, sizeof(listen), "%s:0", net.ip[0]);
-    ferry_pool_config cfg = FERRY_POOL_CONFIG_INIT;
-    cfg.backend = FERRY_BACKEND_CUDA_IPC;
-    cfg.device = 0;
-    cfg.memory_size = 16 << 20;
-    cfg.consumer_count = 1;
-    cfg.listen = listen;
-    ferry_pool *pool = NULL;
-    if (ferry_pool_create(&cfg, &pool) != FERRY_OK)
-        fail_msg("GPU pool: %s", ferry_last_error());
     char addr[FERRY_REMOTE_ADDRESS_SIZE];
     remote_address_of(pool, addr);
     setenv("FERRY_REMOTE_LOCAL", "1", 1);

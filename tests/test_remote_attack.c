@@ -1157,6 +1157,21 @@ static void test_fd_limit_backlog(void **state)
     ferry_pool_destroy(pool);
 }
 
+/* A consumer of rank 0 connected by addr receives the 4 KiB lease queued for it (of seed),
+ * byte for byte. */
+static void receive_queued(const char *addr, uint64_t seed)
+{
+    ferry_consumer *c = NULL;
+    assert_int_equal(ferry_consumer_connect(addr, 0, -1, &c), FERRY_OK);
+    ferry_descriptor d;
+    size_t k;
+    uint8_t buf[4096];
+    assert_int_equal(ferry_consumer_recv(c, 3000 * MS, &d, 1, &k), FERRY_OK);
+    assert_int_equal(ferry_consumer_read(c, &d, buf, sizeof(buf), 3000 * MS), FERRY_OK);
+    assert_true(th_check_stamp(buf, sizeof(buf), seed, NULL));
+    ferry_consumer_destroy(c);
+}
+
 /* A hello that claims no rank asks which pool this is (a consumer of this host, to open it
  * through its broker): with the secret it gets the welcome and the connection ends, nothing
  * admitted, the rank's queued lease untouched, no endpoint made for the worker it named (one
@@ -1198,15 +1213,7 @@ static void test_description_admits_nothing(void **state)
     assert_int_equal(s.remote_connected, 0);
     assert_int_equal(s.remote_refused, 1);
     assert_int_equal(s.leases_in_flight, 1);
-    ferry_consumer *c = NULL;
-    assert_int_equal(ferry_consumer_connect(addr, 0, -1, &c), FERRY_OK);
-    ferry_descriptor d;
-    size_t k;
-    uint8_t buf[4096];
-    assert_int_equal(ferry_consumer_recv(c, 3000 * MS, &d, 1, &k), FERRY_OK);
-    assert_int_equal(ferry_consumer_read(c, &d, buf, sizeof(buf), 3000 * MS), FERRY_OK);
-    assert_true(th_check_stamp(buf, sizeof(buf), 301, NULL));
-    ferry_consumer_destroy(c);
+    receive_queued(addr, 301);
     ferry_pool_destroy(pool);
 }
 
@@ -1254,15 +1261,7 @@ static void test_hello_of_a_departed_peer(void **state)
     assert_int_equal(s.remote_refused, 1);
     assert_int_equal(s.acked_for_dead, 0);
     assert_int_equal(s.leases_in_flight, 1);
-    ferry_consumer *c = NULL;
-    assert_int_equal(ferry_consumer_connect(addr, 0, -1, &c), FERRY_OK);
-    ferry_descriptor d;
-    size_t k;
-    uint8_t buf[4096];
-    assert_int_equal(ferry_consumer_recv(c, 3000 * MS, &d, 1, &k), FERRY_OK);
-    assert_int_equal(ferry_consumer_read(c, &d, buf, sizeof(buf), 3000 * MS), FERRY_OK);
-    assert_true(th_check_stamp(buf, sizeof(buf), 300, NULL));
-    ferry_consumer_destroy(c);
+    receive_queued(addr, 300);
     ferry_pool_destroy(pool);
 }
 

@@ -1254,30 +1254,31 @@ ferry_status ferry__broker_request_patient(const uint8_t name[16], const uint8_t
     return request_open(name, pool_id, label, timeout_ns, 1, fd, size, producer_pid);
 }
 
-ferry_status ferry__broker_claim(const uint8_t name[16], const uint8_t pool_id[16], uint32_t rank,
-                                 const char *label, uint64_t timeout_ns)
+/* A patient request naming rank (CLAIM, RELEASE), which carries no descriptor back. */
+static ferry_status rank_call(uint16_t type, const char *what, const uint8_t name[16],
+                              const uint8_t pool_id[16], uint32_t rank, const char *label,
+                              uint64_t timeout_ns)
 {
-    broker_call call = call_new(label, BROKER_TYPE_CLAIM, rank, timeout_ns);
+    broker_call call = call_new(label, type, rank, timeout_ns);
     int fd = -1;
     uint64_t size = 0;
     pid_t pid = 0;
     if (!name || !pool_id || !label || rank == FERRY__RANK_NONE)
-        return ferry__fail(FERRY_INVALID_ARGUMENT, "broker claim: NULL argument or no rank");
+        return ferry__fail(FERRY_INVALID_ARGUMENT, "broker %s: NULL argument or no rank", what);
     call.patient = 1;
     return call_run(&call, name, pool_id, &fd, &size, &pid);
+}
+
+ferry_status ferry__broker_claim(const uint8_t name[16], const uint8_t pool_id[16], uint32_t rank,
+                                 const char *label, uint64_t timeout_ns)
+{
+    return rank_call(BROKER_TYPE_CLAIM, "claim", name, pool_id, rank, label, timeout_ns);
 }
 
 ferry_status ferry__broker_release(const uint8_t name[16], const uint8_t pool_id[16], uint32_t rank,
                                    const char *label, uint64_t timeout_ns)
 {
-    broker_call call = call_new(label, BROKER_TYPE_RELEASE, rank, timeout_ns);
-    int fd = -1;
-    uint64_t size = 0;
-    pid_t pid = 0;
-    if (!name || !pool_id || !label || rank == FERRY__RANK_NONE)
-        return ferry__fail(FERRY_INVALID_ARGUMENT, "broker release: NULL argument or no rank");
-    call.patient = 1;
-    return call_run(&call, name, pool_id, &fd, &size, &pid);
+    return rank_call(BROKER_TYPE_RELEASE, "release", name, pool_id, rank, label, timeout_ns);
 }
 
 ferry_status ferry__broker_describe(const uint8_t name[16], const char *label, uint64_t timeout_ns,
