@@ -23,11 +23,10 @@
  * process held are acknowledged on its behalf first (those published before the new process
  * started; later ones may be on their way to it). A process keeps the ranks it claimed by a
  * pool's local address until it exits, also after destroying its consumers: a restarted
- * worker should claim its rank (ferry_consumer_open) before it is sent work. A consumer by
- * remote address holds its rank alone and gives it back when destroyed
- * (ferry_consumer_connect). Acknowledgements claim nothing, so any
- * process (a group leader, the producer itself) may acknowledge on behalf of other ranks. A
- * consumer in the producer's own process works on every backend and placement.
+ * worker should claim its rank (ferry_consumer_open) before it is sent work. Consumers by
+ * remote address give their rank back when destroyed (ferry_consumer_connect). Acknowledgements
+ * claim nothing, so any process (a group leader, the producer itself) may acknowledge on behalf of
+ * other ranks. A consumer in the producer's own process works on every backend and placement.
  *
  * fork(): pools and consumers belong to the process that created them. In a forked child
  * every call on them fails with FORKED; ferry_pool_destroy and ferry_consumer_destroy there
@@ -595,10 +594,10 @@ FERRY_API void ferry_consumer_destroy(ferry_consumer *consumer);
  * producer which pool it is and opens it through its broker instead: a local consumer in
  * every respect (views work), no UCX used, whose ferry_consumer_destroy gives the rank back
  * as closing a remote connection does: what it has not acknowledged is acknowledged for it,
- * views it handed out included (docs/design.md, "Consumers on the producer's host"). As a
- * connection's, its rank is its own: another consumer of that rank in the same process gets
- * RANK_IN_USE. Where it cannot open the pool so, it connects over UCX. FERRY_REMOTE_LOCAL=0 in the
- * environment keeps it on UCX. */
+ * views it handed out included, once the work this process queued on the streams it used
+ * with the pool has run (destroy waits 5 s at most; docs/design.md, "Consumers on the
+ * producer's host"). Where it cannot open the pool so, it connects over UCX. FERRY_REMOTE_LOCAL=0
+ * in the environment keeps it on UCX. */
 FERRY_API ferry_status ferry_consumer_connect(const char *address, uint32_t rank, int32_t device,
                                               ferry_consumer **consumer);
 

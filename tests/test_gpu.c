@@ -22,6 +22,7 @@
 #include <cmocka.h>
 
 #include "common/clock.h"
+#include "consumer/consumer.h"
 #include "driver/driver.h"
 #include "ferry.h"
 #include "helpers.h"
@@ -807,6 +808,133 @@ static void test_same_process_view_outlives_pool(void **state)
         assert_int_equal(f.live(), base - 4);
 }
 
+/* How many mappings of pool segments this process has. */
+static int pool_mappings(void)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    char line[512];
+    int n = 0;
+    assert_non_null(f);
+    while (fgets(line, sizeof(line), f))
+        n += strstr(line, "/memfd:ferry-pool") != NULL;
+    fclose(f);
+    return n;
+}
+
+static void *open_gate_later(void *arg)
+{
+    struct timespec ts = {0, 300 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    gate_open(arg);
+    return NULL;
+}
+
+/* A GPU pool of one slice and one rank with a remote address (4 KiB items), and that
+ * address; NULL where the pool cannot listen here. */
+static ferry_pool *listening_pool(int placement, char raddr[FERRY_REMOTE_ADDRESS_SIZE])
+{
+    ferry_pool_config cfg = pool_config(4 << 20, 1, placement);
+    cfg.max_inflight_slices = 1;
+    cfg.listen = "127.0.0.1:0";
+    ferry_pool *pool = NULL;
+    if (ferry_pool_create(&cfg, &pool) != FERRY_OK) {
+        fprintf(stderr, "test_gpu: no remote address (%s)\n", ferry_last_error());
+        return NULL;
+    }
+    assert_int_equal(ferry_pool_remote_address(pool, raddr, FERRY_REMOTE_ADDRESS_SIZE), FERRY_OK);
+    return pool;
+}
+
+enum { GIVEN_BACK_ITEM = 4096 };
+
+/* A consumer by remote address on the pool's host (it opens the pool through the broker)
+ * gives its rank back when destroyed, and the producer then settles what it took. Its
+ * stream-ordered read, still queued behind other work, must have run by then: destroy waits
+ * for it, so the slice (the pool's only one) is recycled only after the copy, and the
+ * read's acknowledgement does not land on the successor's. */
+static void given_back_stream_test(int placement)
+{
+    char raddr[FERRY_REMOTE_ADDRESS_SIZE];
+    ferry_pool *pool = listening_pool(placement, raddr);
+    if (!pool)
+        skip();
+    enum { N = GIVEN_BACK_ITEM };
+    static uint8_t first[N], second[N], out[N];
+    memset(first, 0xaa, N);
+    memset(second, 0xbb, N);
+    ferry_tensor t = ferry_tensor_bytes(N);
+    ferry_descriptor d1, d2;
+    assert_int_equal(ferry_pool_publish(pool, &t, first, 1000 * MS, &d1), FERRY_OK);
+    ferry_consumer *c = NULL;
+    assert_int_equal(ferry_consumer_connect(raddr, 0, 0, &c), FERRY_OK);
+    CUstream s;
+    assert_int_equal(cu->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CUdeviceptr dst = dev_alloc(N);
+    assert_int_equal(cu->cuMemsetD32(dst, 0, N / 4), CUDA_SUCCESS);
+    gate g = gate_stream(s);
+    assert_int_equal(ferry_consumer_read_async(c, &d1, (void *)(uintptr_t)dst, N, s), FERRY_OK);
+    pthread_t opener;
+    assert_int_equal(pthread_create(&opener, NULL, open_gate_later, &g), 0);
+    ferry_consumer_destroy(c); /* waits for the stream, then gives the rank back */
+    assert_int_equal(ferry_consumer_connect(raddr, 0, 0, &c), FERRY_OK);
+    assert_int_equal(ferry_pool_publish(pool, &t, second, 1000 * MS, &d2), FERRY_OK);
+    assert_int_equal(d2.slot, d1.slot);
+    assert_int_equal(ferry_consumer_read(c, &d2, out, N, 1000 * MS), FERRY_OK);
+    assert_int_equal(out[0], 0xbb);
+    assert_int_equal(ferry_consumer_ack(c, &d2), FERRY_OK);
+    assert_int_equal(pthread_join(opener, NULL), 0);
+    gate_free(&g);
+    assert_int_equal(cu->cuMemcpy((CUdeviceptr)(uintptr_t)out, dst, N), CUDA_SUCCESS);
+    for (int i = 0; i < N; i++)
+        if (out[i] != 0xaa)
+            fail_msg("the read queued before destroy copied byte %d as %02x", i, out[i]);
+    if (ferry_pool_drain(pool, 1000 * MS) != FERRY_OK)
+        fail_msg("drain: %s", ferry_last_error());
+    ferry_consumer_destroy(c);
+    ferry_pool_destroy(pool);
+    ferry__cache_sweep();
+    cu->cuMemFree(dst);
+    cu->cuStreamDestroy(s);
+}
+
+/* A view such a consumer handed out, never acknowledged, ends with it (its lease is
+ * acknowledged for it): once the producer is gone the pool's mapping goes too (a view's
+ * reference would keep it). */
+static void given_back_view_test(int placement)
+{
+    ferry__cache_sweep(); /* pools of earlier tests whose producers are gone */
+    char raddr[FERRY_REMOTE_ADDRESS_SIZE];
+    ferry_pool *pool = listening_pool(placement, raddr);
+    if (!pool)
+        skip();
+    static uint8_t bytes[GIVEN_BACK_ITEM];
+    ferry_tensor t = ferry_tensor_bytes(sizeof(bytes));
+    ferry_descriptor d;
+    assert_int_equal(ferry_pool_publish(pool, &t, bytes, 1000 * MS, &d), FERRY_OK);
+    ferry_consumer *c = NULL;
+    assert_int_equal(ferry_consumer_connect(raddr, 0, 0, &c), FERRY_OK);
+    const void *view = NULL;
+    assert_int_equal(ferry_consumer_view(c, &d, &view, 1000 * MS), FERRY_OK);
+    ferry_consumer_destroy(c);
+    if (ferry_pool_drain(pool, 1000 * MS) != FERRY_OK)
+        fail_msg("drain after the view: %s", ferry_last_error());
+    ferry_pool_destroy(pool);
+    int mapped = pool_mappings();
+    ferry__cache_sweep(); /* the pool's producer is gone: its mapping here goes */
+    assert_true(pool_mappings() < mapped);
+}
+
+static void test_given_back_rank(void **state)
+{
+    (void)state;
+    setenv("FERRY_REMOTE_LOCAL", "1", 1);
+    for (int placement = FERRY_CONTROL_HOST; placement <= FERRY_CONTROL_DEVICE; placement++) {
+        given_back_stream_test(placement);
+        given_back_view_test(placement);
+    }
+    setenv("FERRY_REMOTE_LOCAL", "0", 1);
+}
+
 static void test_consumer_without_context(void **state)
 {
     (void)state;
@@ -1388,6 +1516,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_reserve_commit_and_many),
         cmocka_unit_test(test_copied_follows_stream),
         cmocka_unit_test(test_same_process_consumer),
+        cmocka_unit_test(test_given_back_rank),
         cmocka_unit_test(test_view_after_ack_on_behalf),
         cmocka_unit_test(test_same_process_view_outlives_pool),
         cmocka_unit_test(test_consumer_without_context),

@@ -4,6 +4,7 @@ Real processes over UCX's tcp transport: on loopback, and the README's two-host 
 network namespaces joined by a veth pair where the test can make them (as root), on loopback
 otherwise. Skipped where UCX cannot be loaded."""
 
+import gc
 import multiprocessing as mp
 import pathlib
 import re
@@ -99,6 +100,31 @@ def test_same_host_receiver_maps_the_pool(monkeypatch):
             assert rx.recv(timeout=10, out=out) is out
             assert (out == np.arange(8)).all()
         assert pool.stats()["remote_admitted"] == 0
+
+
+def test_same_host_reconnect_while_a_view_lives(monkeypatch):
+    """A receiver closed while a view of it lives keeps its consumer (the view needs the
+    mapping): a new receiver of the same rank in the process connects all the same, and the
+    rank is given back once both are gone."""
+    monkeypatch.delenv("FERRY_REMOTE_LOCAL")
+    with ferry.Pool("16MiB", consumers=1, listen="127.0.0.1:0") as pool:
+        rx = ferry.connect(pool.remote_address, rank=0)
+        pool.send(np.arange(256, dtype=np.int64))
+        got = rx.recv(timeout=10, copy=False)
+        rx.close()
+        with ferry.connect(pool.remote_address, rank=0) as again:
+            pool.send(np.arange(8, dtype=np.int64))
+            out = np.zeros(8, np.int64)
+            assert again.recv(timeout=10, out=out) is out
+            assert (out == np.arange(8)).all()
+        assert (np.from_dlpack(got) == np.arange(256)).all()
+        del got
+        gc.collect()
+        assert pool.stats()["remote_admitted"] == 0
+        deadline = time.monotonic() + 5
+        while pool.stats()["leases_in_flight"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert pool.stats()["leases_in_flight"] == 0  # the view's lease, settled for it
 
 
 def test_descriptors_read_through_a_receiver():

@@ -64,6 +64,7 @@ static void unmap_pool(ferry__mapped_pool *pool)
     ferry__parts_clear(&pool->parts);
     pthread_mutex_destroy(&pool->parts_lock);
     free(pool->viewed);
+    free(pool->lent);
     if (pool->base)
         munmap(pool->base, pool->size);
     if (pool->producer_fd >= 0)
@@ -147,7 +148,8 @@ static ferry_status map_checked(ferry__mapped_pool *pool, const ferry_descriptor
         st = ferry__shm_open(&pool->shm, pool->base, size, d);
     if (st == FERRY_OK)
         st = check_transport(&pool->shm.layout, size, &pool->ops);
-    if (st == FERRY_OK && !(pool->attached = calloc(d->consumer_count, 1)))
+    if (st == FERRY_OK && (!(pool->attached = calloc(d->consumer_count, 1)) ||
+                           !(pool->lent = calloc(d->consumer_count, sizeof(*pool->lent)))))
         st = ferry__fail(FERRY_NO_MEMORY, "out of memory opening a pool");
     if (st != FERRY_OK)
         return st;
@@ -197,9 +199,7 @@ static ferry_status open_pool(const ferry_descriptor *d, uint32_t claim, int dev
 enum { RANK_NOT_HELD = 0, RANK_HELD = 1, RANK_LENT = 2 };
 
 /* Claims rank for this process unless it holds it; then held for the process's life
- * (RANK_HELD), or lent to the one consumer that gives it back (RANK_LENT). A lent rank is
- * that consumer's alone, as a connection's is: the process holding the rank otherwise, or
- * lending it, gets RANK_IN_USE from the other kind of claim, as a remote connection would.
+ * (RANK_HELD), or only while lent[rank] counts consumers that give it back (RANK_LENT).
  * Called with claim_lock held. */
 static ferry_status claim_locked(ferry__mapped_pool *pool, uint32_t rank, int lend,
                                  uint64_t deadline)
@@ -210,12 +210,6 @@ static ferry_status claim_locked(ferry__mapped_pool *pool, uint32_t rank, int le
     pthread_mutex_lock(&cache_lock);
     uint8_t held = pool->attached[rank];
     pthread_mutex_unlock(&cache_lock);
-    if (held == RANK_LENT || (lend && held == RANK_HELD))
-        return ferry__fail(FERRY_RANK_IN_USE,
-                           "rank %u is held by live process %d, this one (a rank belongs to one "
-                           "live process at a time, and one consumer by remote address has it "
-                           "to itself)",
-                           rank, (int)getpid());
     if (held == RANK_NOT_HELD) {
         ferry_status st = ferry__broker_claim(pool->broker, pool->pool_id, rank, "pool broker",
                                               remaining(deadline));
@@ -223,7 +217,10 @@ static ferry_status claim_locked(ferry__mapped_pool *pool, uint32_t rank, int le
             return st;
     }
     pthread_mutex_lock(&cache_lock);
-    pool->attached[rank] = lend ? RANK_LENT : RANK_HELD;
+    if (lend)
+        pool->lent[rank]++;
+    if (!lend || held == RANK_NOT_HELD)
+        pool->attached[rank] = lend ? RANK_LENT : RANK_HELD;
     pthread_mutex_unlock(&cache_lock);
     return FERRY_OK;
 }
@@ -246,22 +243,43 @@ ferry_status ferry__cache_lend(ferry__mapped_pool *pool, uint32_t rank, uint64_t
     return claim(pool, rank, 1, deadline);
 }
 
+/* The views of a rank given back end: the producer acknowledged their leases for it. Their
+ * records go, with the references they hold (never the last: the caller holds one). */
+static void end_views_of_rank(ferry__mapped_pool *p, uint32_t rank)
+{
+    uint32_t *t = __atomic_load_n(&p->viewed, __ATOMIC_ACQUIRE);
+    int dropped = 0;
+    for (uint64_t slot = 0; t && slot < p->max_inflight; slot++)
+        dropped += __atomic_exchange_n(&t[slot * p->consumers + rank], 0, __ATOMIC_ACQ_REL) != 0;
+    pthread_mutex_lock(&cache_lock);
+    p->refs -= dropped;
+    pthread_mutex_unlock(&cache_lock);
+}
+
 void ferry__cache_give_back(ferry__mapped_pool *pool, uint32_t rank)
 {
     pthread_mutex_lock(&pool->claim_lock);
     pthread_mutex_lock(&cache_lock);
-    int lent = pool->attached[rank] == RANK_LENT;
-    if (lent)
+    int last = pool->lent[rank] > 0 && --pool->lent[rank] == 0 && pool->attached[rank] == RANK_LENT;
+    if (last)
         pool->attached[rank] = RANK_NOT_HELD;
     pthread_mutex_unlock(&cache_lock);
-    /* A producer gone has nothing to settle. Where the release fails, the rank stays this
-     * process's at the producer, as any local claim does, and is settled when the process
-     * exits; this process may claim it again meanwhile. */
+    /* The producer settles the rank when it is given back, so this process's stream work on
+     * the pool must have run first: a copy queued behind it would read a recycled slice, an
+     * acknowledgement would land on a successor's. A producer gone has nothing to settle.
+     * Where the wait or the release fails, the rank stays this process's at the producer, as
+     * any local claim does, and is settled when the process exits (its views live on until
+     * then); this process may claim it again meanwhile. */
     ferry_status st = FERRY_OK;
-    if (lent && !ferry__load_acquire32(&pool->gone))
-        st = ferry__broker_release(pool->broker, pool->pool_id, rank, "pool broker",
-                                   FERRY_GIVE_BACK_TIMEOUT_NS);
-    if (st != FERRY_OK && st != FERRY_PRODUCER_GONE)
+    if (last && !ferry__load_acquire32(&pool->gone)) {
+        st = pool->ops->view_quiesce(pool, ferry__deadline(FERRY_GIVE_BACK_STREAMS_NS));
+        if (st == FERRY_OK)
+            st = ferry__broker_release(pool->broker, pool->pool_id, rank, "pool broker",
+                                       FERRY_GIVE_BACK_TIMEOUT_NS);
+    }
+    if (last && (st == FERRY_OK || st == FERRY_PRODUCER_GONE))
+        end_views_of_rank(pool, rank);
+    else if (last)
         ferry__log(FERRY_LOG_WARN,
                    "%s; rank %u stays this process's until it exits (its leases in flight are "
                    "then acknowledged on its behalf)",

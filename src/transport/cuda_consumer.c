@@ -380,6 +380,40 @@ void ferry__cuda_view_detach(ferry__mapped_pool *p)
     release_deferred();
 }
 
+ferry_status ferry__cuda_view_quiesce(ferry__mapped_pool *p, uint64_t deadline)
+{
+    cuda_view *g = view_of(p);
+    if (!g)
+        return FERRY_OK;
+    deferred r = {.g = g};
+    pthread_mutex_lock(&g->lock);
+    int lost = g->streams_lost, busy = lost ? 0 : streams_busy(g, &r);
+    pthread_mutex_unlock(&g->lock);
+    if (lost)
+        return ferry__fail(FERRY_SYSTEM,
+                           "the pool was given work on more than %d streams: which still have "
+                           "some cannot be told",
+                           FERRY_VIEW_STREAMS);
+    int pending = busy ? r.nevents : 0;
+    while (pending && ferry__now_ns() < deadline) {
+        struct timespec pause = {0, 50000};
+        nanosleep(&pause, NULL);
+        pending = 0;
+        /* An event that fails otherwise than NOT_READY belongs to a broken context, whose
+         * streams run nothing more. */
+        for (int i = 0; i < r.nevents; i++)
+            pending += g->cuda->cuEventQuery(r.events[i]) == CUDA_ERROR_NOT_READY;
+    }
+    for (int i = 0; i < r.nevents; i++)
+        g->cuda->cuEventDestroy(r.events[i]);
+    if (pending)
+        return ferry__fail(FERRY_TIMEOUT,
+                           "work queued on %d of the pool's streams has not run after the wait "
+                           "for it",
+                           pending);
+    return FERRY_OK;
+}
+
 /* Remembers a stream that holds work on the view (the events of its release go behind it). */
 static void note_stream(ferry__mapped_pool *p, int device, void *stream)
 {

@@ -269,6 +269,13 @@ static ferry_status no_streams(void)
     return ferry__fail(FERRY_NOT_SUPPORTED, "stream-ordered operations need a GPU pool");
 }
 
+static ferry_status host_view_quiesce(ferry__mapped_pool *p, uint64_t deadline)
+{
+    (void)p;
+    (void)deadline;
+    return FERRY_OK; /* a host pool is given no stream work */
+}
+
 static ferry_status host_view_streams(const ferry__mapped_pool *p)
 {
     (void)p;
@@ -333,6 +340,7 @@ const ferry__transport_ops ferry__host_transport = {
     .view_placement = host_view_placement,
     .view_attach = host_view_attach,
     .view_detach = host_view_detach,
+    .view_quiesce = host_view_quiesce,
     .view_map = host_view_map,
     .view_copy_out = host_view_copy_out,
     .view_data = host_view_data,
