@@ -594,9 +594,10 @@ FERRY_API void ferry_consumer_destroy(ferry_consumer *consumer);
  * producer which pool it is and opens it through its broker instead: a local consumer in
  * every respect (views work), no UCX used, whose ferry_consumer_destroy gives the rank back
  * as closing a remote connection does: what it has not acknowledged is acknowledged for it,
- * views it handed out included, once the work this process queued on the streams it used
- * with the pool has run (destroy waits 5 s at most; docs/design.md, "Consumers on the
- * producer's host"). Where it cannot open the pool so, it connects over UCX. FERRY_REMOTE_LOCAL=0
+ * views it handed out included (work the caller queued on a view must have run by then),
+ * once the stream-ordered copies and acknowledgements ferry queued for it have run (destroy
+ * waits 5 s at most; docs/design.md, "Consumers on the producer's host"). Where it cannot
+ * open the pool so, it connects over UCX. FERRY_REMOTE_LOCAL=0
  * in the environment keeps it on UCX. */
 FERRY_API ferry_status ferry_consumer_connect(const char *address, uint32_t rank, int32_t device,
                                               ferry_consumer **consumer);

@@ -821,19 +821,12 @@ static int pool_mappings(void)
     return n;
 }
 
-static void *open_gate_later(void *arg)
-{
-    struct timespec ts = {0, 300 * 1000 * 1000};
-    nanosleep(&ts, NULL);
-    gate_open(arg);
-    return NULL;
-}
-
-/* A GPU pool of one slice and one rank with a remote address (4 KiB items), and that
+/* A GPU pool of one slice with a remote address (4 KiB items), consumers ranks, and that
  * address; NULL where the pool cannot listen here. */
-static ferry_pool *listening_pool(int placement, char raddr[FERRY_REMOTE_ADDRESS_SIZE])
+static ferry_pool *listening_pool(int placement, int consumers,
+                                  char raddr[FERRY_REMOTE_ADDRESS_SIZE])
 {
-    ferry_pool_config cfg = pool_config(4 << 20, 1, placement);
+    ferry_pool_config cfg = pool_config(4 << 20, consumers, placement);
     cfg.max_inflight_slices = 1;
     cfg.listen = "127.0.0.1:0";
     ferry_pool *pool = NULL;
@@ -846,65 +839,155 @@ static ferry_pool *listening_pool(int placement, char raddr[FERRY_REMOTE_ADDRESS
 }
 
 enum { GIVEN_BACK_ITEM = 4096 };
+#define PER_THREAD_STREAM ((CUstream)(uintptr_t)0x2) /* CU_STREAM_PER_THREAD */
+
+/* The thread that queues rank 0's read behind a closed gate, on its own per-thread default
+ * stream or on a stream of its own, and keeps it queued until the test says (stage 2). */
+typedef struct given_back {
+    ferry_consumer *c;
+    ferry_descriptor d;
+    CUdeviceptr dst;
+    int per_thread;
+    int stage; /* 1: queued; 2: open the gate; 3: destroyed */
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+} given_back;
+
+static void stage_set(given_back *gb, int stage)
+{
+    pthread_mutex_lock(&gb->lock);
+    gb->stage = stage;
+    pthread_cond_broadcast(&gb->cond);
+    pthread_mutex_unlock(&gb->lock);
+}
+
+static int stage_of(given_back *gb)
+{
+    pthread_mutex_lock(&gb->lock);
+    int stage = gb->stage;
+    pthread_mutex_unlock(&gb->lock);
+    return stage;
+}
+
+static void stage_wait(given_back *gb, int stage)
+{
+    pthread_mutex_lock(&gb->lock);
+    while (gb->stage < stage)
+        pthread_cond_wait(&gb->cond, &gb->lock);
+    pthread_mutex_unlock(&gb->lock);
+}
+
+static void *enqueuer(void *arg)
+{
+    given_back *gb = arg;
+    CUstream s = PER_THREAD_STREAM;
+    assert_int_equal(ferry__cuda_use_device(cu, 0), FERRY_OK);
+    if (!gb->per_thread)
+        assert_int_equal(cu->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    gate g = gate_stream(s);
+    assert_int_equal(
+        ferry_consumer_read_async(gb->c, &gb->d, (void *)(uintptr_t)gb->dst, GIVEN_BACK_ITEM, s),
+        FERRY_OK);
+    stage_set(gb, 1);
+    stage_wait(gb, 2);
+    gate_free(&g);
+    if (!gb->per_thread)
+        assert_int_equal(cu->cuStreamDestroy(s), CUDA_SUCCESS);
+    return NULL;
+}
+
+/* Destroys rank 0's consumer from a thread whose current context is another device's (where
+ * there is one): the context it had is its own again afterwards. */
+static void *destroyer(void *arg)
+{
+    given_back *gb = arg;
+    CUcontext before = NULL, after = NULL;
+    if (device_count() > 1)
+        assert_int_equal(ferry__cuda_use_device(cu, 1), FERRY_OK);
+    assert_int_equal(cu->cuCtxGetCurrent(&before), CUDA_SUCCESS);
+    ferry_consumer_destroy(gb->c);
+    assert_int_equal(cu->cuCtxGetCurrent(&after), CUDA_SUCCESS);
+    assert_ptr_equal(before, after);
+    stage_set(gb, 3);
+    return NULL;
+}
 
 /* A consumer by remote address on the pool's host (it opens the pool through the broker)
  * gives its rank back when destroyed, and the producer then settles what it took. Its
- * stream-ordered read, still queued behind other work, must have run by then: destroy waits
- * for it, so the slice (the pool's only one) is recycled only after the copy, and the
- * read's acknowledgement does not land on the successor's. */
-static void given_back_stream_test(int placement)
+ * stream-ordered read, queued by another thread behind a closed gate (on that thread's
+ * per-thread default stream, or on a stream of its own), must have run by then: destroy
+ * waits for it, so the slice (the pool's only one) is recycled only after the copy and the
+ * read's acknowledgement does not land on a successor's. Meanwhile the process's other rank
+ * goes on, its claim not held up by the wait. */
+static void given_back_stream_test(int placement, int per_thread)
 {
-    char raddr[FERRY_REMOTE_ADDRESS_SIZE];
-    ferry_pool *pool = listening_pool(placement, raddr);
+    char raddr[FERRY_REMOTE_ADDRESS_SIZE], laddr[FERRY_ADDRESS_SIZE];
+    ferry_pool *pool = listening_pool(placement, 2, raddr);
     if (!pool)
         skip();
+    assert_int_equal(ferry_pool_address(pool, laddr, sizeof(laddr)), FERRY_OK);
     enum { N = GIVEN_BACK_ITEM };
     static uint8_t first[N], second[N], out[N];
     memset(first, 0xaa, N);
     memset(second, 0xbb, N);
     ferry_tensor t = ferry_tensor_bytes(N);
-    ferry_descriptor d1, d2;
-    assert_int_equal(ferry_pool_publish(pool, &t, first, 1000 * MS, &d1), FERRY_OK);
-    ferry_consumer *c = NULL;
-    assert_int_equal(ferry_consumer_connect(raddr, 0, 0, &c), FERRY_OK);
-    CUstream s;
-    assert_int_equal(cu->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-    CUdeviceptr dst = dev_alloc(N);
-    assert_int_equal(cu->cuMemsetD32(dst, 0, N / 4), CUDA_SUCCESS);
-    gate g = gate_stream(s);
-    assert_int_equal(ferry_consumer_read_async(c, &d1, (void *)(uintptr_t)dst, N, s), FERRY_OK);
-    pthread_t opener;
-    assert_int_equal(pthread_create(&opener, NULL, open_gate_later, &g), 0);
-    ferry_consumer_destroy(c); /* waits for the stream, then gives the rank back */
-    assert_int_equal(ferry_consumer_connect(raddr, 0, 0, &c), FERRY_OK);
-    assert_int_equal(ferry_pool_publish(pool, &t, second, 1000 * MS, &d2), FERRY_OK);
-    assert_int_equal(d2.slot, d1.slot);
-    assert_int_equal(ferry_consumer_read(c, &d2, out, N, 1000 * MS), FERRY_OK);
-    assert_int_equal(out[0], 0xbb);
-    assert_int_equal(ferry_consumer_ack(c, &d2), FERRY_OK);
-    assert_int_equal(pthread_join(opener, NULL), 0);
-    gate_free(&g);
-    assert_int_equal(cu->cuMemcpy((CUdeviceptr)(uintptr_t)out, dst, N), CUDA_SUCCESS);
+    given_back gb = {.per_thread = per_thread};
+    pthread_mutex_init(&gb.lock, NULL);
+    pthread_cond_init(&gb.cond, NULL);
+    assert_int_equal(ferry_pool_publish(pool, &t, first, 1000 * MS, &gb.d), FERRY_OK);
+    ferry_consumer *other = NULL; /* rank 1, by the local address: held for the process */
+    assert_int_equal(ferry_consumer_connect(laddr, 1, 0, &other), FERRY_OK);
+    assert_int_equal(ferry_consumer_read(other, &gb.d, out, N, 1000 * MS), FERRY_OK);
+    assert_int_equal(ferry_consumer_ack(other, &gb.d), FERRY_OK);
+    assert_int_equal(ferry_consumer_connect(raddr, 0, 0, &gb.c), FERRY_OK);
+    gb.dst = dev_alloc(N);
+    assert_int_equal(cu->cuMemsetD32(gb.dst, 0, N / 4), CUDA_SUCCESS);
+    pthread_t queue_thread, destroy_thread;
+    assert_int_equal(pthread_create(&queue_thread, NULL, enqueuer, &gb), 0);
+    stage_wait(&gb, 1);
+    assert_int_equal(pthread_create(&destroy_thread, NULL, destroyer, &gb), 0);
+    struct timespec settle = {0, 100 * 1000 * 1000}; /* the destroyer is in its wait by then */
+    nanosleep(&settle, NULL);
+    ferry_descriptor held = gb.d;
+    assert_int_equal(ferry_consumer_read(other, &held, out, N, 1000 * MS), FERRY_STALE);
+    assert_int_equal(stage_of(&gb), 1); /* rank 1 answered while rank 0 is being given back */
+    stage_set(&gb, 2);
+    assert_int_equal(pthread_join(destroy_thread, NULL), 0);
+    assert_int_equal(pthread_join(queue_thread, NULL), 0);
+    assert_int_equal(cu->cuMemcpy((CUdeviceptr)(uintptr_t)out, gb.dst, N), CUDA_SUCCESS);
     for (int i = 0; i < N; i++)
         if (out[i] != 0xaa)
             fail_msg("the read queued before destroy copied byte %d as %02x", i, out[i]);
+    ferry_consumer *c = NULL;
+    ferry_descriptor d2;
+    assert_int_equal(ferry_consumer_connect(raddr, 0, 0, &c), FERRY_OK);
+    assert_int_equal(ferry_pool_publish(pool, &t, second, 1000 * MS, &d2), FERRY_OK);
+    assert_int_equal(d2.slot, gb.d.slot);
+    assert_int_equal(ferry_consumer_read(c, &d2, out, N, 1000 * MS), FERRY_OK);
+    assert_int_equal(out[0], 0xbb);
+    assert_int_equal(ferry_consumer_ack(c, &d2), FERRY_OK);
+    assert_int_equal(ferry_consumer_read(other, &d2, out, N, 1000 * MS), FERRY_OK);
+    assert_int_equal(ferry_consumer_ack(other, &d2), FERRY_OK);
     if (ferry_pool_drain(pool, 1000 * MS) != FERRY_OK)
         fail_msg("drain: %s", ferry_last_error());
     ferry_consumer_destroy(c);
+    ferry_consumer_destroy(other);
     ferry_pool_destroy(pool);
     ferry__cache_sweep();
-    cu->cuMemFree(dst);
-    cu->cuStreamDestroy(s);
+    cu->cuMemFree(gb.dst);
+    pthread_cond_destroy(&gb.cond);
+    pthread_mutex_destroy(&gb.lock);
 }
 
 /* A view such a consumer handed out, never acknowledged, ends with it (its lease is
- * acknowledged for it): once the producer is gone the pool's mapping goes too (a view's
- * reference would keep it). */
+ * acknowledged for it): once the producer is gone the pool's mapping goes with the consumer
+ * (a view's reference would keep it), and the calling thread's CUDA context is what it was
+ * (unmapping works on the pool's device). */
 static void given_back_view_test(int placement)
 {
     ferry__cache_sweep(); /* pools of earlier tests whose producers are gone */
     char raddr[FERRY_REMOTE_ADDRESS_SIZE];
-    ferry_pool *pool = listening_pool(placement, raddr);
+    ferry_pool *pool = listening_pool(placement, 1, raddr);
     if (!pool)
         skip();
     static uint8_t bytes[GIVEN_BACK_ITEM];
@@ -915,12 +998,19 @@ static void given_back_view_test(int placement)
     assert_int_equal(ferry_consumer_connect(raddr, 0, 0, &c), FERRY_OK);
     const void *view = NULL;
     assert_int_equal(ferry_consumer_view(c, &d, &view, 1000 * MS), FERRY_OK);
-    ferry_consumer_destroy(c);
-    if (ferry_pool_drain(pool, 1000 * MS) != FERRY_OK)
-        fail_msg("drain after the view: %s", ferry_last_error());
     ferry_pool_destroy(pool);
+    ferry_descriptor next;
+    size_t got = 0;
+    assert_int_equal(ferry_consumer_recv(c, 1000 * MS, &next, 1, &got), FERRY_PRODUCER_GONE);
     int mapped = pool_mappings();
-    ferry__cache_sweep(); /* the pool's producer is gone: its mapping here goes */
+    CUcontext before = NULL, after = NULL;
+    if (device_count() > 1)
+        assert_int_equal(ferry__cuda_use_device(cu, 1), FERRY_OK);
+    assert_int_equal(cu->cuCtxGetCurrent(&before), CUDA_SUCCESS);
+    ferry_consumer_destroy(c);
+    assert_int_equal(cu->cuCtxGetCurrent(&after), CUDA_SUCCESS);
+    assert_ptr_equal(before, after);
+    assert_int_equal(ferry__cuda_use_device(cu, 0), FERRY_OK);
     assert_true(pool_mappings() < mapped);
 }
 
@@ -929,7 +1019,8 @@ static void test_given_back_rank(void **state)
     (void)state;
     setenv("FERRY_REMOTE_LOCAL", "1", 1);
     for (int placement = FERRY_CONTROL_HOST; placement <= FERRY_CONTROL_DEVICE; placement++) {
-        given_back_stream_test(placement);
+        given_back_stream_test(placement, 0);
+        given_back_stream_test(placement, 1);
         given_back_view_test(placement);
     }
     setenv("FERRY_REMOTE_LOCAL", "0", 1);

@@ -217,8 +217,10 @@ static ferry_status claim_locked(ferry__mapped_pool *pool, uint32_t rank, int le
             return st;
     }
     pthread_mutex_lock(&cache_lock);
-    if (lend)
+    if (lend) {
         pool->lent[rank]++;
+        __atomic_add_fetch(&pool->lending, 1, __ATOMIC_ACQ_REL);
+    }
     if (!lend || held == RANK_NOT_HELD)
         pool->attached[rank] = lend ? RANK_LENT : RANK_HELD;
     pthread_mutex_unlock(&cache_lock);
@@ -235,6 +237,18 @@ static ferry_status claim(ferry__mapped_pool *pool, uint32_t rank, int lend, uin
 
 ferry_status ferry__cache_claim(ferry__mapped_pool *pool, uint32_t rank, uint64_t deadline)
 {
+    /* A rank this process holds already is held for its life from now on, without the
+     * claim lock (a give-back may hold it for seconds): a give-back that comes later then
+     * finds the rank held and keeps it. */
+    if (rank < pool->consumers) {
+        pthread_mutex_lock(&cache_lock);
+        int held = pool->attached[rank] != RANK_NOT_HELD;
+        if (held)
+            pool->attached[rank] = RANK_HELD;
+        pthread_mutex_unlock(&cache_lock);
+        if (held)
+            return FERRY_OK;
+    }
     return claim(pool, rank, 0, deadline);
 }
 
@@ -258,24 +272,32 @@ static void end_views_of_rank(ferry__mapped_pool *p, uint32_t rank)
 
 void ferry__cache_give_back(ferry__mapped_pool *pool, uint32_t rank)
 {
+    /* The producer settles the rank when it is given back, so the copies and
+     * acknowledgements this process queued on streams must have run first: one still queued
+     * would read a recycled slice, or land on a successor's acknowledgement. Waited for
+     * before the claim lock (other claims of the pool go on meanwhile); a consumer of the
+     * rank that comes meanwhile keeps it. */
+    ferry_status waited =
+        pool->ops->view_quiesce(pool, ferry__deadline(FERRY_GIVE_BACK_STREAMS_NS));
     pthread_mutex_lock(&pool->claim_lock);
     pthread_mutex_lock(&cache_lock);
     int last = pool->lent[rank] > 0 && --pool->lent[rank] == 0 && pool->attached[rank] == RANK_LENT;
     if (last)
         pool->attached[rank] = RANK_NOT_HELD;
+    __atomic_sub_fetch(&pool->lending, 1, __ATOMIC_ACQ_REL);
     pthread_mutex_unlock(&cache_lock);
-    /* The producer settles the rank when it is given back, so this process's stream work on
-     * the pool must have run first: a copy queued behind it would read a recycled slice, an
-     * acknowledgement would land on a successor's. A producer gone has nothing to settle.
-     * Where the wait or the release fails, the rank stays this process's at the producer, as
-     * any local claim does, and is settled when the process exits (its views live on until
-     * then); this process may claim it again meanwhile. */
+    /* A producer gone has nothing to settle. Where the wait or the release fails, the rank
+     * stays this process's at the producer, as any local claim does, and is settled when the
+     * process exits (its views live on until then); this process may claim it again
+     * meanwhile. */
     ferry_status st = FERRY_OK;
     if (last && !ferry__load_acquire32(&pool->gone)) {
-        st = pool->ops->view_quiesce(pool, ferry__deadline(FERRY_GIVE_BACK_STREAMS_NS));
+        st = waited;
         if (st == FERRY_OK)
             st = ferry__broker_release(pool->broker, pool->pool_id, rank, "pool broker",
                                        FERRY_GIVE_BACK_TIMEOUT_NS);
+        if (st != FERRY_OK && ferry__producer_gone(pool) == 1)
+            st = FERRY_PRODUCER_GONE;
     }
     if (last && (st == FERRY_OK || st == FERRY_PRODUCER_GONE))
         end_views_of_rank(pool, rank);

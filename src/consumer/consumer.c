@@ -57,6 +57,7 @@ ferry_status ferry_consumer_create(uint32_t rank, ferry_consumer **out)
 
 void ferry_consumer_destroy(ferry_consumer *c)
 {
+    FERRY_CUDA_BOUNDARY; /* giving a rank back may wait on the pool's device */
     if (!c)
         return;
     ferry__consumer_unbind(c);

@@ -19,6 +19,9 @@
 
 /* Streams a view remembers, to release it only after their work on it ran. */
 #define FERRY_VIEW_STREAMS 16
+/* Events a view keeps behind queued work while the process lends a rank (the oldest is
+ * waited for when they are all pending). */
+#define FERRY_VIEW_PENDING 64
 
 typedef struct cuda_view {
     const ferry__cuda *cuda;
@@ -34,6 +37,14 @@ typedef struct cuda_view {
     int stream_device[FERRY_VIEW_STREAMS];
     int nstreams;
     int streams_lost; /* more than FERRY_VIEW_STREAMS of them */
+    /* While this process lends a rank of the pool (p->lending): events recorded behind each
+     * copy and acknowledgement it queued, not yet seen complete (what giving the rank back
+     * waits for), and completed ones kept for reuse. Guarded by lock. */
+    CUevent pending[FERRY_VIEW_PENDING];
+    int npending;
+    CUevent spare[FERRY_VIEW_PENDING];
+    int nspare;
+    int untracked; /* some work could be neither tracked nor waited for */
 } cuda_view;
 
 static cuda_view *view_of(const ferry__mapped_pool *p)
@@ -297,6 +308,10 @@ static void release_view(cuda_view *g, uint32_t backend, uint64_t memory_size, v
     }
     if (g->registered && ferry__cuda_use_device(g->cuda, g->device) == FERRY_OK)
         g->cuda->cuMemHostUnregister(segment);
+    for (int i = 0; i < g->npending; i++)
+        g->cuda->cuEventDestroy(g->pending[i]);
+    for (int i = 0; i < g->nspare; i++)
+        g->cuda->cuEventDestroy(g->spare[i]);
     pthread_mutex_destroy(&g->lock);
     free(g);
 }
@@ -380,38 +395,78 @@ void ferry__cuda_view_detach(ferry__mapped_pool *p)
     release_deferred();
 }
 
+/* Moves the pending events that completed to the spares; how many are still pending. An
+ * event that fails otherwise than NOT_READY belongs to a broken context, whose streams run
+ * nothing more. Called with g->lock held. */
+static int prune_pending_locked(cuda_view *g)
+{
+    int kept = 0;
+    for (int i = 0; i < g->npending; i++) {
+        if (g->cuda->cuEventQuery(g->pending[i]) == CUDA_ERROR_NOT_READY)
+            g->pending[kept++] = g->pending[i];
+        else
+            g->spare[g->nspare++] = g->pending[i];
+    }
+    g->npending = kept;
+    return kept;
+}
+
+/* After work was queued on stream (in the calling thread, on the pool's device context):
+ * while the process lends a rank of the pool, an event recorded behind it joins the pending
+ * ones. Recorded here, by the thread that queued the work, so that a per-thread default
+ * stream, or a stream destroyed before the rank is given back, is covered as well. Where no
+ * event can be had, the stream is waited for now; where even that fails, giving the rank
+ * back is refused from then on. */
+static void track_work(ferry__mapped_pool *p, void *stream)
+{
+    if (!__atomic_load_n(&p->lending, __ATOMIC_ACQUIRE))
+        return;
+    cuda_view *g = view_of(p);
+    pthread_mutex_lock(&g->lock);
+    while (prune_pending_locked(g) == FERRY_VIEW_PENDING) { /* all pending: wait for the oldest */
+        CUevent oldest = g->pending[0];                     /* destroyed only with the view */
+        pthread_mutex_unlock(&g->lock);
+        g->cuda->cuEventSynchronize(oldest);
+        pthread_mutex_lock(&g->lock);
+    }
+    CUevent ev = NULL;
+    if (g->nspare)
+        ev = g->spare[--g->nspare];
+    else if (g->cuda->cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
+        ev = NULL;
+    if (ev && g->cuda->cuEventRecord(ev, (CUstream)stream) == CUDA_SUCCESS) {
+        g->pending[g->npending++] = ev;
+    } else {
+        if (ev)
+            g->spare[g->nspare++] = ev;
+        if (g->cuda->cuStreamSynchronize((CUstream)stream) != CUDA_SUCCESS)
+            g->untracked = 1;
+    }
+    pthread_mutex_unlock(&g->lock);
+}
+
 ferry_status ferry__cuda_view_quiesce(ferry__mapped_pool *p, uint64_t deadline)
 {
     cuda_view *g = view_of(p);
     if (!g)
         return FERRY_OK;
-    deferred r = {.g = g};
-    pthread_mutex_lock(&g->lock);
-    int lost = g->streams_lost, busy = lost ? 0 : streams_busy(g, &r);
-    pthread_mutex_unlock(&g->lock);
-    if (lost)
-        return ferry__fail(FERRY_SYSTEM,
-                           "the pool was given work on more than %d streams: which still have "
-                           "some cannot be told",
-                           FERRY_VIEW_STREAMS);
-    int pending = busy ? r.nevents : 0;
-    while (pending && ferry__now_ns() < deadline) {
+    for (;;) {
+        pthread_mutex_lock(&g->lock);
+        int untracked = g->untracked, pending = prune_pending_locked(g);
+        pthread_mutex_unlock(&g->lock);
+        if (untracked)
+            return ferry__fail(FERRY_SYSTEM, "work queued on one of the pool's streams could not "
+                                             "be tracked (no event could be recorded behind it)");
+        if (!pending)
+            return FERRY_OK;
+        if (ferry__now_ns() >= deadline)
+            return ferry__fail(FERRY_TIMEOUT,
+                               "%d copies or acknowledgements queued on the pool's streams have "
+                               "not run after the wait for them",
+                               pending);
         struct timespec pause = {0, 50000};
         nanosleep(&pause, NULL);
-        pending = 0;
-        /* An event that fails otherwise than NOT_READY belongs to a broken context, whose
-         * streams run nothing more. */
-        for (int i = 0; i < r.nevents; i++)
-            pending += g->cuda->cuEventQuery(r.events[i]) == CUDA_ERROR_NOT_READY;
     }
-    for (int i = 0; i < r.nevents; i++)
-        g->cuda->cuEventDestroy(r.events[i]);
-    if (pending)
-        return ferry__fail(FERRY_TIMEOUT,
-                           "work queued on %d of the pool's streams has not run after the wait "
-                           "for it",
-                           pending);
-    return FERRY_OK;
 }
 
 /* Remembers a stream that holds work on the view (the events of its release go behind it). */
@@ -622,6 +677,7 @@ ferry_status ferry__cuda_view_enqueue_copy(ferry__mapped_pool *p, int device, ui
     FERRY_CU_TRY(view_of(p)->cuda, cuMemcpyAsync,
                  ((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, n, (CUstream)stream));
     note_stream(p, device, stream);
+    track_work(p, stream);
     return FERRY_OK;
 }
 
@@ -635,5 +691,7 @@ ferry_status ferry__cuda_view_enqueue_store(ferry__mapped_pool *p, int device, u
     FERRY_CU_TRY(view_of(p)->cuda, cuStreamWriteValue32,
                  ((CUstream)stream, addr, value, CU_STREAM_WRITE_VALUE_DEFAULT));
     note_stream(p, device, stream);
+    track_work(p,
+               stream); /* a wait needs none: what follows it is a copy, a store or the caller's */
     return FERRY_OK;
 }

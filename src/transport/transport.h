@@ -103,10 +103,10 @@ typedef struct ferry__transport_ops {
      * once that work has run. */
     ferry_status (*view_attach)(ferry__mapped_pool *p, int device);
     void (*view_detach)(ferry__mapped_pool *p);
-    /* Waits, until deadline at most, for the work queued so far on every stream the pool was
-     * used on (stream-ordered reads' copies and acknowledgements, views' waits and what the
-     * caller queued behind them) to run: OK (at once where there is none), TIMEOUT where
-     * some has not run, SYSTEM where more streams were used than are remembered. */
+    /* Waits, until deadline at most, for the copies and acknowledgements queued on streams
+     * while the process lends a rank of the pool (p->lending) to run: OK (at once where
+     * there is none), TIMEOUT where some has not run, SYSTEM where some could be neither
+     * tracked nor waited for when it was queued. */
     ferry_status (*view_quiesce)(ferry__mapped_pool *p, uint64_t deadline);
     /* Opens the pool's data for device (once per device; a CUDA VMM fd is asked of its broker
      * until deadline at most). */
