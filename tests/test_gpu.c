@@ -917,15 +917,14 @@ static void *destroyer(void *arg)
  * stream-ordered read, queued by another thread behind a closed gate (on that thread's
  * per-thread default stream, or on a stream of its own), must have run by then: destroy
  * waits for it, so the slice (the pool's only one) is recycled only after the copy and the
- * read's acknowledgement does not land on a successor's. Meanwhile the process's other rank
- * goes on, its claim not held up by the wait. */
+ * read's acknowledgement does not land on a successor's. Another rank's stream work, still
+ * held back, is not waited for, and another rank's first claim goes through meanwhile. */
 static void given_back_stream_test(int placement, int per_thread)
 {
-    char raddr[FERRY_REMOTE_ADDRESS_SIZE], laddr[FERRY_ADDRESS_SIZE];
-    ferry_pool *pool = listening_pool(placement, 2, raddr);
+    char raddr[FERRY_REMOTE_ADDRESS_SIZE];
+    ferry_pool *pool = listening_pool(placement, 3, raddr);
     if (!pool)
         skip();
-    assert_int_equal(ferry_pool_address(pool, laddr, sizeof(laddr)), FERRY_OK);
     enum { N = GIVEN_BACK_ITEM };
     static uint8_t first[N], second[N], out[N];
     memset(first, 0xaa, N);
@@ -935,10 +934,15 @@ static void given_back_stream_test(int placement, int per_thread)
     pthread_mutex_init(&gb.lock, NULL);
     pthread_cond_init(&gb.cond, NULL);
     assert_int_equal(ferry_pool_publish(pool, &t, first, 1000 * MS, &gb.d), FERRY_OK);
-    ferry_consumer *other = NULL; /* rank 1, by the local address: held for the process */
-    assert_int_equal(ferry_consumer_connect(laddr, 1, 0, &other), FERRY_OK);
-    assert_int_equal(ferry_consumer_read(other, &gb.d, out, N, 1000 * MS), FERRY_OK);
-    assert_int_equal(ferry_consumer_ack(other, &gb.d), FERRY_OK);
+    /* Rank 1, lent as well: its read held back too. */
+    ferry_consumer *other = NULL;
+    assert_int_equal(ferry_consumer_connect(raddr, 1, 0, &other), FERRY_OK);
+    CUstream s1;
+    assert_int_equal(cu->cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CUdeviceptr dst1 = dev_alloc(N);
+    gate g1 = gate_stream(s1);
+    assert_int_equal(ferry_consumer_read_async(other, &gb.d, (void *)(uintptr_t)dst1, N, s1),
+                     FERRY_OK);
     assert_int_equal(ferry_consumer_connect(raddr, 0, 0, &gb.c), FERRY_OK);
     gb.dst = dev_alloc(N);
     assert_int_equal(cu->cuMemsetD32(gb.dst, 0, N / 4), CUDA_SUCCESS);
@@ -948,33 +952,47 @@ static void given_back_stream_test(int placement, int per_thread)
     assert_int_equal(pthread_create(&destroy_thread, NULL, destroyer, &gb), 0);
     struct timespec settle = {0, 100 * 1000 * 1000}; /* the destroyer is in its wait by then */
     nanosleep(&settle, NULL);
-    ferry_descriptor held = gb.d;
-    assert_int_equal(ferry_consumer_read(other, &held, out, N, 1000 * MS), FERRY_STALE);
-    assert_int_equal(stage_of(&gb), 1); /* rank 1 answered while rank 0 is being given back */
+    ferry_consumer *third = NULL; /* rank 2, claimed by its first wait (a read would copy on
+                                   * the legacy stream, which waits for per-thread ones) */
+    assert_int_equal(ferry_consumer_create_on(2, 0, &third), FERRY_OK);
+    assert_int_equal(ferry_consumer_wait(third, &gb.d, 1000 * MS), FERRY_OK);
+    assert_int_equal(stage_of(&gb), 1); /* rank 2 served while rank 0 is being given back */
     stage_set(&gb, 2);
     assert_int_equal(pthread_join(destroy_thread, NULL), 0);
     assert_int_equal(pthread_join(queue_thread, NULL), 0);
+    ferry_consumer_info info = FERRY_CONSUMER_INFO_INIT;
+    assert_int_equal(ferry_pool_consumer_info(pool, 0, &info), FERRY_OK);
+    assert_false(info.alive); /* given back, rank 1's work still held back */
     assert_int_equal(cu->cuMemcpy((CUdeviceptr)(uintptr_t)out, gb.dst, N), CUDA_SUCCESS);
     for (int i = 0; i < N; i++)
         if (out[i] != 0xaa)
             fail_msg("the read queued before destroy copied byte %d as %02x", i, out[i]);
+    gate_free(&g1);
+    assert_int_equal(cu->cuMemcpy((CUdeviceptr)(uintptr_t)out, dst1, N), CUDA_SUCCESS);
+    assert_int_equal(out[0], 0xaa);
+    assert_int_equal(ferry_consumer_read(third, &gb.d, out, N, 1000 * MS), FERRY_OK);
+    assert_int_equal(out[0], 0xaa);
+    assert_int_equal(ferry_consumer_ack(third, &gb.d), FERRY_OK);
     ferry_consumer *c = NULL;
     ferry_descriptor d2;
     assert_int_equal(ferry_consumer_connect(raddr, 0, 0, &c), FERRY_OK);
     assert_int_equal(ferry_pool_publish(pool, &t, second, 1000 * MS, &d2), FERRY_OK);
     assert_int_equal(d2.slot, gb.d.slot);
-    assert_int_equal(ferry_consumer_read(c, &d2, out, N, 1000 * MS), FERRY_OK);
-    assert_int_equal(out[0], 0xbb);
-    assert_int_equal(ferry_consumer_ack(c, &d2), FERRY_OK);
-    assert_int_equal(ferry_consumer_read(other, &d2, out, N, 1000 * MS), FERRY_OK);
-    assert_int_equal(ferry_consumer_ack(other, &d2), FERRY_OK);
+    ferry_consumer *all[3] = {c, other, third};
+    for (int r = 0; r < 3; r++) {
+        assert_int_equal(ferry_consumer_read(all[r], &d2, out, N, 1000 * MS), FERRY_OK);
+        assert_int_equal(out[0], 0xbb);
+        assert_int_equal(ferry_consumer_ack(all[r], &d2), FERRY_OK);
+    }
     if (ferry_pool_drain(pool, 1000 * MS) != FERRY_OK)
         fail_msg("drain: %s", ferry_last_error());
-    ferry_consumer_destroy(c);
-    ferry_consumer_destroy(other);
+    for (int r = 0; r < 3; r++)
+        ferry_consumer_destroy(all[r]);
     ferry_pool_destroy(pool);
     ferry__cache_sweep();
     cu->cuMemFree(gb.dst);
+    cu->cuMemFree(dst1);
+    cu->cuStreamDestroy(s1);
     pthread_cond_destroy(&gb.cond);
     pthread_mutex_destroy(&gb.lock);
 }

@@ -195,8 +195,9 @@ static ferry_status open_pool(const ferry_descriptor *d, uint32_t claim, int dev
     return FERRY_OK;
 }
 
-/* What this process holds of a rank (attached[rank]). */
-enum { RANK_NOT_HELD = 0, RANK_HELD = 1, RANK_LENT = 2 };
+/* What this process holds of a rank (attached[rank]); RANK_RELEASING: its last lent consumer
+ * is giving it back (a claim meanwhile keeps it). */
+enum { RANK_NOT_HELD = 0, RANK_HELD = 1, RANK_LENT = 2, RANK_RELEASING = 3 };
 
 /* Claims rank for this process unless it holds it; then held for the process's life
  * (RANK_HELD), or only while lent[rank] counts consumers that give it back (RANK_LENT).
@@ -216,12 +217,12 @@ static ferry_status claim_locked(ferry__mapped_pool *pool, uint32_t rank, int le
         if (st != FERRY_OK)
             return st;
     }
+    /* As it is now: a give-back may have begun since (RELEASING), and this claim keeps the
+     * rank (only the claim lock, held here, ends a give-back). */
     pthread_mutex_lock(&cache_lock);
-    if (lend) {
-        pool->lent[rank]++;
-        __atomic_add_fetch(&pool->lending, 1, __ATOMIC_ACQ_REL);
-    }
-    if (!lend || held == RANK_NOT_HELD)
+    if (lend)
+        __atomic_add_fetch(&pool->lent[rank], 1, __ATOMIC_ACQ_REL);
+    if (!lend || pool->attached[rank] != RANK_HELD)
         pool->attached[rank] = lend ? RANK_LENT : RANK_HELD;
     pthread_mutex_unlock(&cache_lock);
     return FERRY_OK;
@@ -272,36 +273,40 @@ static void end_views_of_rank(ferry__mapped_pool *p, uint32_t rank)
 
 void ferry__cache_give_back(ferry__mapped_pool *pool, uint32_t rank)
 {
+    pthread_mutex_lock(&cache_lock);
+    int last = pool->lent[rank] > 0 &&
+               __atomic_sub_fetch(&pool->lent[rank], 1, __ATOMIC_ACQ_REL) == 0 &&
+               pool->attached[rank] == RANK_LENT;
+    if (last)
+        pool->attached[rank] = RANK_RELEASING;
+    pthread_mutex_unlock(&cache_lock);
+    if (!last)
+        return;
     /* The producer settles the rank when it is given back, so the copies and
-     * acknowledgements this process queued on streams must have run first: one still queued
-     * would read a recycled slice, or land on a successor's acknowledgement. Waited for
-     * before the claim lock (other claims of the pool go on meanwhile); a consumer of the
-     * rank that comes meanwhile keeps it. */
-    ferry_status waited =
-        pool->ops->view_quiesce(pool, ferry__deadline(FERRY_GIVE_BACK_STREAMS_NS));
+     * acknowledgements queued for it on streams must have run first: one still queued would
+     * read a recycled slice, or land on a successor's acknowledgement. Waited for outside
+     * the claim lock (other ranks' claims go on); a claim of this rank meanwhile keeps it. */
+    int gone = ferry__load_acquire32(&pool->gone);
+    ferry_status st =
+        gone ? FERRY_PRODUCER_GONE
+             : pool->ops->view_quiesce(pool, rank, ferry__deadline(FERRY_GIVE_BACK_STREAMS_NS));
     pthread_mutex_lock(&pool->claim_lock);
     pthread_mutex_lock(&cache_lock);
-    int last = pool->lent[rank] > 0 && --pool->lent[rank] == 0 && pool->attached[rank] == RANK_LENT;
-    if (last)
+    int releasing = pool->attached[rank] == RANK_RELEASING;
+    if (releasing)
         pool->attached[rank] = RANK_NOT_HELD;
-    __atomic_sub_fetch(&pool->lending, 1, __ATOMIC_ACQ_REL);
     pthread_mutex_unlock(&cache_lock);
-    /* A producer gone has nothing to settle. Where the wait or the release fails, the rank
-     * stays this process's at the producer, as any local claim does, and is settled when the
-     * process exits (its views live on until then); this process may claim it again
-     * meanwhile. */
-    ferry_status st = FERRY_OK;
-    if (last && !ferry__load_acquire32(&pool->gone)) {
-        st = waited;
-        if (st == FERRY_OK)
-            st = ferry__broker_release(pool->broker, pool->pool_id, rank, "pool broker",
-                                       FERRY_GIVE_BACK_TIMEOUT_NS);
-        if (st != FERRY_OK && ferry__producer_gone(pool) == 1)
-            st = FERRY_PRODUCER_GONE;
-    }
-    if (last && (st == FERRY_OK || st == FERRY_PRODUCER_GONE))
+    /* Where the wait or the release fails, the rank stays this process's at the producer, as
+     * any local claim does, and is settled when the process exits (its views live on until
+     * then); this process may claim it again meanwhile. */
+    if (releasing && st == FERRY_OK)
+        st = ferry__broker_release(pool->broker, pool->pool_id, rank, "pool broker",
+                                   FERRY_GIVE_BACK_TIMEOUT_NS);
+    if (releasing && st != FERRY_OK && ferry__producer_gone(pool) == 1)
+        st = FERRY_PRODUCER_GONE; /* nothing to settle (and the cache lets the pool go) */
+    if (releasing && (st == FERRY_OK || st == FERRY_PRODUCER_GONE))
         end_views_of_rank(pool, rank);
-    else if (last)
+    else if (releasing)
         ferry__log(FERRY_LOG_WARN,
                    "%s; rank %u stays this process's until it exits (its leases in flight are "
                    "then acknowledged on its behalf)",

@@ -821,6 +821,14 @@ static ferry_status enqueue_ready_wait(ferry_consumer *c, ferry__mapped_pool *p,
                                      d->generation, stream);
 }
 
+/* Work queued on stream for a rank this process lends (a consumer by remote address): the
+ * give-back waits for it (ferry__cache_give_back). */
+static void track_if_lent(ferry_consumer *c, ferry__mapped_pool *p, void *stream)
+{
+    if (__atomic_load_n(&p->lent[c->rank], __ATOMIC_ACQUIRE))
+        p->ops->view_track(p, c->device, c->rank, stream);
+}
+
 ferry_status ferry_consumer_read_async(ferry_consumer *c, const ferry_descriptor *d, void *dst,
                                        size_t dst_size, void *stream)
 {
@@ -838,6 +846,8 @@ ferry_status ferry_consumer_read_async(ferry_consumer *c, const ferry_descriptor
         st = p->ops->view_enqueue_copy(p, c->device, d->offset, dst, d->length, stream);
     if (st == FERRY_OK)
         st = ack_ranks(c, p, d, c->rank, 1, 1, 1, stream);
+    if (st == FERRY_OK)
+        track_if_lent(c, p, stream);
     return done(c, p, st);
 }
 
@@ -869,5 +879,8 @@ ferry_status ferry_consumer_ack_async(ferry_consumer *c, const ferry_descriptor 
     ferry_status st = gpu_pool_for(c, d, FERRY__RANK_NONE, &p);
     if (st != FERRY_OK)
         return st;
-    return done(c, p, ack_ranks(c, p, d, c->rank, 1, 1, 1, stream));
+    st = ack_ranks(c, p, d, c->rank, 1, 1, 1, stream);
+    if (st == FERRY_OK)
+        track_if_lent(c, p, stream);
+    return done(c, p, st);
 }

@@ -68,8 +68,8 @@ ferry_status ferry__cache_claim(ferry__mapped_pool *pool, uint32_t rank, uint64_
  * the rank for its life, the last of them to give it back releases it. */
 ferry_status ferry__cache_lend(ferry__mapped_pool *pool, uint32_t rank, uint64_t deadline);
 
-/* Gives back a rank ferry__cache_lend claimed: the last one waits for the process's stream
- * work on the pool to run (FERRY_GIVE_BACK_STREAMS_NS at most), releases the rank at the
+/* Gives back a rank ferry__cache_lend claimed: the last one waits for the stream work
+ * tracked for the rank to run (FERRY_GIVE_BACK_STREAMS_NS at most), releases the rank at the
  * broker (the producer settles it as it settles a dead holder's; FERRY_GIVE_BACK_TIMEOUT_NS
  * at most) and ends the rank's views; a failure is logged (the rank then stays this
  * process's until it exits). */

@@ -19,9 +19,19 @@
 
 /* Streams a view remembers, to release it only after their work on it ran. */
 #define FERRY_VIEW_STREAMS 16
-/* Events a view keeps behind queued work while the process lends a rank (the oldest is
- * waited for when they are all pending). */
-#define FERRY_VIEW_PENDING 64
+/* Streams (per rank lent by the process) whose latest work a view keeps an event behind. */
+#define FERRY_VIEW_TRACKED 64
+
+/* The event behind the latest work a stream was given for a rank this process lends (work
+ * on one stream runs in order). */
+typedef struct tracked {
+    CUevent event; /* made in the context of device */
+    CUstream stream;
+    pthread_t thread; /* whose stream, for the per-thread default stream */
+    uint32_t rank;
+    int device;
+    int used;
+} tracked;
 
 typedef struct cuda_view {
     const ferry__cuda *cuda;
@@ -37,14 +47,10 @@ typedef struct cuda_view {
     int stream_device[FERRY_VIEW_STREAMS];
     int nstreams;
     int streams_lost; /* more than FERRY_VIEW_STREAMS of them */
-    /* While this process lends a rank of the pool (p->lending): events recorded behind each
-     * copy and acknowledgement it queued, not yet seen complete (what giving the rank back
-     * waits for), and completed ones kept for reuse. Guarded by lock. */
-    CUevent pending[FERRY_VIEW_PENDING];
-    int npending;
-    CUevent spare[FERRY_VIEW_PENDING];
-    int nspare;
-    int untracked; /* some work could be neither tracked nor waited for */
+    /* Lent ranks' stream work (ferry__cuda_view_track), what giving such a rank back waits
+     * for; untracked: per rank, some of it could not be tracked. Guarded by lock. */
+    tracked tracked[FERRY_VIEW_TRACKED];
+    uint8_t *untracked;
 } cuda_view;
 
 static cuda_view *view_of(const ferry__mapped_pool *p)
@@ -308,10 +314,10 @@ static void release_view(cuda_view *g, uint32_t backend, uint64_t memory_size, v
     }
     if (g->registered && ferry__cuda_use_device(g->cuda, g->device) == FERRY_OK)
         g->cuda->cuMemHostUnregister(segment);
-    for (int i = 0; i < g->npending; i++)
-        g->cuda->cuEventDestroy(g->pending[i]);
-    for (int i = 0; i < g->nspare; i++)
-        g->cuda->cuEventDestroy(g->spare[i]);
+    for (int i = 0; i < FERRY_VIEW_TRACKED; i++)
+        if (g->tracked[i].used)
+            g->cuda->cuEventDestroy(g->tracked[i].event);
+    free(g->untracked);
     pthread_mutex_destroy(&g->lock);
     free(g);
 }
@@ -395,75 +401,96 @@ void ferry__cuda_view_detach(ferry__mapped_pool *p)
     release_deferred();
 }
 
-/* Moves the pending events that completed to the spares; how many are still pending. An
- * event that fails otherwise than NOT_READY belongs to a broken context, whose streams run
- * nothing more. Called with g->lock held. */
-static int prune_pending_locked(cuda_view *g)
-{
-    int kept = 0;
-    for (int i = 0; i < g->npending; i++) {
-        if (g->cuda->cuEventQuery(g->pending[i]) == CUDA_ERROR_NOT_READY)
-            g->pending[kept++] = g->pending[i];
-        else
-            g->spare[g->nspare++] = g->pending[i];
-    }
-    g->npending = kept;
-    return kept;
-}
+#define PER_THREAD_STREAM ((CUstream)(uintptr_t)0x2) /* CU_STREAM_PER_THREAD */
 
-/* After work was queued on stream (in the calling thread, on the pool's device context):
- * while the process lends a rank of the pool, an event recorded behind it joins the pending
- * ones. Recorded here, by the thread that queued the work, so that a per-thread default
- * stream, or a stream destroyed before the rank is given back, is covered as well. Where no
- * event can be had, the stream is waited for now; where even that fails, giving the rank
- * back is refused from then on. */
-static void track_work(ferry__mapped_pool *p, void *stream)
+/* Recorded by the thread that queued the work, right after it, so that a per-thread default
+ * stream (keyed by its thread too) or a stream destroyed before the rank is given back is
+ * covered as well. Where nothing can be recorded the rank is marked untracked, and giving
+ * it back is refused (it then stays this process's until it exits). */
+
+void ferry__cuda_view_track(ferry__mapped_pool *p, int device, uint32_t rank, void *stream)
 {
-    if (!__atomic_load_n(&p->lending, __ATOMIC_ACQUIRE))
-        return;
     cuda_view *g = view_of(p);
+    CUstream s = (CUstream)stream;
+    pthread_t self = pthread_self();
+    tracked *t = NULL, *free_entry = NULL;
     pthread_mutex_lock(&g->lock);
-    while (prune_pending_locked(g) == FERRY_VIEW_PENDING) { /* all pending: wait for the oldest */
-        CUevent oldest = g->pending[0];                     /* destroyed only with the view */
+    if (!g->untracked && !(g->untracked = calloc(p->consumers, 1))) {
         pthread_mutex_unlock(&g->lock);
-        g->cuda->cuEventSynchronize(oldest);
-        pthread_mutex_lock(&g->lock);
+        g->cuda->cuStreamSynchronize(s); /* nothing can be tracked: waited for here */
+        return;
     }
-    CUevent ev = NULL;
-    if (g->nspare)
-        ev = g->spare[--g->nspare];
-    else if (g->cuda->cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
-        ev = NULL;
-    if (ev && g->cuda->cuEventRecord(ev, (CUstream)stream) == CUDA_SUCCESS) {
-        g->pending[g->npending++] = ev;
-    } else {
-        if (ev)
-            g->spare[g->nspare++] = ev;
-        if (g->cuda->cuStreamSynchronize((CUstream)stream) != CUDA_SUCCESS)
-            g->untracked = 1;
+    for (int i = 0; i < FERRY_VIEW_TRACKED && !t; i++) {
+        tracked *e = &g->tracked[i];
+        if (!e->used)
+            free_entry = free_entry ? free_entry : e;
+        else if (e->rank == rank && e->device == device && e->stream == s &&
+                 (s != PER_THREAD_STREAM || pthread_equal(e->thread, self)))
+            t = e;
     }
+    for (int i = 0; i < FERRY_VIEW_TRACKED && !t && !free_entry; i++) {
+        tracked *e = &g->tracked[i]; /* one whose work has run: its stream is done with */
+        if (e->device == device && g->cuda->cuEventQuery(e->event) == CUDA_SUCCESS) {
+            g->cuda->cuEventDestroy(e->event);
+            e->used = 0;
+            free_entry = e;
+        }
+    }
+    CUevent ev;
+    if (!t && free_entry && g->cuda->cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS) {
+        t = free_entry;
+        *t = (tracked){
+            .event = ev, .stream = s, .thread = self, .rank = rank, .device = device, .used = 1};
+    }
+    if (!t || g->cuda->cuEventRecord(t->event, s) != CUDA_SUCCESS)
+        g->untracked[rank] = 1;
     pthread_mutex_unlock(&g->lock);
 }
 
-ferry_status ferry__cuda_view_quiesce(ferry__mapped_pool *p, uint64_t deadline)
+ferry_status ferry__cuda_view_quiesce(ferry__mapped_pool *p, uint32_t rank, uint64_t deadline)
 {
     cuda_view *g = view_of(p);
     if (!g)
         return FERRY_OK;
     for (;;) {
+        int pending = 0, untracked = 0;
+        CUresult failed = CUDA_SUCCESS;
         pthread_mutex_lock(&g->lock);
-        int untracked = g->untracked, pending = prune_pending_locked(g);
+        untracked = g->untracked && g->untracked[rank];
+        for (int i = 0; i < FERRY_VIEW_TRACKED && !untracked; i++) {
+            tracked *e = &g->tracked[i];
+            if (!e->used || e->rank != rank)
+                continue;
+            CUresult rc = ferry__cuda_use_device(g->cuda, e->device) == FERRY_OK
+                              ? g->cuda->cuEventQuery(e->event)
+                              : CUDA_ERROR_NOT_INITIALIZED;
+            if (rc == CUDA_SUCCESS) {
+                g->cuda->cuEventDestroy(e->event);
+                e->used = 0;
+            } else if (rc == CUDA_ERROR_NOT_READY) {
+                pending++;
+            } else {
+                failed = rc;
+            }
+        }
         pthread_mutex_unlock(&g->lock);
         if (untracked)
-            return ferry__fail(FERRY_SYSTEM, "work queued on one of the pool's streams could not "
-                                             "be tracked (no event could be recorded behind it)");
+            return ferry__fail(FERRY_SYSTEM,
+                               "stream work for rank %u could not be tracked (no "
+                               "event could be recorded behind it)",
+                               rank);
+        if (failed != CUDA_SUCCESS)
+            return ferry__fail(FERRY_SYSTEM,
+                               "cannot tell whether rank %u's stream work has run (cuEventQuery "
+                               "failed: %d)",
+                               rank, (int)failed);
         if (!pending)
             return FERRY_OK;
         if (ferry__now_ns() >= deadline)
             return ferry__fail(FERRY_TIMEOUT,
-                               "%d copies or acknowledgements queued on the pool's streams have "
+                               "copies or acknowledgements for rank %u queued on %d streams have "
                                "not run after the wait for them",
-                               pending);
+                               rank, pending);
         struct timespec pause = {0, 50000};
         nanosleep(&pause, NULL);
     }
@@ -677,7 +704,6 @@ ferry_status ferry__cuda_view_enqueue_copy(ferry__mapped_pool *p, int device, ui
     FERRY_CU_TRY(view_of(p)->cuda, cuMemcpyAsync,
                  ((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, n, (CUstream)stream));
     note_stream(p, device, stream);
-    track_work(p, stream);
     return FERRY_OK;
 }
 
@@ -691,7 +717,5 @@ ferry_status ferry__cuda_view_enqueue_store(ferry__mapped_pool *p, int device, u
     FERRY_CU_TRY(view_of(p)->cuda, cuStreamWriteValue32,
                  ((CUstream)stream, addr, value, CU_STREAM_WRITE_VALUE_DEFAULT));
     note_stream(p, device, stream);
-    track_work(p,
-               stream); /* a wait needs none: what follows it is a copy, a store or the caller's */
     return FERRY_OK;
 }

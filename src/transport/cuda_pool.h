@@ -79,7 +79,8 @@ const char *ferry__cuda_view_check(const ferry__shm_layout *l, uint64_t *tail);
 const ferry__placement *ferry__cuda_view_placement(const ferry__shm_layout *l);
 ferry_status ferry__cuda_view_attach(ferry__mapped_pool *p, int device);
 void ferry__cuda_view_detach(ferry__mapped_pool *p);
-ferry_status ferry__cuda_view_quiesce(ferry__mapped_pool *p, uint64_t deadline);
+void ferry__cuda_view_track(ferry__mapped_pool *p, int device, uint32_t rank, void *stream);
+ferry_status ferry__cuda_view_quiesce(ferry__mapped_pool *p, uint32_t rank, uint64_t deadline);
 ferry_status ferry__cuda_view_map(ferry__mapped_pool *p, int device, uint64_t deadline);
 ferry_status ferry__cuda_view_copy_out(ferry__mapped_pool *p, int device, uint64_t offset,
                                        void *dst, uint64_t n);
@@ -104,10 +105,10 @@ ferry_status ferry__cuda_view_enqueue_store(ferry__mapped_pool *p, int device, u
 #define FERRY_CUDA_VIEW_OPS                                                                        \
     .ready_poll_ns = 20000ull, .ready_spin_ns = 100000ull, .view_check = ferry__cuda_view_check,   \
     .view_placement = ferry__cuda_view_placement, .view_attach = ferry__cuda_view_attach,          \
-    .view_detach = ferry__cuda_view_detach, .view_quiesce = ferry__cuda_view_quiesce,              \
-    .view_map = ferry__cuda_view_map, .view_copy_out = ferry__cuda_view_copy_out,                  \
-    .view_data = ferry__cuda_view_data, .view_streams = ferry__cuda_view_streams,                  \
-    .view_enqueue_wait = ferry__cuda_view_enqueue_wait,                                            \
+    .view_detach = ferry__cuda_view_detach, .view_track = ferry__cuda_view_track,                  \
+    .view_quiesce = ferry__cuda_view_quiesce, .view_map = ferry__cuda_view_map,                    \
+    .view_copy_out = ferry__cuda_view_copy_out, .view_data = ferry__cuda_view_data,                \
+    .view_streams = ferry__cuda_view_streams, .view_enqueue_wait = ferry__cuda_view_enqueue_wait,  \
     .view_enqueue_copy = ferry__cuda_view_enqueue_copy,                                            \
     .view_enqueue_store = ferry__cuda_view_enqueue_store
 

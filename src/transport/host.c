@@ -269,11 +269,21 @@ static ferry_status no_streams(void)
     return ferry__fail(FERRY_NOT_SUPPORTED, "stream-ordered operations need a GPU pool");
 }
 
-static ferry_status host_view_quiesce(ferry__mapped_pool *p, uint64_t deadline)
+/* A host pool is given no stream work: nothing to track or wait for. */
+static void host_view_track(ferry__mapped_pool *p, int device, uint32_t rank, void *stream)
 {
     (void)p;
+    (void)device;
+    (void)rank;
+    (void)stream;
+}
+
+static ferry_status host_view_quiesce(ferry__mapped_pool *p, uint32_t rank, uint64_t deadline)
+{
+    (void)p;
+    (void)rank;
     (void)deadline;
-    return FERRY_OK; /* a host pool is given no stream work */
+    return FERRY_OK;
 }
 
 static ferry_status host_view_streams(const ferry__mapped_pool *p)
@@ -340,6 +350,7 @@ const ferry__transport_ops ferry__host_transport = {
     .view_placement = host_view_placement,
     .view_attach = host_view_attach,
     .view_detach = host_view_detach,
+    .view_track = host_view_track,
     .view_quiesce = host_view_quiesce,
     .view_map = host_view_map,
     .view_copy_out = host_view_copy_out,

@@ -52,8 +52,8 @@ typedef struct ferry__mapped_pool {
     uint64_t producer_start;
     int producer_fd;   /* the producer's pidfd, held from open (-1 where none could be had) */
     uint8_t *attached; /* one byte per rank: held, lent or not (cache.c); cache lock */
-    uint32_t *lent;    /* per rank: consumers that give it back when destroyed; cache lock */
-    uint32_t lending;  /* all ranks' lent consumers (atomic): their stream work is tracked */
+    uint32_t *lent;    /* per rank: consumers that give it back when destroyed (written under
+                        * the cache lock; read atomically to track their stream work) */
     pthread_mutex_t claim_lock; /* orders claims and releases at the broker */
     uint32_t open_rank;         /* the rank that opened the pool (asks the CUDA VMM fd broker) */
     uint32_t *my_acks;          /* control words on the device: the acknowledgements this process

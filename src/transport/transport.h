@@ -103,11 +103,13 @@ typedef struct ferry__transport_ops {
      * once that work has run. */
     ferry_status (*view_attach)(ferry__mapped_pool *p, int device);
     void (*view_detach)(ferry__mapped_pool *p);
-    /* Waits, until deadline at most, for the copies and acknowledgements queued on streams
-     * while the process lends a rank of the pool (p->lending) to run: OK (at once where
-     * there is none), TIMEOUT where some has not run, SYSTEM where some could be neither
-     * tracked nor waited for when it was queued. */
-    ferry_status (*view_quiesce)(ferry__mapped_pool *p, uint64_t deadline);
+    /* After work for rank (a copy, an acknowledgement) was queued on stream by this thread,
+     * for a rank the process lends: remembers it for view_quiesce. */
+    void (*view_track)(ferry__mapped_pool *p, int device, uint32_t rank, void *stream);
+    /* Waits, until deadline at most, for the tracked work for rank to run: OK (at once where
+     * there is none), TIMEOUT where some has not run, SYSTEM where some could not be
+     * tracked or its state cannot be told. */
+    ferry_status (*view_quiesce)(ferry__mapped_pool *p, uint32_t rank, uint64_t deadline);
     /* Opens the pool's data for device (once per device; a CUDA VMM fd is asked of its broker
      * until deadline at most). */
     ferry_status (*view_map)(ferry__mapped_pool *p, int device, uint64_t deadline);
