@@ -1032,6 +1032,66 @@ static void given_back_view_test(int placement)
     assert_true(pool_mappings() < mapped);
 }
 
+static void *destroy_consumer(void *c)
+{
+    ferry_consumer_destroy(c);
+    return NULL;
+}
+
+/* Two give-backs of one rank in flight: A's, waiting for its read, and that of B, a consumer
+ * of the rank connected meanwhile (which keeps the rank from A's give-back) and destroyed
+ * while its own read waits. Only the latest ends: A's, timed out on B's read (5 s), neither
+ * releases the rank nor drops it; B's releases it once its read has run. */
+static void given_back_overlap_test(int placement)
+{
+    char raddr[FERRY_REMOTE_ADDRESS_SIZE];
+    ferry_pool *pool = listening_pool(placement, 1, raddr);
+    if (!pool)
+        skip();
+    enum { N = GIVEN_BACK_ITEM };
+    static uint8_t first[N], out[N];
+    memset(first, 0xaa, N);
+    ferry_tensor t = ferry_tensor_bytes(N);
+    ferry_descriptor d;
+    assert_int_equal(ferry_pool_publish(pool, &t, first, 1000 * MS, &d), FERRY_OK);
+    ferry_consumer *c[2];
+    CUstream s[2];
+    CUdeviceptr dst[2];
+    gate g[2];
+    pthread_t destroying[2];
+    ferry_consumer_info info = FERRY_CONSUMER_INFO_INIT;
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(ferry_consumer_connect(raddr, 0, 0, &c[i]), FERRY_OK);
+        assert_int_equal(cu->cuStreamCreate(&s[i], CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+        dst[i] = dev_alloc(N);
+        g[i] = gate_stream(s[i]);
+        assert_int_equal(ferry_consumer_read_async(c[i], &d, (void *)(uintptr_t)dst[i], N, s[i]),
+                         FERRY_OK);
+        assert_int_equal(pthread_create(&destroying[i], NULL, destroy_consumer, c[i]), 0);
+        struct timespec settle = {0, 100 * 1000 * 1000}; /* in its wait by then */
+        nanosleep(&settle, NULL);
+    }
+    gate_open(&g[0]);
+    assert_int_equal(pthread_join(destroying[0], NULL), 0);
+    assert_int_equal(ferry_pool_consumer_info(pool, 0, &info), FERRY_OK);
+    assert_true(info.alive && info.pid == getpid());
+    gate_open(&g[1]);
+    assert_int_equal(pthread_join(destroying[1], NULL), 0);
+    assert_int_equal(ferry_pool_consumer_info(pool, 0, &info), FERRY_OK);
+    assert_false(info.alive);
+    for (int i = 0; i < 2; i++) {
+        gate_free(&g[i]);
+        assert_int_equal(cu->cuMemcpy((CUdeviceptr)(uintptr_t)out, dst[i], N), CUDA_SUCCESS);
+        assert_int_equal(out[0], 0xaa);
+        cu->cuMemFree(dst[i]);
+        cu->cuStreamDestroy(s[i]);
+    }
+    if (ferry_pool_drain(pool, 1000 * MS) != FERRY_OK)
+        fail_msg("drain: %s", ferry_last_error());
+    ferry_pool_destroy(pool);
+    ferry__cache_sweep();
+}
+
 static void test_given_back_rank(void **state)
 {
     (void)state;
@@ -1041,6 +1101,7 @@ static void test_given_back_rank(void **state)
         given_back_stream_test(placement, 1);
         given_back_view_test(placement);
     }
+    given_back_overlap_test(FERRY_CONTROL_HOST); /* 5 s: one placement */
     setenv("FERRY_REMOTE_LOCAL", "0", 1);
 }
 

@@ -65,6 +65,7 @@ static void unmap_pool(ferry__mapped_pool *pool)
     pthread_mutex_destroy(&pool->parts_lock);
     free(pool->viewed);
     free(pool->lent);
+    free(pool->giving);
     if (pool->base)
         munmap(pool->base, pool->size);
     if (pool->producer_fd >= 0)
@@ -149,7 +150,8 @@ static ferry_status map_checked(ferry__mapped_pool *pool, const ferry_descriptor
     if (st == FERRY_OK)
         st = check_transport(&pool->shm.layout, size, &pool->ops);
     if (st == FERRY_OK && (!(pool->attached = calloc(d->consumer_count, 1)) ||
-                           !(pool->lent = calloc(d->consumer_count, sizeof(*pool->lent)))))
+                           !(pool->lent = calloc(d->consumer_count, sizeof(*pool->lent))) ||
+                           !(pool->giving = calloc(d->consumer_count, sizeof(*pool->giving)))))
         st = ferry__fail(FERRY_NO_MEMORY, "out of memory opening a pool");
     if (st != FERRY_OK)
         return st;
@@ -277,8 +279,11 @@ void ferry__cache_give_back(ferry__mapped_pool *pool, uint32_t rank)
     int last = pool->lent[rank] > 0 &&
                __atomic_sub_fetch(&pool->lent[rank], 1, __ATOMIC_ACQ_REL) == 0 &&
                pool->attached[rank] == RANK_LENT;
-    if (last)
+    uint32_t mine = 0;
+    if (last) {
         pool->attached[rank] = RANK_RELEASING;
+        mine = ++pool->giving[rank];
+    }
     pthread_mutex_unlock(&cache_lock);
     if (!last)
         return;
@@ -292,7 +297,9 @@ void ferry__cache_give_back(ferry__mapped_pool *pool, uint32_t rank)
              : pool->ops->view_quiesce(pool, rank, ferry__deadline(FERRY_GIVE_BACK_STREAMS_NS));
     pthread_mutex_lock(&pool->claim_lock);
     pthread_mutex_lock(&cache_lock);
-    int releasing = pool->attached[rank] == RANK_RELEASING;
+    /* Still this give-back's: a claim meanwhile cancels it, and a lend that came and went
+     * meanwhile began a give-back of its own, whose wait covers its work. */
+    int releasing = pool->attached[rank] == RANK_RELEASING && pool->giving[rank] == mine;
     if (releasing)
         pool->attached[rank] = RANK_NOT_HELD;
     pthread_mutex_unlock(&cache_lock);

@@ -54,6 +54,7 @@ typedef struct ferry__mapped_pool {
     uint8_t *attached; /* one byte per rank: held, lent or not (cache.c); cache lock */
     uint32_t *lent;    /* per rank: consumers that give it back when destroyed (written under
                         * the cache lock; read atomically to track their stream work) */
+    uint32_t *giving;  /* per rank: the give-backs begun (cache lock): only the latest ends */
     pthread_mutex_t claim_lock; /* orders claims and releases at the broker */
     uint32_t open_rank;         /* the rank that opened the pool (asks the CUDA VMM fd broker) */
     uint32_t *my_acks;          /* control words on the device: the acknowledgements this process
