@@ -1032,6 +1032,46 @@ static void given_back_view_test(int placement)
     assert_true(pool_mappings() < mapped);
 }
 
+/* A part of a packed lease acknowledged on a stream by a thread that never made a CUDA
+ * context current (the first part: nothing is queued, the lease is not whole yet). */
+static void *ack_first_part(void *arg)
+{
+    ferry_consumer *c = ((ferry_consumer **)arg)[0];
+    const ferry_descriptor *d = ((ferry_descriptor **)arg)[1];
+    assert_int_equal(ferry_consumer_ack_async(c, d, NULL), FERRY_OK);
+    return NULL;
+}
+
+/* The tracking of a lent rank's stream work makes the pool's context current itself: a
+ * stream-ordered acknowledgement from a thread without one does not keep the rank from
+ * being given back. */
+static void given_back_contextless_test(int placement)
+{
+    char raddr[FERRY_REMOTE_ADDRESS_SIZE];
+    ferry_pool *pool = listening_pool(placement, 1, raddr);
+    if (!pool)
+        skip();
+    static uint8_t a[GIVEN_BACK_ITEM], b[GIVEN_BACK_ITEM];
+    ferry_tensor t[2] = {ferry_tensor_bytes(sizeof(a)), ferry_tensor_bytes(sizeof(b))};
+    const void *srcs[2] = {a, b};
+    ferry_descriptor d[2];
+    assert_int_equal(ferry_pool_publish_many(pool, t, srcs, 2, 1000 * MS, d), FERRY_OK);
+    ferry_consumer *c = NULL;
+    assert_int_equal(ferry_consumer_connect(raddr, 0, 0, &c), FERRY_OK);
+    void *arg[2] = {c, &d[0]};
+    pthread_t thread;
+    assert_int_equal(pthread_create(&thread, NULL, ack_first_part, arg), 0);
+    assert_int_equal(pthread_join(thread, NULL), 0);
+    ferry_consumer_destroy(c);
+    ferry_consumer_info info = FERRY_CONSUMER_INFO_INIT;
+    assert_int_equal(ferry_pool_consumer_info(pool, 0, &info), FERRY_OK);
+    assert_false(info.alive); /* given back */
+    if (ferry_pool_drain(pool, 1000 * MS) != FERRY_OK)
+        fail_msg("drain: %s", ferry_last_error());
+    ferry_pool_destroy(pool);
+    ferry__cache_sweep();
+}
+
 static void *destroy_consumer(void *c)
 {
     ferry_consumer_destroy(c);
@@ -1101,6 +1141,8 @@ static void test_given_back_rank(void **state)
         given_back_stream_test(placement, 1);
         given_back_view_test(placement);
     }
+    given_back_contextless_test(FERRY_CONTROL_HOST);
+    given_back_contextless_test(FERRY_CONTROL_DEVICE);
     given_back_overlap_test(FERRY_CONTROL_HOST); /* 5 s: one placement */
     setenv("FERRY_REMOTE_LOCAL", "0", 1);
 }

@@ -844,9 +844,10 @@ ferry_status ferry_consumer_read_async(ferry_consumer *c, const ferry_descriptor
         st = enqueue_ready_wait(c, p, d, stream);
     if (st == FERRY_OK)
         st = p->ops->view_enqueue_copy(p, c->device, d->offset, dst, d->length, stream);
+    int copying = st == FERRY_OK;
     if (st == FERRY_OK)
         st = ack_ranks(c, p, d, c->rank, 1, 1, 1, stream);
-    if (st == FERRY_OK)
+    if (copying) /* also where the acknowledgement failed: the copy is queued */
         track_if_lent(c, p, stream);
     return done(c, p, st);
 }

@@ -430,19 +430,29 @@ void ferry__cuda_view_track(ferry__mapped_pool *p, int device, uint32_t rank, vo
     }
     for (int i = 0; i < FERRY_VIEW_TRACKED && !t && !free_entry; i++) {
         tracked *e = &g->tracked[i]; /* one whose work has run: its stream is done with */
-        if (e->device == device && g->cuda->cuEventQuery(e->event) == CUDA_SUCCESS) {
+        if (ferry__cuda_use_device(g->cuda, e->device) == FERRY_OK &&
+            g->cuda->cuEventQuery(e->event) == CUDA_SUCCESS) {
             g->cuda->cuEventDestroy(e->event);
             e->used = 0;
             free_entry = e;
         }
     }
+    /* The work was queued in device's context; the event is made and recorded there. */
+    int ok = ferry__cuda_use_device(g->cuda, device) == FERRY_OK;
     CUevent ev;
-    if (!t && free_entry && g->cuda->cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS) {
+    if (ok && !t && free_entry &&
+        g->cuda->cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS) {
         t = free_entry;
         *t = (tracked){
             .event = ev, .stream = s, .thread = self, .rank = rank, .device = device, .used = 1};
     }
-    if (!t || g->cuda->cuEventRecord(t->event, s) != CUDA_SUCCESS)
+    /* A handle (or a thread id) may be another stream's by now, the one it named destroyed
+     * with work pending: the stream waits for what the event stands behind, then the event
+     * is recorded behind both. */
+    if (ok && t && g->cuda->cuEventQuery(t->event) == CUDA_ERROR_NOT_READY &&
+        g->cuda->cuStreamWaitEvent(s, t->event, 0) != CUDA_SUCCESS)
+        ok = 0;
+    if (!ok || !t || g->cuda->cuEventRecord(t->event, s) != CUDA_SUCCESS)
         g->untracked[rank] = 1;
     pthread_mutex_unlock(&g->lock);
 }
