@@ -1108,7 +1108,8 @@ static void given_back_overlap_test(int placement)
         assert_int_equal(ferry_consumer_read_async(c[i], &d, (void *)(uintptr_t)dst[i], N, s[i]),
                          FERRY_OK);
         assert_int_equal(pthread_create(&destroying[i], NULL, destroy_consumer, c[i]), 0);
-        struct timespec settle = {0, 100 * 1000 * 1000}; /* in its wait by then */
+        /* In its wait by then; B's wait ends 2 s after A's (its margin once A's is out). */
+        struct timespec settle = {i == 0 ? 2 : 0, 100 * 1000 * 1000};
         nanosleep(&settle, NULL);
     }
     gate_open(&g[0]);

@@ -51,6 +51,7 @@ typedef struct cuda_view {
      * for; untracked: per rank, some of it could not be tracked. Guarded by lock. */
     tracked tracked[FERRY_VIEW_TRACKED];
     uint8_t *untracked;
+    int untracked_all; /* work of some rank untracked where no per-rank table could be had */
 } cuda_view;
 
 static cuda_view *view_of(const ferry__mapped_pool *p)
@@ -416,8 +417,11 @@ void ferry__cuda_view_track(ferry__mapped_pool *p, int device, uint32_t rank, vo
     tracked *t = NULL, *free_entry = NULL;
     pthread_mutex_lock(&g->lock);
     if (!g->untracked && !(g->untracked = calloc(p->consumers, 1))) {
+        /* Nothing can be tracked: waited for here, or every give-back refused. */
+        if (ferry__cuda_use_device(g->cuda, device) != FERRY_OK ||
+            g->cuda->cuStreamSynchronize(s) != CUDA_SUCCESS)
+            g->untracked_all = 1;
         pthread_mutex_unlock(&g->lock);
-        g->cuda->cuStreamSynchronize(s); /* nothing can be tracked: waited for here */
         return;
     }
     for (int i = 0; i < FERRY_VIEW_TRACKED && !t; i++) {
@@ -466,7 +470,7 @@ ferry_status ferry__cuda_view_quiesce(ferry__mapped_pool *p, uint32_t rank, uint
         int pending = 0, untracked = 0;
         CUresult failed = CUDA_SUCCESS;
         pthread_mutex_lock(&g->lock);
-        untracked = g->untracked && g->untracked[rank];
+        untracked = g->untracked_all || (g->untracked && g->untracked[rank]);
         for (int i = 0; i < FERRY_VIEW_TRACKED && !untracked; i++) {
             tracked *e = &g->tracked[i];
             if (!e->used || e->rank != rank)
