@@ -408,7 +408,6 @@ void ferry__cuda_view_detach(ferry__mapped_pool *p)
  * stream (keyed by its thread too) or a stream destroyed before the rank is given back is
  * covered as well. Where nothing can be recorded the rank is marked untracked, and giving
  * it back is refused (it then stays this process's until it exits). */
-
 void ferry__cuda_view_track(ferry__mapped_pool *p, int device, uint32_t rank, void *stream)
 {
     cuda_view *g = view_of(p);
