@@ -24,9 +24,10 @@
  * started; later ones may be on their way to it). A process keeps the ranks it claimed by a
  * pool's local address until it exits, also after destroying its consumers: a restarted
  * worker should claim its rank (ferry_consumer_open) before it is sent work. Consumers by
- * remote address give their rank back when destroyed (ferry_consumer_connect). Acknowledgements
- * claim nothing, so any process (a group leader, the producer itself) may acknowledge on behalf of
- * other ranks. A consumer in the producer's own process works on every backend and placement.
+ * remote address give their rank back when destroyed (ferry_consumer_connect).
+ * Acknowledgements claim nothing, so any process (a group leader, the producer itself) may
+ * acknowledge on behalf of other ranks. A consumer in the producer's own process works on
+ * every backend and placement.
  *
  * fork(): pools and consumers belong to the process that created them. In a forked child
  * every call on them fails with FORKED; ferry_pool_destroy and ferry_consumer_destroy there
@@ -597,8 +598,8 @@ FERRY_API void ferry_consumer_destroy(ferry_consumer *consumer);
  * views it handed out included (work the caller queued on a view must have run by then),
  * once the stream-ordered copies and acknowledgements ferry queued for it have run (destroy
  * waits 5 s at most; docs/design.md, "Consumers on the producer's host"). Where it cannot
- * open the pool so, it connects over UCX. FERRY_REMOTE_LOCAL=0
- * in the environment keeps it on UCX. */
+ * open the pool so, it connects over UCX. FERRY_REMOTE_LOCAL=0 in the environment keeps it
+ * on UCX. */
 FERRY_API ferry_status ferry_consumer_connect(const char *address, uint32_t rank, int32_t device,
                                               ferry_consumer **consumer);
 
