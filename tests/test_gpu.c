@@ -83,13 +83,21 @@ static void gate_open(gate *g)
     __atomic_store_n(g->word, 1, __ATOMIC_RELEASE);
 }
 
+/* Releases the word of a gate that is open and whose stream has drained. CUDA's
+ * cuMemHostUnregister waits for the device's pending work: while another gate is closed, it
+ * would wait for that gate. */
+static void gate_unpin(gate *g)
+{
+    assert_int_equal(cu->cuMemHostUnregister(g->word), CUDA_SUCCESS);
+    free(g->word);
+}
+
 /* Opens the gate (if still closed), lets the stream drain and releases the word. */
 static void gate_free(gate *g)
 {
     gate_open(g);
     assert_int_equal(cu->cuStreamSynchronize(g->stream), CUDA_SUCCESS);
-    assert_int_equal(cu->cuMemHostUnregister(g->word), CUDA_SUCCESS);
-    free(g->word);
+    gate_unpin(g);
 }
 
 /* ---- consumer helper -------------------------------------------------------------------- */
@@ -157,10 +165,12 @@ static int consumer_main(uint32_t rank, int device, const char *mode)
         if (st == FERRY_OK && strcmp(mode, "hold") == 0)
             th_report(FERRY_OK, verified);
     }
-    th_report(st, verified);
-    ferry_consumer_destroy(c);
-    cu->cuMemFree(dbuf);
+    /* The stream goes first: releasing the pool's mapping must not touch it (CUDA may crash
+     * on a destroyed stream's handle), and the result comes after that release. */
     cu->cuStreamDestroy(s);
+    ferry_consumer_destroy(c);
+    th_report(st, verified);
+    cu->cuMemFree(dbuf);
     free(host);
     return st == FERRY_OK ? 0 : 1;
 }
@@ -847,6 +857,7 @@ typedef struct given_back {
     ferry_consumer *c;
     ferry_descriptor d;
     CUdeviceptr dst;
+    gate g; /* the enqueuer's, unpinned by the test once no gate is closed */
     int per_thread;
     int stage; /* 1: queued; 2: open the gate; 3: destroyed */
     pthread_mutex_t lock;
@@ -884,13 +895,14 @@ static void *enqueuer(void *arg)
     assert_int_equal(ferry__cuda_use_device(cu, 0), FERRY_OK);
     if (!gb->per_thread)
         assert_int_equal(cu->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-    gate g = gate_stream(s);
+    gb->g = gate_stream(s);
     assert_int_equal(
         ferry_consumer_read_async(gb->c, &gb->d, (void *)(uintptr_t)gb->dst, GIVEN_BACK_ITEM, s),
         FERRY_OK);
     stage_set(gb, 1);
     stage_wait(gb, 2);
-    gate_free(&g);
+    gate_open(&gb->g); /* rank 1's gate is still closed: no gate_free (see gate_unpin) */
+    assert_int_equal(cu->cuStreamSynchronize(s), CUDA_SUCCESS);
     if (!gb->per_thread)
         assert_int_equal(cu->cuStreamDestroy(s), CUDA_SUCCESS);
     return NULL;
@@ -968,6 +980,7 @@ static void given_back_stream_test(int placement, int per_thread)
         if (out[i] != 0xaa)
             fail_msg("the read queued before destroy copied byte %d as %02x", i, out[i]);
     gate_free(&g1);
+    gate_unpin(&gb.g);
     assert_int_equal(cu->cuMemcpy((CUdeviceptr)(uintptr_t)out, dst1, N), CUDA_SUCCESS);
     assert_int_equal(out[0], 0xaa);
     assert_int_equal(ferry_consumer_read(third, &gb.d, out, N, 1000 * MS), FERRY_OK);
