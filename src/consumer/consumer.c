@@ -811,22 +811,24 @@ static ferry_status gpu_pool_for(ferry_consumer *c, const ferry_descriptor *d, u
 
 /* Enqueues the stream's wait for the lease's ready word, unless the CPU sees it written
  * already (control words in host memory): the producer's stream fenced its copy before that
- * write, so the data is complete for every reader from then on. */
+ * write, so the data is complete for every reader from then on. *queued: whether it did. */
 static ferry_status enqueue_ready_wait(ferry_consumer *c, ferry__mapped_pool *p,
-                                       const ferry_descriptor *d, void *stream)
+                                       const ferry_descriptor *d, void *stream, int *queued)
 {
+    *queued = 0;
     if (p->place->seen(p, ferry__shm_ready_word(&p->shm.layout, d->slot), d->generation))
         return FERRY_OK;
-    return p->ops->view_enqueue_wait(p, c->device, ferry__shm_ready_word(&p->shm.layout, d->slot),
-                                     d->generation, stream);
+    ferry_status st = p->ops->view_enqueue_wait(
+        p, c->device, ferry__shm_ready_word(&p->shm.layout, d->slot), d->generation, stream);
+    *queued = st == FERRY_OK;
+    return st;
 }
 
-/* Work queued on stream for a rank this process lends (a consumer by remote address): the
- * give-back waits for it (ferry__cache_give_back). */
-static void track_if_lent(ferry_consumer *c, ferry__mapped_pool *p, void *stream)
+/* Work queued on stream on the pool, for the consumer's rank: releasing the pool's mapping
+ * waits for it, and so does giving a lent rank back (ferry__cache_give_back). */
+static void track(ferry_consumer *c, ferry__mapped_pool *p, void *stream)
 {
-    if (__atomic_load_n(&p->lent[c->rank], __ATOMIC_ACQUIRE))
-        p->ops->view_track(p, c->device, c->rank, stream);
+    p->ops->view_track(p, c->device, c->rank, stream);
 }
 
 ferry_status ferry_consumer_read_async(ferry_consumer *c, const ferry_descriptor *d, void *dst,
@@ -839,16 +841,17 @@ ferry_status ferry_consumer_read_async(ferry_consumer *c, const ferry_descriptor
     ferry_status st = gpu_pool_for(c, d, c ? c->rank : 0, &p);
     if (st != FERRY_OK)
         return st;
+    int queued = 0;
     st = check_dst(d, dst, dst_size);
     if (st == FERRY_OK)
-        st = enqueue_ready_wait(c, p, d, stream);
+        st = enqueue_ready_wait(c, p, d, stream, &queued);
     if (st == FERRY_OK)
         st = p->ops->view_enqueue_copy(p, c->device, d->offset, dst, d->length, stream);
-    int copying = st == FERRY_OK;
+    queued |= st == FERRY_OK;
     if (st == FERRY_OK)
         st = ack_ranks(c, p, d, c->rank, 1, 1, 1, stream);
-    if (copying) /* also where the acknowledgement failed: the copy is queued */
-        track_if_lent(c, p, stream);
+    if (queued) /* also where a later step failed: what was queued reads the pool */
+        track(c, p, stream);
     return done(c, p, st);
 }
 
@@ -862,10 +865,13 @@ ferry_status ferry_consumer_view_async(ferry_consumer *c, const ferry_descriptor
     ferry_status st = gpu_pool_for(c, d, c ? c->rank : 0, &p);
     if (st != FERRY_OK)
         return st;
+    int queued = 0;
     if (!data)
         st = ferry__fail(FERRY_INVALID_ARGUMENT, "data output is NULL");
     if (st == FERRY_OK)
-        st = enqueue_ready_wait(c, p, d, stream);
+        st = enqueue_ready_wait(c, p, d, stream, &queued);
+    if (queued)
+        track(c, p, stream);
     if (st == FERRY_OK)
         st = view_out(c, p, d, data);
     return done(c, p, st);
@@ -882,6 +888,6 @@ ferry_status ferry_consumer_ack_async(ferry_consumer *c, const ferry_descriptor 
         return st;
     st = ack_ranks(c, p, d, c->rank, 1, 1, 1, stream);
     if (st == FERRY_OK)
-        track_if_lent(c, p, stream);
+        track(c, p, stream);
     return done(c, p, st);
 }

@@ -56,6 +56,7 @@
     X(cuEventSynchronize, 2000, 1, (CUevent))                                                      \
     X(cuEventDestroy, 4000, 1, (CUevent))                                                          \
     X(cuStreamWaitEvent, 3020, 1, (CUstream, CUevent, unsigned int))                               \
+    X(cuStreamGetId, 12000, 1, (CUstream, unsigned long long *))                                   \
     X(cuMemPoolCreate, 11020, 0, (CUmemoryPool *, const CUmemPoolProps *))                         \
     X(cuMemPoolSetAttribute, 11020, 0, (CUmemoryPool, int, void *))                                \
     X(cuMemPoolTrimTo, 11020, 0, (CUmemoryPool, size_t))                                           \

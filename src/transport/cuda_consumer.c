@@ -17,17 +17,16 @@
 #include "driver/driver.h"
 #include "transport/cuda_pool.h"
 
-/* Streams a view remembers, to release it only after their work on it ran. */
-#define FERRY_VIEW_STREAMS 16
-/* Streams (per rank lent by the process) whose latest work a view keeps an event behind. */
+/* Streams (per rank) whose latest work on the pool a view keeps an event behind. */
 #define FERRY_VIEW_TRACKED 64
 
-/* The event behind the latest work a stream was given for a rank this process lends (work
- * on one stream runs in order). */
+/* The event behind the latest work a stream was given on the pool for a rank (work on one
+ * stream runs in order): what releasing the view, and giving a lent rank back, wait for.
+ * No stream handle is kept: the caller may destroy its stream once the work is queued, and
+ * CUDA may crash on a destroyed stream's handle. */
 typedef struct tracked {
-    CUevent event; /* made in the context of device */
-    CUstream stream;
-    pthread_t thread; /* whose stream, for the per-thread default stream */
+    CUevent event;                /* made in the context of device */
+    unsigned long long stream_id; /* cuStreamGetId: never another stream's, as a handle may be */
     uint32_t rank;
     int device;
     int used;
@@ -43,12 +42,8 @@ typedef struct cuda_view {
     ferry__cuda_local *borrowed[FERRY_MAX_DEVICES]; /* base is the producer's own mapping */
     CUmemGenericAllocationHandle vmm[FERRY_MAX_DEVICES]; /* CUDA VMM: imported handles */
     CUstream io[FERRY_MAX_DEVICES]; /* device placement: CPU access to the words, per device */
-    CUstream streams[FERRY_VIEW_STREAMS]; /* streams that were given work on the pool */
-    int stream_device[FERRY_VIEW_STREAMS];
-    int nstreams;
-    int streams_lost; /* more than FERRY_VIEW_STREAMS of them */
-    /* Lent ranks' stream work (ferry__cuda_view_track), what giving such a rank back waits
-     * for; untracked: per rank, some of it could not be tracked. Guarded by lock. */
+    /* Stream work queued on the pool (ferry__cuda_view_track); untracked: per rank, some of
+     * it could not be tracked. Guarded by lock. */
     tracked tracked[FERRY_VIEW_TRACKED];
     uint8_t *untracked;
     int untracked_all; /* work of some rank untracked where no per-rank table could be had */
@@ -274,7 +269,8 @@ typedef struct deferred {
     uint64_t memory_size;
     void *segment; /* the host segment mapping, unmapped last */
     uint64_t segment_size;
-    CUevent events[FERRY_VIEW_STREAMS];
+    CUevent events[FERRY_VIEW_TRACKED];
+    int devices[FERRY_VIEW_TRACKED]; /* whose context made each event */
     int nevents;
 } deferred;
 
@@ -323,26 +319,32 @@ static void release_view(cuda_view *g, uint32_t backend, uint64_t memory_size, v
     free(g);
 }
 
-/* Records an event behind the work of every stream the view was used on; 1 if some of it has
- * not run yet (the events are then in r). A stream that cannot take an event any more was
- * destroyed: its work completes on its own. */
-static int streams_busy(cuda_view *g, deferred *r)
+/* Waits for the view's stream work to run. */
+static void wait_tracked(cuda_view *g)
 {
-    int busy = 0;
-    for (int i = 0; i < g->nstreams; i++) {
-        CUevent ev;
-        if (ferry__cuda_use_device(g->cuda, g->stream_device[i]) != FERRY_OK ||
-            g->cuda->cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
+    for (int i = 0; i < FERRY_VIEW_TRACKED; i++)
+        if (g->tracked[i].used && ferry__cuda_use_device(g->cuda, g->tracked[i].device) == FERRY_OK)
+            g->cuda->cuEventSynchronize(g->tracked[i].event);
+}
+
+/* Moves the events behind the view's stream work that has not run yet into r (1 if there
+ * are any) and destroys the others. A failed look counts as run, as in release_deferred. */
+static int take_pending(cuda_view *g, deferred *r)
+{
+    for (int i = 0; i < FERRY_VIEW_TRACKED; i++) {
+        tracked *e = &g->tracked[i];
+        if (!e->used)
             continue;
-        if (g->cuda->cuEventRecord(ev, g->streams[i]) == CUDA_SUCCESS &&
-            g->cuda->cuEventQuery(ev) == CUDA_ERROR_NOT_READY) {
-            r->events[r->nevents++] = ev;
-            busy = 1;
+        e->used = 0;
+        if (ferry__cuda_use_device(g->cuda, e->device) == FERRY_OK &&
+            g->cuda->cuEventQuery(e->event) == CUDA_ERROR_NOT_READY) {
+            r->devices[r->nevents] = e->device;
+            r->events[r->nevents++] = e->event;
         } else {
-            g->cuda->cuEventDestroy(ev);
+            g->cuda->cuEventDestroy(e->event);
         }
     }
-    return busy;
+    return r->nevents > 0;
 }
 
 /* Releases the deferred views whose streams have run (every view release looks). */
@@ -354,7 +356,8 @@ static void release_deferred(void)
         deferred *r = *pp;
         int ready = 1;
         for (int i = 0; i < r->nevents && ready; i++)
-            ready = r->g->cuda->cuEventQuery(r->events[i]) != CUDA_ERROR_NOT_READY;
+            ready = ferry__cuda_use_device(r->g->cuda, r->devices[i]) != FERRY_OK ||
+                    r->g->cuda->cuEventQuery(r->events[i]) != CUDA_ERROR_NOT_READY;
         if (ready) {
             *pp = r->next;
             r->next = done;
@@ -367,7 +370,8 @@ static void release_deferred(void)
     while (done) {
         deferred *next = done->next;
         for (int i = 0; i < done->nevents; i++)
-            done->g->cuda->cuEventDestroy(done->events[i]);
+            if (ferry__cuda_use_device(done->g->cuda, done->devices[i]) == FERRY_OK)
+                done->g->cuda->cuEventDestroy(done->events[i]);
         release_view(done->g, done->backend, done->memory_size, done->segment);
         munmap(done->segment, done->segment_size);
         free(done);
@@ -380,8 +384,10 @@ void ferry__cuda_view_detach(ferry__mapped_pool *p)
     cuda_view *g = view_of(p);
     pthread_once(&deferred_once, deferred_init);
     if (g) {
-        deferred *r = g->nstreams ? calloc(1, sizeof(*r)) : NULL;
-        if (r && streams_busy(g, r)) {
+        deferred *r = calloc(1, sizeof(*r));
+        if (!r)
+            wait_tracked(g); /* no room to defer: the work is waited for here */
+        if (r && take_pending(g, r)) {
             /* The view and the segment mapping are the deferred release's from here. */
             r->g = g;
             r->backend = p->backend;
@@ -402,36 +408,36 @@ void ferry__cuda_view_detach(ferry__mapped_pool *p)
     release_deferred();
 }
 
-#define PER_THREAD_STREAM ((CUstream)(uintptr_t)0x2) /* CU_STREAM_PER_THREAD */
-
-/* Recorded by the thread that queued the work, right after it, so that a per-thread default
- * stream (keyed by its thread too) or a stream destroyed before the rank is given back is
- * covered as well. Where nothing can be recorded the rank is marked untracked, and giving
- * it back is refused (it then stays this process's until it exits). */
+/* Recorded by the thread that queued the work, right after it, per stream as its id names it
+ * (a handle may name another stream once its own is destroyed; the per-thread default stream
+ * is each thread's own), so that a stream destroyed before the view is released or the rank
+ * given back is covered as well. Where nothing can be recorded the rank is marked untracked,
+ * and giving it back is refused (it then stays this process's until it exits). */
 void ferry__cuda_view_track(ferry__mapped_pool *p, int device, uint32_t rank, void *stream)
 {
     cuda_view *g = view_of(p);
     CUstream s = (CUstream)stream;
-    pthread_t self = pthread_self();
     tracked *t = NULL, *free_entry = NULL;
+    /* The work was queued in device's context; the event is made and recorded there. */
+    unsigned long long id = 0;
+    int ok = ferry__cuda_use_device(g->cuda, device) == FERRY_OK &&
+             g->cuda->cuStreamGetId(s, &id) == CUDA_SUCCESS;
     pthread_mutex_lock(&g->lock);
     if (!g->untracked && !(g->untracked = calloc(p->consumers, 1))) {
         /* Nothing can be tracked: waited for here, or every give-back refused. */
-        if (ferry__cuda_use_device(g->cuda, device) != FERRY_OK ||
-            g->cuda->cuStreamSynchronize(s) != CUDA_SUCCESS)
+        if (!ok || g->cuda->cuStreamSynchronize(s) != CUDA_SUCCESS)
             g->untracked_all = 1;
         pthread_mutex_unlock(&g->lock);
         return;
     }
-    for (int i = 0; i < FERRY_VIEW_TRACKED && !t; i++) {
+    for (int i = 0; i < FERRY_VIEW_TRACKED && !t && ok; i++) {
         tracked *e = &g->tracked[i];
         if (!e->used)
             free_entry = free_entry ? free_entry : e;
-        else if (e->rank == rank && e->device == device && e->stream == s &&
-                 (s != PER_THREAD_STREAM || pthread_equal(e->thread, self)))
+        else if (e->rank == rank && e->device == device && e->stream_id == id)
             t = e;
     }
-    for (int i = 0; i < FERRY_VIEW_TRACKED && !t && !free_entry; i++) {
+    for (int i = 0; i < FERRY_VIEW_TRACKED && ok && !t && !free_entry; i++) {
         tracked *e = &g->tracked[i]; /* one whose work has run: its stream is done with */
         if (ferry__cuda_use_device(g->cuda, e->device) == FERRY_OK &&
             g->cuda->cuEventQuery(e->event) == CUDA_SUCCESS) {
@@ -440,21 +446,13 @@ void ferry__cuda_view_track(ferry__mapped_pool *p, int device, uint32_t rank, vo
             free_entry = e;
         }
     }
-    /* The work was queued in device's context; the event is made and recorded there. */
-    int ok = ferry__cuda_use_device(g->cuda, device) == FERRY_OK;
+    ok = ok && ferry__cuda_use_device(g->cuda, device) == FERRY_OK;
     CUevent ev;
     if (ok && !t && free_entry &&
         g->cuda->cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS) {
         t = free_entry;
-        *t = (tracked){
-            .event = ev, .stream = s, .thread = self, .rank = rank, .device = device, .used = 1};
+        *t = (tracked){.event = ev, .stream_id = id, .rank = rank, .device = device, .used = 1};
     }
-    /* A handle (or a thread id) may be another stream's by now, the one it named destroyed
-     * with work pending: the stream waits for what the event stands behind, then the event
-     * is recorded behind both. */
-    if (ok && t && g->cuda->cuEventQuery(t->event) == CUDA_ERROR_NOT_READY &&
-        g->cuda->cuStreamWaitEvent(s, t->event, 0) != CUDA_SUCCESS)
-        ok = 0;
     if (!ok || !t || g->cuda->cuEventRecord(t->event, s) != CUDA_SUCCESS)
         g->untracked[rank] = 1;
     pthread_mutex_unlock(&g->lock);
@@ -507,23 +505,6 @@ ferry_status ferry__cuda_view_quiesce(ferry__mapped_pool *p, uint32_t rank, uint
         struct timespec pause = {0, 50000};
         nanosleep(&pause, NULL);
     }
-}
-
-/* Remembers a stream that holds work on the view (the events of its release go behind it). */
-static void note_stream(ferry__mapped_pool *p, int device, void *stream)
-{
-    cuda_view *g = view_of(p);
-    pthread_mutex_lock(&g->lock);
-    int known = 0;
-    for (int i = 0; i < g->nstreams && !known; i++)
-        known = g->streams[i] == (CUstream)stream && g->stream_device[i] == device;
-    if (!known && g->nstreams < FERRY_VIEW_STREAMS) {
-        g->streams[g->nstreams] = (CUstream)stream;
-        g->stream_device[g->nstreams++] = device;
-    } else if (!known) {
-        g->streams_lost = 1; /* more streams than remembered: the oldest ones are not waited for */
-    }
-    pthread_mutex_unlock(&g->lock);
 }
 
 /* The device address of a control word, as the consumer's device sees it. */
@@ -703,7 +684,6 @@ ferry_status ferry__cuda_view_enqueue_wait(ferry__mapped_pool *p, int device, ui
         return st;
     FERRY_CU_TRY(view_of(p)->cuda, cuStreamWaitValue32,
                  ((CUstream)stream, addr, value, CU_STREAM_WAIT_VALUE_GEQ));
-    note_stream(p, device, stream);
     return FERRY_OK;
 }
 
@@ -716,7 +696,6 @@ ferry_status ferry__cuda_view_enqueue_copy(ferry__mapped_pool *p, int device, ui
         return st;
     FERRY_CU_TRY(view_of(p)->cuda, cuMemcpyAsync,
                  ((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, n, (CUstream)stream));
-    note_stream(p, device, stream);
     return FERRY_OK;
 }
 
@@ -729,6 +708,5 @@ ferry_status ferry__cuda_view_enqueue_store(ferry__mapped_pool *p, int device, u
         return st;
     FERRY_CU_TRY(view_of(p)->cuda, cuStreamWriteValue32,
                  ((CUstream)stream, addr, value, CU_STREAM_WRITE_VALUE_DEFAULT));
-    note_stream(p, device, stream);
     return FERRY_OK;
 }

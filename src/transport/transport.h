@@ -103,8 +103,9 @@ typedef struct ferry__transport_ops {
      * once that work has run. */
     ferry_status (*view_attach)(ferry__mapped_pool *p, int device);
     void (*view_detach)(ferry__mapped_pool *p);
-    /* After work for rank (a copy, an acknowledgement) was queued on stream by this thread,
-     * for a rank the process lends: remembers it for view_quiesce. */
+    /* After work for rank (a wait, a copy, an acknowledgement) was queued on stream by this
+     * thread: remembers it for view_quiesce and for the release of the view (view_detach),
+     * which must not use the stream handle itself (it may be destroyed by then). */
     void (*view_track)(ferry__mapped_pool *p, int device, uint32_t rank, void *stream);
     /* Waits, until deadline at most, for the tracked work for rank to run: OK (at once where
      * there is none), TIMEOUT where some has not run, SYSTEM where some could not be

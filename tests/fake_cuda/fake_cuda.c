@@ -24,6 +24,8 @@
  *   - cuStreamDestroy waits for queued work but gives up a wait that is not satisfied and
  *     drops what is queued behind it (CUDA returns at once and leaves the work pending); an
  *     event whose marker was dropped so answers cuEventSynchronize with NOT_READY at once;
+ *   - work queued on a destroyed stream's handle aborts the process (CUDA's behaviour is
+ *     undefined: an H100's driver crashed); other calls given it answer INVALID_HANDLE;
  *   - memory is only unmapped (cuMemFree, cuIpcCloseMemHandle, cuMemHostUnregister,
  *     cuMemUnmap) once queued stream work that uses it has run, with a warning after 2 s;
  *   - cuMemAddressFree refuses a reservation that still has mappings;

@@ -10,6 +10,7 @@
  * unmapped under a worker; everything is guarded by fake_lock, released while copying and
  * between the polls of a wait. */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -252,12 +253,35 @@ static void *worker(void *arg)
     return NULL;
 }
 
+/* Handles of destroyed streams (the latest ones; under fake_lock): work queued on one aborts,
+ * as CUDA's driver may crash there (its behaviour is undefined; an H100's did). A new stream
+ * that gets the same address takes its handle back. */
+#define FAKE_DEAD_STREAMS 256
+static const void *dead_streams[FAKE_DEAD_STREAMS];
+static unsigned dead_next;
+
+static void dead_forget(const void *h)
+{
+    for (unsigned i = 0; i < FAKE_DEAD_STREAMS; i++)
+        if (dead_streams[i] == h)
+            dead_streams[i] = NULL;
+}
+
+static int dead_stream(const void *h)
+{
+    for (unsigned i = 0; i < FAKE_DEAD_STREAMS; i++)
+        if (dead_streams[i] == h)
+            return 1;
+    return 0;
+}
+
 /* A new stream with its worker (under fake_lock), or NULL. */
 static struct CUstream_st *stream_new(unsigned flags, int legacy)
 {
     struct CUstream_st *s = calloc(1, sizeof(*s));
     if (!s)
         return NULL;
+    dead_forget(s);
     s->id = ++last_stream_id;
     s->flags = flags;
     s->legacy = legacy;
@@ -302,6 +326,11 @@ static CUresult stream_resolve(CUstream h, int create, struct CUstream_st **out)
             *out = s;
             return CUDA_SUCCESS;
         }
+    if (create && dead_stream(h)) {
+        fprintf(stderr, "fake CUDA: work queued on destroyed stream %p (undefined in CUDA)\n",
+                (void *)h);
+        abort();
+    }
     return FAKE_CUDA_ERROR_INVALID_HANDLE;
 }
 
@@ -503,6 +532,7 @@ static CUresult cuStreamDestroy(CUstream hStream)
             *at = s->next;
             break;
         }
+    dead_streams[dead_next++ % FAKE_DEAD_STREAMS] = s;
     pthread_cond_broadcast(&fake_progress);
     pthread_mutex_unlock(&fake_lock);
     pthread_cond_destroy(&s->work);
@@ -538,6 +568,26 @@ static CUresult cuStreamQuery(CUstream hStream)
     rc = stream_resolve(hStream, 0, &s);
     if (rc == CUDA_SUCCESS && s && s->completed < s->enqueued)
         rc = CUDA_ERROR_NOT_READY;
+    pthread_mutex_unlock(&fake_lock);
+    return rc;
+}
+
+/* A stream's id, unique for the process's life (a new stream never takes an old one's, even
+ * at the same address). A destroyed stream's handle aborts, as work queued on it does. */
+FAKE_DECLARE(cuStreamGetId);
+static CUresult cuStreamGetId(CUstream hStream, unsigned long long *id)
+{
+    FAKE_ENTER(cuStreamGetId);
+    CUresult rc = fake_need_context(NULL);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!id)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUstream_st *s;
+    pthread_mutex_lock(&fake_lock);
+    rc = stream_resolve(hStream, 1, &s);
+    if (rc == CUDA_SUCCESS)
+        *id = s->id;
     pthread_mutex_unlock(&fake_lock);
     return rc;
 }
@@ -790,6 +840,7 @@ void fake_register_stream(fake_generic_fn *table)
     FAKE_REGISTER(table, cuStreamDestroy);
     FAKE_REGISTER(table, cuStreamSynchronize);
     FAKE_REGISTER(table, cuStreamQuery);
+    FAKE_REGISTER(table, cuStreamGetId);
     FAKE_REGISTER(table, cuStreamWaitValue32);
     FAKE_REGISTER(table, cuStreamWriteValue32);
     FAKE_REGISTER(table, cuEventCreate);
