@@ -831,6 +831,92 @@ static int pool_mappings(void)
     return n;
 }
 
+typedef struct gates {
+    gate *g;
+    int n;
+} gates;
+
+/* Opens the gates after 3 s: a release that wrongly waits for the gated work in the fake
+ * driver (whose unmaps wait for queued work that uses the memory) ends then. */
+static void *open_gates_later(void *arg)
+{
+    gates *gs = arg;
+    struct timespec pause = {3, 0};
+    nanosleep(&pause, NULL);
+    for (int i = 0; i < gs->n; i++)
+        gate_open(&gs->g[i]);
+    return NULL;
+}
+
+/* A consumer's reads queued on more streams than the view's table holds (70, all held back
+ * behind gates), or one whose event could not be recorded: destroying the consumer and the
+ * pool, then sweeping, keeps the pool's mapping while that work is pending. Once it has run,
+ * a later release takes the mapping; where no event stands behind the work it stays for
+ * good. Fake driver only (a real driver's frees wait for every pending stream). */
+static void release_keeps_mapping(fake_control *f, int record_fails)
+{
+    enum { STREAMS = 70, N = 4096 };
+    static CUstream s[STREAMS];
+    static gate g[STREAMS];
+    static CUdeviceptr dst[STREAMS];
+    int ns = record_fails ? 1 : STREAMS;
+    source src = make_source();
+    ferry_pool *pool = make_pool(4 << 20, 1, FERRY_CONTROL_HOST);
+    ferry_consumer *c;
+    assert_int_equal(ferry_consumer_create_on(0, 0, &c), FERRY_OK);
+    ferry_descriptor d = publish_item(pool, &src, 0, N, 0);
+    assert_int_equal(ferry_consumer_wait(c, &d, 10000 * MS), FERRY_OK);
+    for (int i = 0; i < ns; i++) {
+        assert_int_equal(cu->cuStreamCreate(&s[i], CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+        dst[i] = dev_alloc(N);
+        g[i] = gate_stream(s[i]);
+    }
+    if (record_fails)
+        f->inject("cuEventRecord", 1, 999);
+    for (int i = 0; i < ns; i++)
+        assert_int_equal(ferry_consumer_read_async(c, &d, (void *)(uintptr_t)dst[i], N, s[i]),
+                         FERRY_OK);
+    f->inject("cuEventRecord", 0, 0);
+    int before = pool_mappings();
+    gates gs = {g, ns};
+    pthread_t opener;
+    assert_int_equal(pthread_create(&opener, NULL, open_gates_later, &gs), 0);
+    ferry_consumer_destroy(c);
+    ferry_pool_destroy(pool);
+    ferry__cache_sweep();
+    int kept = pool_mappings(); /* the producer's mapping went, the consumer's stays */
+    assert_int_equal(pthread_join(opener, NULL), 0);
+    for (int i = 0; i < ns; i++) {
+        assert_int_equal(cu->cuStreamSynchronize(s[i]), CUDA_SUCCESS);
+        gate_unpin(&g[i]);
+        assert_int_equal(cu->cuStreamDestroy(s[i]), CUDA_SUCCESS);
+        cu->cuMemFree(dst[i]);
+    }
+    /* Another pool's mapping released: that release looks at the deferred ones. */
+    ferry_pool *other = make_pool(4 << 20, 1, FERRY_CONTROL_HOST);
+    assert_int_equal(ferry_consumer_create_on(0, 0, &c), FERRY_OK);
+    ferry_descriptor e = publish_item(other, &src, 1, N, 0);
+    assert_int_equal(ferry_consumer_wait(c, &e, 10000 * MS), FERRY_OK);
+    ferry_consumer_destroy(c);
+    ferry_pool_destroy(other);
+    ferry__cache_sweep();
+    int after = pool_mappings();
+    free_source(&src);
+    assert_int_equal(kept, before - 1);
+    assert_int_equal(after, record_fails ? kept : kept - 1);
+}
+
+static void test_release_waits_for_stream_work(void **state)
+{
+    (void)state;
+    fake_control f;
+    if (!fake_of(&f))
+        skip();
+    ferry__cache_sweep(); /* pools of earlier tests whose producers are gone */
+    release_keeps_mapping(&f, 0);
+    release_keeps_mapping(&f, 1);
+}
+
 /* A GPU pool of one slice with a remote address (4 KiB items), consumers ranks, and that
  * address; NULL where the pool cannot listen here. */
 static ferry_pool *listening_pool(int placement, int consumers,
@@ -1745,6 +1831,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_given_back_rank),
         cmocka_unit_test(test_view_after_ack_on_behalf),
         cmocka_unit_test(test_same_process_view_outlives_pool),
+        cmocka_unit_test(test_release_waits_for_stream_work),
         cmocka_unit_test(test_consumer_without_context),
         cmocka_unit_test(test_consumer_killed),
         cmocka_unit_test(test_producer_killed),

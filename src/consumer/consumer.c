@@ -824,11 +824,12 @@ static ferry_status enqueue_ready_wait(ferry_consumer *c, ferry__mapped_pool *p,
     return st;
 }
 
-/* Work queued on stream on the pool, for the consumer's rank: releasing the pool's mapping
- * waits for it, and so does giving a lent rank back (ferry__cache_give_back). */
+/* Work queued on stream on the pool: releasing the pool's mapping waits for it, and so does
+ * giving the consumer's rank back if the process lends it (ferry__cache_give_back). */
 static void track(ferry_consumer *c, ferry__mapped_pool *p, void *stream)
 {
-    p->ops->view_track(p, c->device, c->rank, stream);
+    int lent = __atomic_load_n(&p->lent[c->rank], __ATOMIC_ACQUIRE) != 0;
+    p->ops->view_track(p, c->device, lent ? c->rank : FERRY__TRACK_ANY, stream);
 }
 
 ferry_status ferry_consumer_read_async(ferry_consumer *c, const ferry_descriptor *d, void *dst,

@@ -17,8 +17,12 @@
 #include "driver/driver.h"
 #include "transport/cuda_pool.h"
 
-/* Streams (per rank) whose latest work on the pool a view keeps an event behind. */
+/* Events a view keeps behind the latest work of each stream on the pool: one per stream for
+ * the ranks the process does not lend, one per stream and lent rank (what giving that rank
+ * back waits for). */
 #define FERRY_VIEW_TRACKED 64
+/* Entries a call looks at for one whose work has run, when none is free. */
+#define FERRY_VIEW_EVICT_LOOK 8
 
 /* The event behind the latest work a stream was given on the pool for a rank (work on one
  * stream runs in order): what releasing the view, and giving a lent rank back, wait for.
@@ -27,10 +31,24 @@
 typedef struct tracked {
     CUevent event;                /* made in the context of device */
     unsigned long long stream_id; /* cuStreamGetId: never another stream's, as a handle may be */
-    uint32_t rank;
+    uint32_t rank;                /* a lent rank, or FERRY__TRACK_ANY */
     int device;
     int used;
 } tracked;
+
+/* A view whose streams may still run work on it (a copy, a wait on a ready word, an
+ * acknowledgement): released once events recorded behind that work have completed. */
+typedef struct deferred {
+    struct deferred *next;
+    struct cuda_view *g;
+    uint32_t backend;
+    uint64_t memory_size;
+    void *segment; /* the host segment mapping, unmapped last */
+    uint64_t segment_size;
+    CUevent events[FERRY_VIEW_TRACKED];
+    int devices[FERRY_VIEW_TRACKED]; /* whose context made each event */
+    int nevents;
+} deferred;
 
 typedef struct cuda_view {
     const ferry__cuda *cuda;
@@ -45,8 +63,11 @@ typedef struct cuda_view {
     /* Stream work queued on the pool (ferry__cuda_view_track); untracked: per rank, some of
      * it could not be tracked. Guarded by lock. */
     tracked tracked[FERRY_VIEW_TRACKED];
+    unsigned evict_next; /* where the next look for a finished entry starts */
     uint8_t *untracked;
     int untracked_all; /* work of some rank untracked where no per-rank table could be had */
+    int uncovered;     /* some work is behind no event: the view is never released */
+    deferred *spare; /* the record of its deferred release, made with the view */
 } cuda_view;
 
 static cuda_view *view_of(const ferry__mapped_pool *p)
@@ -104,6 +125,10 @@ ferry_status ferry__cuda_view_attach(ferry__mapped_pool *p, int device)
     if (device >= FERRY_MAX_DEVICES)
         return check_device(device);
     cuda_view *g = calloc(1, sizeof(*g));
+    if (g && !(g->spare = calloc(1, sizeof(*g->spare)))) {
+        free(g);
+        g = NULL;
+    }
     if (!g)
         return ferry__fail(FERRY_NO_MEMORY, "out of memory opening a GPU pool");
     pthread_mutex_init(&g->lock, NULL);
@@ -260,19 +285,6 @@ ferry_status ferry__cuda_view_map(ferry__mapped_pool *p, int device, uint64_t de
 
 /* ---- releasing a view: only once the streams that used it have run ------------------------ */
 
-/* A view whose streams may still run work on it (a copy, a wait on a ready word, an
- * acknowledgement): released once events recorded behind that work have completed. */
-typedef struct deferred {
-    struct deferred *next;
-    cuda_view *g;
-    uint32_t backend;
-    uint64_t memory_size;
-    void *segment; /* the host segment mapping, unmapped last */
-    uint64_t segment_size;
-    CUevent events[FERRY_VIEW_TRACKED];
-    int devices[FERRY_VIEW_TRACKED]; /* whose context made each event */
-    int nevents;
-} deferred;
 
 static pthread_mutex_t deferred_lock = PTHREAD_MUTEX_INITIALIZER;
 static deferred *deferred_head;
@@ -312,23 +324,17 @@ static void release_view(cuda_view *g, uint32_t backend, uint64_t memory_size, v
     if (g->registered && ferry__cuda_use_device(g->cuda, g->device) == FERRY_OK)
         g->cuda->cuMemHostUnregister(segment);
     for (int i = 0; i < FERRY_VIEW_TRACKED; i++)
-        if (g->tracked[i].used)
+        if (g->tracked[i].used && ferry__cuda_use_device(g->cuda, g->tracked[i].device) == FERRY_OK)
             g->cuda->cuEventDestroy(g->tracked[i].event);
     free(g->untracked);
+    free(g->spare);
     pthread_mutex_destroy(&g->lock);
     free(g);
 }
 
-/* Waits for the view's stream work to run. */
-static void wait_tracked(cuda_view *g)
-{
-    for (int i = 0; i < FERRY_VIEW_TRACKED; i++)
-        if (g->tracked[i].used && ferry__cuda_use_device(g->cuda, g->tracked[i].device) == FERRY_OK)
-            g->cuda->cuEventSynchronize(g->tracked[i].event);
-}
-
-/* Moves the events behind the view's stream work that has not run yet into r (1 if there
- * are any) and destroys the others. A failed look counts as run, as in release_deferred. */
+/* Moves the events behind the view's stream work into r, but those whose work has run (1 if
+ * any is left). An event whose context cannot be made current is kept: whether its work
+ * ran cannot be told. A failed look counts as run, as in release_deferred. */
 static int take_pending(cuda_view *g, deferred *r)
 {
     for (int i = 0; i < FERRY_VIEW_TRACKED; i++) {
@@ -336,8 +342,8 @@ static int take_pending(cuda_view *g, deferred *r)
         if (!e->used)
             continue;
         e->used = 0;
-        if (ferry__cuda_use_device(g->cuda, e->device) == FERRY_OK &&
-            g->cuda->cuEventQuery(e->event) == CUDA_ERROR_NOT_READY) {
+        int current = ferry__cuda_use_device(g->cuda, e->device) == FERRY_OK;
+        if (!current || g->cuda->cuEventQuery(e->event) == CUDA_ERROR_NOT_READY) {
             r->devices[r->nevents] = e->device;
             r->events[r->nevents++] = e->event;
         } else {
@@ -356,7 +362,7 @@ static void release_deferred(void)
         deferred *r = *pp;
         int ready = 1;
         for (int i = 0; i < r->nevents && ready; i++)
-            ready = ferry__cuda_use_device(r->g->cuda, r->devices[i]) != FERRY_OK ||
+            ready = ferry__cuda_use_device(r->g->cuda, r->devices[i]) == FERRY_OK &&
                     r->g->cuda->cuEventQuery(r->events[i]) != CUDA_ERROR_NOT_READY;
         if (ready) {
             *pp = r->next;
@@ -374,7 +380,7 @@ static void release_deferred(void)
                 done->g->cuda->cuEventDestroy(done->events[i]);
         release_view(done->g, done->backend, done->memory_size, done->segment);
         munmap(done->segment, done->segment_size);
-        free(done);
+        free(done); /* the view's spare record: release_view left it */
         done = next;
     }
 }
@@ -383,12 +389,17 @@ void ferry__cuda_view_detach(ferry__mapped_pool *p)
 {
     cuda_view *g = view_of(p);
     pthread_once(&deferred_once, deferred_init);
-    if (g) {
-        deferred *r = calloc(1, sizeof(*r));
-        if (!r)
-            wait_tracked(g); /* no room to defer: the work is waited for here */
-        if (r && take_pending(g, r)) {
+    if (g && g->uncovered) {
+        /* Some of its stream work is behind no event: nothing tells when it has run. */
+        ferry__log(FERRY_LOG_WARN, "a GPU pool's mapping stays in this process for good: some "
+                                   "stream work on it could not be tracked");
+        p->base = NULL; /* the segment mapping stays too */
+        p->priv = NULL;
+    } else if (g) {
+        deferred *r = g->spare;
+        if (take_pending(g, r)) {
             /* The view and the segment mapping are the deferred release's from here. */
+            g->spare = NULL;
             r->g = g;
             r->backend = p->backend;
             r->memory_size = p->memory_size;
@@ -400,7 +411,6 @@ void ferry__cuda_view_detach(ferry__mapped_pool *p)
             deferred_head = r;
             pthread_mutex_unlock(&deferred_lock);
         } else {
-            free(r);
             release_view(g, p->backend, p->memory_size, p->base);
         }
         p->priv = NULL;
@@ -408,37 +418,30 @@ void ferry__cuda_view_detach(ferry__mapped_pool *p)
     release_deferred();
 }
 
-/* Recorded by the thread that queued the work, right after it, per stream as its id names it
- * (a handle may name another stream once its own is destroyed; the per-thread default stream
- * is each thread's own), so that a stream destroyed before the view is released or the rank
- * given back is covered as well. Where nothing can be recorded the rank is marked untracked,
- * and giving it back is refused (it then stays this process's until it exits). */
-void ferry__cuda_view_track(ferry__mapped_pool *p, int device, uint32_t rank, void *stream)
+/* Work queued that no event stands behind: the view is never released, and a lent rank's
+ * give-back is refused (the rank stays this process's until it exits). Under g->lock. */
+static void uncovered(cuda_view *g, uint32_t rank)
 {
-    cuda_view *g = view_of(p);
-    CUstream s = (CUstream)stream;
-    tracked *t = NULL, *free_entry = NULL;
-    /* The work was queued in device's context; the event is made and recorded there. */
-    unsigned long long id = 0;
-    int ok = ferry__cuda_use_device(g->cuda, device) == FERRY_OK &&
-             g->cuda->cuStreamGetId(s, &id) == CUDA_SUCCESS;
-    pthread_mutex_lock(&g->lock);
-    if (!g->untracked && !(g->untracked = calloc(p->consumers, 1))) {
-        /* Nothing can be tracked: waited for here, or every give-back refused. */
-        if (!ok || g->cuda->cuStreamSynchronize(s) != CUDA_SUCCESS)
-            g->untracked_all = 1;
-        pthread_mutex_unlock(&g->lock);
-        return;
-    }
-    for (int i = 0; i < FERRY_VIEW_TRACKED && !t && ok; i++) {
+    g->uncovered = 1;
+    if (rank != FERRY__TRACK_ANY)
+        g->untracked[rank] = 1;
+}
+
+/* The entry for (rank, device, id), a new one, or NULL (the table is full of work that has
+ * not run). Under g->lock, in device's context. */
+static tracked *track_entry(cuda_view *g, uint32_t rank, int device, unsigned long long id)
+{
+    tracked *free_entry = NULL;
+    for (int i = 0; i < FERRY_VIEW_TRACKED; i++) {
         tracked *e = &g->tracked[i];
         if (!e->used)
             free_entry = free_entry ? free_entry : e;
         else if (e->rank == rank && e->device == device && e->stream_id == id)
-            t = e;
+            return e;
     }
-    for (int i = 0; i < FERRY_VIEW_TRACKED && ok && !t && !free_entry; i++) {
-        tracked *e = &g->tracked[i]; /* one whose work has run: its stream is done with */
+    /* None free: one whose work has run, among a few (its stream is done with). */
+    for (int n = 0; n < FERRY_VIEW_EVICT_LOOK && !free_entry; n++) {
+        tracked *e = &g->tracked[g->evict_next++ % FERRY_VIEW_TRACKED];
         if (ferry__cuda_use_device(g->cuda, e->device) == FERRY_OK &&
             g->cuda->cuEventQuery(e->event) == CUDA_SUCCESS) {
             g->cuda->cuEventDestroy(e->event);
@@ -446,15 +449,48 @@ void ferry__cuda_view_track(ferry__mapped_pool *p, int device, uint32_t rank, vo
             free_entry = e;
         }
     }
-    ok = ok && ferry__cuda_use_device(g->cuda, device) == FERRY_OK;
     CUevent ev;
-    if (ok && !t && free_entry &&
-        g->cuda->cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS) {
-        t = free_entry;
-        *t = (tracked){.event = ev, .stream_id = id, .rank = rank, .device = device, .used = 1};
+    if (!free_entry || ferry__cuda_use_device(g->cuda, device) != FERRY_OK ||
+        g->cuda->cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
+        return NULL;
+    *free_entry = (tracked){.event = ev, .stream_id = id, .rank = rank, .device = device, .used = 1};
+    return free_entry;
+}
+
+/* Recorded by the thread that queued the work, right after it, per stream as its id names it
+ * (a handle may name another stream once its own is destroyed; the per-thread default stream
+ * is each thread's own), so that a stream destroyed before the view is released or the rank
+ * given back is covered as well. With the table full of work that has not run, the stream
+ * joins an entry of the same rank and device: it waits for that entry's event, which is then
+ * recorded behind both. */
+void ferry__cuda_view_track(ferry__mapped_pool *p, int device, uint32_t rank, void *stream)
+{
+    cuda_view *g = view_of(p);
+    CUstream s = (CUstream)stream;
+    /* The work was queued in device's context; the event is made and recorded there. */
+    unsigned long long id = 0;
+    int ok = ferry__cuda_use_device(g->cuda, device) == FERRY_OK &&
+             g->cuda->cuStreamGetId(s, &id) == CUDA_SUCCESS;
+    pthread_mutex_lock(&g->lock);
+    if (!g->untracked && !(g->untracked = calloc(p->consumers, 1))) {
+        /* No per-rank table: the work is waited for here, or every give-back refused and
+         * the view kept. */
+        if (!ok || g->cuda->cuStreamSynchronize(s) != CUDA_SUCCESS)
+            g->untracked_all = g->uncovered = 1;
+        pthread_mutex_unlock(&g->lock);
+        return;
     }
-    if (!ok || !t || g->cuda->cuEventRecord(t->event, s) != CUDA_SUCCESS)
-        g->untracked[rank] = 1;
+    tracked *t = ok ? track_entry(g, rank, device, id) : NULL;
+    for (int i = 0; ok && !t && i < FERRY_VIEW_TRACKED; i++) {
+        tracked *e = &g->tracked[i];
+        if (e->used && e->rank == rank && e->device == device &&
+            ferry__cuda_use_device(g->cuda, device) == FERRY_OK &&
+            g->cuda->cuStreamWaitEvent(s, e->event, 0) == CUDA_SUCCESS)
+            t = e;
+    }
+    if (!t || ferry__cuda_use_device(g->cuda, device) != FERRY_OK ||
+        g->cuda->cuEventRecord(t->event, s) != CUDA_SUCCESS)
+        uncovered(g, rank);
     pthread_mutex_unlock(&g->lock);
 }
 

@@ -42,6 +42,9 @@ typedef struct ferry__memory_map {
 
 /* Both sides of a transport: the producer's pool memory (ferry__pool_memory) and a consumer
  * process's mapping of the pool (ferry__mapped_pool, transport/mapping.h). */
+/* view_track's rank for work of a rank the process does not lend. */
+#define FERRY__TRACK_ANY UINT32_MAX
+
 typedef struct ferry__transport_ops {
     const char *name;      /* "host", "CUDA IPC", "CUDA VMM": used in messages */
     const char *pool_name; /* in "<pool_name> pool failed" / "... is closing" */
@@ -103,9 +106,10 @@ typedef struct ferry__transport_ops {
      * once that work has run. */
     ferry_status (*view_attach)(ferry__mapped_pool *p, int device);
     void (*view_detach)(ferry__mapped_pool *p);
-    /* After work for rank (a wait, a copy, an acknowledgement) was queued on stream by this
-     * thread: remembers it for view_quiesce and for the release of the view (view_detach),
-     * which must not use the stream handle itself (it may be destroyed by then). */
+    /* After work (a wait, a copy, an acknowledgement) was queued on stream by this thread,
+     * for rank if the process lends it (FERRY__TRACK_ANY otherwise): remembers it for
+     * view_quiesce(rank) and for the release of the view (view_detach), which must not use
+     * the stream handle itself (it may be destroyed by then). */
     void (*view_track)(ferry__mapped_pool *p, int device, uint32_t rank, void *stream);
     /* Waits, until deadline at most, for the tracked work for rank to run: OK (at once where
      * there is none), TIMEOUT where some has not run, SYSTEM where some could not be
