@@ -450,7 +450,10 @@ def test_recv_torch_needs_torch():
 
 
 INTERRUPTIBLE = """
-import sys, numpy as np, ferry
+import signal, sys, numpy as np, ferry
+# Python handles Ctrl-C only where SIGINT was not ignored when it started (a test run
+# started in the background of a shell inherits it ignored).
+signal.signal(signal.SIGINT, signal.default_int_handler)
 pool = ferry.Pool("1MiB", 2)
 rx = ferry.connect(pool.address, 1)
 pool.send(np.arange(4), ranks=0)  # rank 0 never reads: drains wait forever
