@@ -273,6 +273,14 @@ static void end_views_of_rank(ferry__mapped_pool *p, uint32_t rank)
     pthread_mutex_unlock(&cache_lock);
 }
 
+int ferry__cache_held_for_life(ferry__mapped_pool *pool, uint32_t rank)
+{
+    pthread_mutex_lock(&cache_lock);
+    int held = pool->attached[rank] == RANK_HELD;
+    pthread_mutex_unlock(&cache_lock);
+    return held;
+}
+
 void ferry__cache_give_back(ferry__mapped_pool *pool, uint32_t rank)
 {
     pthread_mutex_lock(&cache_lock);

@@ -825,11 +825,12 @@ static ferry_status enqueue_ready_wait(ferry_consumer *c, ferry__mapped_pool *p,
 }
 
 /* Work queued on stream on the pool: releasing the pool's mapping waits for it, and so does
- * giving the consumer's rank back if the process lends it (ferry__cache_give_back). */
+ * giving the consumer's rank back (ferry__cache_give_back) unless the process holds it for
+ * its life (such work is tracked per stream only). */
 static void track(ferry_consumer *c, ferry__mapped_pool *p, void *stream)
 {
-    int lent = __atomic_load_n(&p->lent[c->rank], __ATOMIC_ACQUIRE) != 0;
-    p->ops->view_track(p, c->device, lent ? c->rank : FERRY__TRACK_ANY, stream);
+    int held = ferry__cache_held_for_life(p, c->rank);
+    p->ops->view_track(p, c->device, held ? FERRY__TRACK_ANY : c->rank, stream);
 }
 
 ferry_status ferry_consumer_read_async(ferry_consumer *c, const ferry_descriptor *d, void *dst,

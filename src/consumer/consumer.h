@@ -74,6 +74,8 @@ ferry_status ferry__cache_lend(ferry__mapped_pool *pool, uint32_t rank, uint64_t
  * at most) and ends the rank's views; a failure is logged (the rank then stays this
  * process's until it exits). */
 void ferry__cache_give_back(ferry__mapped_pool *pool, uint32_t rank);
+/* 1 if this process holds rank for its life (it is never given back). */
+int ferry__cache_held_for_life(ferry__mapped_pool *pool, uint32_t rank);
 
 #define FERRY_GIVE_BACK_STREAMS_NS (5000ull * 1000 * 1000)
 #define FERRY_GIVE_BACK_TIMEOUT_NS (1000ull * 1000 * 1000)

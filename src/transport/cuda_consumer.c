@@ -18,11 +18,11 @@
 #include "transport/cuda_pool.h"
 
 /* Events a view keeps behind the latest work of each stream on the pool: one per stream for
- * the ranks the process does not lend, one per stream and lent rank (what giving that rank
- * back waits for). */
+ * the ranks the process holds for its life, one per stream and rank for the others (what
+ * giving that rank back waits for). */
 #define FERRY_VIEW_TRACKED 64
-/* Entries a call looks at for one whose work has run, when none is free. */
-#define FERRY_VIEW_EVICT_LOOK 8
+/* The stream id of an entry that two streams joined: no later call records it alone. */
+#define FERRY_JOINED_STREAMS (~0ull)
 
 /* The event behind the latest work a stream was given on the pool for a rank (work on one
  * stream runs in order): what releasing the view, and giving a lent rank back, wait for.
@@ -31,7 +31,7 @@
 typedef struct tracked {
     CUevent event;                /* made in the context of device */
     unsigned long long stream_id; /* cuStreamGetId: never another stream's, as a handle may be */
-    uint32_t rank;                /* a lent rank, or FERRY__TRACK_ANY */
+    uint32_t rank;                /* a rank that may be given back, or FERRY__TRACK_ANY */
     int device;
     int used;
 } tracked;
@@ -63,10 +63,10 @@ typedef struct cuda_view {
     /* Stream work queued on the pool (ferry__cuda_view_track); untracked: per rank, some of
      * it could not be tracked. Guarded by lock. */
     tracked tracked[FERRY_VIEW_TRACKED];
-    unsigned evict_next; /* where the next look for a finished entry starts */
     uint8_t *untracked;
     int untracked_all; /* work of some rank untracked where no per-rank table could be had */
     int uncovered;     /* some work is behind no event: the view is never released */
+    struct cuda_view *kept_next; /* on the list of views kept for good */
     deferred *spare; /* the record of its deferred release, made with the view */
 } cuda_view;
 
@@ -288,6 +288,7 @@ ferry_status ferry__cuda_view_map(ferry__mapped_pool *p, int device, uint64_t de
 
 static pthread_mutex_t deferred_lock = PTHREAD_MUTEX_INITIALIZER;
 static deferred *deferred_head;
+static struct cuda_view *kept_head; /* views kept for good (their work untracked) */
 static pthread_once_t deferred_once = PTHREAD_ONCE_INIT;
 
 /* A forked child has none of its parent's streams or mappings' CUDA state. */
@@ -393,6 +394,10 @@ void ferry__cuda_view_detach(ferry__mapped_pool *p)
         /* Some of its stream work is behind no event: nothing tells when it has run. */
         ferry__log(FERRY_LOG_WARN, "a GPU pool's mapping stays in this process for good: some "
                                    "stream work on it could not be tracked");
+        pthread_mutex_lock(&deferred_lock);
+        g->kept_next = kept_head;
+        kept_head = g;
+        pthread_mutex_unlock(&deferred_lock);
         p->base = NULL; /* the segment mapping stays too */
         p->priv = NULL;
     } else if (g) {
@@ -439,9 +444,9 @@ static tracked *track_entry(cuda_view *g, uint32_t rank, int device, unsigned lo
         else if (e->rank == rank && e->device == device && e->stream_id == id)
             return e;
     }
-    /* None free: one whose work has run, among a few (its stream is done with). */
-    for (int n = 0; n < FERRY_VIEW_EVICT_LOOK && !free_entry; n++) {
-        tracked *e = &g->tracked[g->evict_next++ % FERRY_VIEW_TRACKED];
+    /* None free: one whose work has run (its stream is done with). */
+    for (int i = 0; i < FERRY_VIEW_TRACKED && !free_entry; i++) {
+        tracked *e = &g->tracked[i];
         if (ferry__cuda_use_device(g->cuda, e->device) == FERRY_OK &&
             g->cuda->cuEventQuery(e->event) == CUDA_SUCCESS) {
             g->cuda->cuEventDestroy(e->event);
@@ -461,8 +466,8 @@ static tracked *track_entry(cuda_view *g, uint32_t rank, int device, unsigned lo
  * (a handle may name another stream once its own is destroyed; the per-thread default stream
  * is each thread's own), so that a stream destroyed before the view is released or the rank
  * given back is covered as well. With the table full of work that has not run, the stream
- * joins an entry of the same rank and device: it waits for that entry's event, which is then
- * recorded behind both. */
+ * joins an entry of the same device: it waits for that entry's event, which is then recorded
+ * behind both and never again behind one stream alone. */
 void ferry__cuda_view_track(ferry__mapped_pool *p, int device, uint32_t rank, void *stream)
 {
     cuda_view *g = view_of(p);
@@ -481,13 +486,20 @@ void ferry__cuda_view_track(ferry__mapped_pool *p, int device, uint32_t rank, vo
         return;
     }
     tracked *t = ok ? track_entry(g, rank, device, id) : NULL;
-    for (int i = 0; ok && !t && i < FERRY_VIEW_TRACKED; i++) {
-        tracked *e = &g->tracked[i];
-        if (e->used && e->rank == rank && e->device == device &&
-            ferry__cuda_use_device(g->cuda, device) == FERRY_OK &&
-            g->cuda->cuStreamWaitEvent(s, e->event, 0) == CUDA_SUCCESS)
-            t = e;
-    }
+    /* Joins an entry of its rank, or (a rank that may be given back) one of ranks held for
+     * life, which then stands for this rank too. */
+    for (int pass = 0; ok && !t && pass < 2; pass++)
+        for (int i = 0; !t && i < FERRY_VIEW_TRACKED; i++) {
+            tracked *e = &g->tracked[i];
+            uint32_t want = pass == 0 ? rank : FERRY__TRACK_ANY;
+            if (e->used && e->rank == want && e->device == device &&
+                ferry__cuda_use_device(g->cuda, device) == FERRY_OK &&
+                g->cuda->cuStreamWaitEvent(s, e->event, 0) == CUDA_SUCCESS) {
+                t = e;
+                t->rank = rank;
+                t->stream_id = FERRY_JOINED_STREAMS;
+            }
+        }
     if (!t || ferry__cuda_use_device(g->cuda, device) != FERRY_OK ||
         g->cuda->cuEventRecord(t->event, s) != CUDA_SUCCESS)
         uncovered(g, rank);

@@ -107,7 +107,7 @@ typedef struct ferry__transport_ops {
     ferry_status (*view_attach)(ferry__mapped_pool *p, int device);
     void (*view_detach)(ferry__mapped_pool *p);
     /* After work (a wait, a copy, an acknowledgement) was queued on stream by this thread,
-     * for rank if the process lends it (FERRY__TRACK_ANY otherwise): remembers it for
+     * for rank (FERRY__TRACK_ANY: one the process holds for its life): remembers it for
      * view_quiesce(rank) and for the release of the view (view_detach), which must not use
      * the stream handle itself (it may be destroyed by then). */
     void (*view_track)(ferry__mapped_pool *p, int device, uint32_t rank, void *stream);
