@@ -884,6 +884,13 @@ static void release_keeps_mapping(fake_control *f, int record_fails)
         gate_open(&g[i]);
         assert_int_equal(cu->cuStreamSynchronize(s[i]), CUDA_SUCCESS);
     }
+    if (held_back) { /* a stream whose entry the others joined reads on: they still count */
+        ferry_descriptor d2 = publish_item(pool, &src, 2, N, 0);
+        assert_int_equal(ferry_consumer_wait(c, &d2, 10000 * MS), FERRY_OK);
+        assert_int_equal(ferry_consumer_read_async(c, &d2, (void *)(uintptr_t)dst[0], N, s[0]),
+                         FERRY_OK);
+        assert_int_equal(cu->cuStreamSynchronize(s[0]), CUDA_SUCCESS);
+    }
     int before = pool_mappings();
     gates gs = {g, ns};
     pthread_t opener;
