@@ -285,7 +285,6 @@ ferry_status ferry__cuda_view_map(ferry__mapped_pool *p, int device, uint64_t de
 
 /* ---- releasing a view: only once the streams that used it have run ------------------------ */
 
-
 static pthread_mutex_t deferred_lock = PTHREAD_MUTEX_INITIALIZER;
 static deferred *deferred_head;
 static struct cuda_view *kept_head; /* views kept for good (their work untracked) */

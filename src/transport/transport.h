@@ -40,11 +40,11 @@ typedef struct ferry__memory_map {
     uint64_t control_offset, data_offset;
 } ferry__memory_map;
 
-/* Both sides of a transport: the producer's pool memory (ferry__pool_memory) and a consumer
- * process's mapping of the pool (ferry__mapped_pool, transport/mapping.h). */
-/* view_track's rank for work of a rank the process does not lend. */
+/* view_track's rank for work of a rank the process holds for its life (never given back). */
 #define FERRY__TRACK_ANY UINT32_MAX
 
+/* Both sides of a transport: the producer's pool memory (ferry__pool_memory) and a consumer
+ * process's mapping of the pool (ferry__mapped_pool, transport/mapping.h). */
 typedef struct ferry__transport_ops {
     const char *name;      /* "host", "CUDA IPC", "CUDA VMM": used in messages */
     const char *pool_name; /* in "<pool_name> pool failed" / "... is closing" */

@@ -260,19 +260,13 @@ static void *worker(void *arg)
 static const void *dead_streams[FAKE_DEAD_STREAMS];
 static unsigned dead_next;
 
-static void dead_forget(const void *h)
+/* Where h is recorded as a destroyed stream's handle, or NULL. */
+static const void **dead_stream(const void *h)
 {
     for (unsigned i = 0; i < FAKE_DEAD_STREAMS; i++)
         if (dead_streams[i] == h)
-            dead_streams[i] = NULL;
-}
-
-static int dead_stream(const void *h)
-{
-    for (unsigned i = 0; i < FAKE_DEAD_STREAMS; i++)
-        if (dead_streams[i] == h)
-            return 1;
-    return 0;
+            return &dead_streams[i];
+    return NULL;
 }
 
 /* A new stream with its worker (under fake_lock), or NULL. */
@@ -281,7 +275,9 @@ static struct CUstream_st *stream_new(unsigned flags, int legacy)
     struct CUstream_st *s = calloc(1, sizeof(*s));
     if (!s)
         return NULL;
-    dead_forget(s);
+    const void **dead = dead_stream(s);
+    if (dead)
+        *dead = NULL;
     s->id = ++last_stream_id;
     s->flags = flags;
     s->legacy = legacy;
