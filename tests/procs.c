@@ -1,3 +1,4 @@
+#include <errno.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <spawn.h>
@@ -76,9 +77,22 @@ th_msg th_finish_helper(th_helper *h, int timeout_ms)
 
 void th_reap_helper(th_helper *h)
 {
-    int status;
-    waitpid(h->pid, &status, 0);
+    int status = 0;
+    pid_t got;
+    while ((got = waitpid(h->pid, &status, 0)) < 0 && errno == EINTR)
+        ;
     close(h->fd);
+    assert_int_equal(got, h->pid);
+    /* A helper ends by exiting (its status, when it matters, is in its RESULT) or by the
+     * signal a test killed it with; an abort or a crash is a sanitizer's report (the sanitizer
+     * builds run with abort_on_error) or a bug of its own, and TSan exits 66: either would
+     * otherwise pass unseen, the helper's output being all there is of it. */
+    if (WIFSIGNALED(status) && WTERMSIG(status) != SIGKILL && WTERMSIG(status) != SIGTERM)
+        fail_msg("helper %d died by signal %d (%s): a sanitizer's report or a crash above",
+                 (int)h->pid, WTERMSIG(status), strsignal(WTERMSIG(status)));
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 66)
+        fail_msg("helper %d exited 66 (ThreadSanitizer's exit code: a report above)",
+                 (int)h->pid);
 }
 
 void th_stop_helper(const th_helper *h)
