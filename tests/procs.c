@@ -91,8 +91,7 @@ void th_reap_helper(th_helper *h)
         fail_msg("helper %d died by signal %d (%s): a sanitizer's report or a crash above",
                  (int)h->pid, WTERMSIG(status), strsignal(WTERMSIG(status)));
     if (WIFEXITED(status) && WEXITSTATUS(status) == 66)
-        fail_msg("helper %d exited 66 (ThreadSanitizer's exit code: a report above)",
-                 (int)h->pid);
+        fail_msg("helper %d exited 66 (ThreadSanitizer's exit code: a report above)", (int)h->pid);
 }
 
 void th_stop_helper(const th_helper *h)
