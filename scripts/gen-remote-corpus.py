@@ -2,7 +2,7 @@
 """Writes the seed corpus of the remote wire format's fuzz target (tests/corpus/remote/).
 
 Each file is one byte that tests/fuzz_remote.c reads as an active-message payload length (in
-units of 16 bytes), then the message. The encoder here is independent of the C one
+units of 8 bytes), then the message. The encoder here is independent of the C one
 (docs/wire-format.md, "Remote consumers", is the contract): tests/test_remote_wire.c checks
 that every valid-* file decodes and every invalid-* file is refused.
 
@@ -14,8 +14,9 @@ import struct
 import sys
 
 MAGIC = 0x55595246  # "FRYU"
-VERSION = 3
+VERSION = 4
 INLINE_MAX = 16384  # the most bytes a DESC carries inline
+READ_MAX = 1 << 20  # the most bytes a READ asks for
 
 
 def pad8(b):
@@ -67,16 +68,16 @@ def files():
     yield "valid-welcome-gpu", 0, welcome(rkeys=(bytes(10), bytes(40)), flags=3,
                                           sizes=(1 << 20, 1 << 30))
     yield "valid-refuse", 0, refuse()
-    yield "valid-am-desc", 16, am(1, body=struct.pack("<QQ", 4096, 96))
-    # inline: one descriptor (256 bytes) and the extent's 1024 bytes, 1280 = 80 x 16
-    yield "valid-am-desc-inline", 80, am(1, flags=1, body=struct.pack("<QQ", 4096, 1024))
+    yield "valid-am-desc", 256, am(1, body=struct.pack("<QQ", 4096, 96))
+    # inline: one descriptor (256 bytes) and the extent's 1024 bytes
+    yield "valid-am-desc-inline", 1280, am(1, flags=1, body=struct.pack("<QQ", 4096, 1024))
     yield "valid-am-ack", 0, am(2, body=ack)
     yield "valid-am-ack-partial", 0, am(2, flags=1, body=ack)
     yield "valid-am-taken", 0, am(3, body=struct.pack("<I12x", 17))
-    yield "valid-am-info", 2, am(4, flags=1)
+    yield "valid-am-info", 32, am(4, flags=1)
     yield "invalid-empty", 0, b""
     yield "invalid-hello-magic", 0, b"X" + hello()[1:]
-    yield "invalid-hello-version", 0, header(1, 208, version=2) + hello()[16:]
+    yield "invalid-hello-version", 0, header(1, 208, version=VERSION - 1) + hello()[16:]
     yield "invalid-hello-reserved", 0, hello(reserved=1)
     yield "invalid-hello-size", 0, hello(size=4000)
     yield "invalid-hello-truncated", 0, hello()[:100]
@@ -87,17 +88,29 @@ def files():
     yield "invalid-welcome-region", 0, welcome(flags=1)
     yield "invalid-welcome-truncated", 0, welcome()[:-8]
     yield "invalid-refuse-ok", 0, refuse(status=0)
-    yield "invalid-am-desc-partial", 1, am(1, body=struct.pack("<QQ", 0, 96))
-    yield "invalid-am-desc-flags", 16, am(1, flags=2, body=struct.pack("<QQ", 4096, 96))
+    yield "invalid-am-desc-partial", 16, am(1, body=struct.pack("<QQ", 0, 96))
+    yield "invalid-am-desc-flags", 256, am(1, flags=2, body=struct.pack("<QQ", 4096, 96))
     # inline bytes fewer than the extent's length, two descriptors with them, none, too many
-    yield "invalid-am-desc-inline-short", 80, am(1, flags=1, body=struct.pack("<QQ", 0, 1040))
-    yield "invalid-am-desc-inline-parts", 96, am(1, flags=1, body=struct.pack("<QQ", 0, 1024))
-    yield "invalid-am-desc-inline-empty", 16, am(1, flags=1, body=struct.pack("<QQ", 0, 0))
-    yield "invalid-am-desc-inline-over", 255, am(1, flags=1,
+    yield "invalid-am-desc-inline-short", 1280, am(1, flags=1, body=struct.pack("<QQ", 0, 1040))
+    yield "invalid-am-desc-inline-parts", 1536, am(1, flags=1, body=struct.pack("<QQ", 0, 1024))
+    yield "invalid-am-desc-inline-empty", 256, am(1, flags=1, body=struct.pack("<QQ", 0, 0))
+    yield "invalid-am-desc-inline-over", 2040, am(1, flags=1,
                                                  body=struct.pack("<QQ", 0, INLINE_MAX + 16))
-    yield "invalid-am-ack-payload", 16, am(2, body=ack)
+    yield "invalid-am-ack-payload", 256, am(2, body=ack)
     yield "invalid-am-ack-flags", 0, am(2, flags=2, body=ack)
     yield "invalid-am-taken-reserved", 0, am(3, body=struct.pack("<I4xQ", 1, 1))
+    read = struct.pack("<IIII", 5, 3, 11, 4096)
+    yield "valid-am-read", 8, am(5, body=read)
+    yield "valid-am-read-look", 8, am(5, body=struct.pack("<IIII", 5, 3, 12, 0))
+    yield "valid-am-data", 2040, am(6, body=struct.pack("<IIQ", 11, 0, 0))
+    yield "valid-am-data-extent", 16, am(6, flags=1, body=struct.pack("<IIQ", 12, 0, 0))
+    yield "valid-am-data-stale", 0, am(6, body=struct.pack("<IIQ", 11, 1, 4))
+    yield "valid-am-data-busy", 0, am(6, body=struct.pack("<IIQ", 11, 4, 0))
+    yield "invalid-am-read-payload", 16, am(5, body=read)
+    yield "invalid-am-read-over", 8, am(5, body=struct.pack("<IIII", 5, 3, 11, READ_MAX + 1))
+    yield "invalid-am-data-outside-bare", 0, am(6, body=struct.pack("<IIQ", 11, 3, 0))
+    yield "invalid-am-data-value", 0, am(6, body=struct.pack("<IIQ", 11, 2, 7))
+    yield "invalid-am-data-status", 0, am(6, body=struct.pack("<IIQ", 11, 5, 0))
     yield "invalid-am-type", 0, am(9)
 
 
@@ -107,7 +120,8 @@ def main():
     os.makedirs(out, exist_ok=True)
     for name, payload, msg in files():
         with open(os.path.join(out, name + ".bin"), "wb") as f:
-            f.write(bytes([payload]) + msg)
+            assert payload % 8 == 0 and payload // 8 < 256, name
+            f.write(bytes([payload // 8]) + msg)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 /* libFuzzer target of the remote wire format's decoders (wire/remote.h): bootstrap messages
  * (HELLO, WELCOME, REFUSE) and active-message headers. Whatever decodes must re-encode to the
  * same bytes; nothing may read outside the input. The first byte picks what is tried with an
- * AM header (the payload length), the rest is the message. Builds with gcc too
- * (fuzz_replay.c supplies a main that replays a corpus). */
+ * AM header (the payload length, in units of 8 bytes), the rest is the message. Builds with
+ * gcc too (fuzz_replay.c supplies a main that replays a corpus). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -74,7 +74,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     memcpy(msg, data + 1, size - 1);
     try_bootstrap(msg, size - 1);
-    try_am(msg, size - 1, (size_t)data[0] * FERRY_DESCRIPTOR_SIZE / 16);
+    try_am(msg, size - 1, (size_t)data[0] * 8);
     free(msg);
     return 0;
 }

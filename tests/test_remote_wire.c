@@ -271,6 +271,79 @@ static void test_am_desc_inline(void **state)
     assert_int_equal(ferry__am_decode(buf, sizeof(buf), 0, &back), FERRY_MALFORMED);
 }
 
+/* READ and DATA: a read asks for at most FERRY_AM_READ_MAX bytes and names its offset in an
+ * 8-byte payload; an answer's payload is the bytes (OK), the lease's extent (flagged: OK or
+ * OUTSIDE) or nothing, and only STALE carries a value. */
+static void test_am_read_and_data(void **state)
+{
+    (void)state;
+    uint8_t buf[FERRY_AM_HEADER];
+    ferry__am m = {.type = FERRY_AM_READ,
+                   .conn_id = 3,
+                   .token = 9,
+                   .u.read = {5, 7, 11, FERRY_AM_READ_MAX}},
+              back;
+    ferry__am_encode(&m, buf);
+    assert_int_equal(ferry__am_decode(buf, sizeof(buf), 8, &back), FERRY_OK);
+    assert_true(back.u.read.slot == 5 && back.u.read.generation == 7 && back.u.read.id == 11 &&
+                back.u.read.length == FERRY_AM_READ_MAX);
+    assert_int_equal(ferry__am_decode(buf, sizeof(buf), 0, &back), FERRY_MALFORMED);
+    assert_int_equal(ferry__am_decode(buf, sizeof(buf), 16, &back), FERRY_MALFORMED);
+    m.u.read.length = FERRY_AM_READ_MAX + 1;
+    ferry__am_encode(&m, buf);
+    assert_int_equal(ferry__am_decode(buf, sizeof(buf), 8, &back), FERRY_MALFORMED);
+    m.u.read.length = 0; /* a look at the lease: answered with its extent */
+    m.flags = 1;
+    ferry__am_encode(&m, buf);
+    assert_int_equal(ferry__am_decode(buf, sizeof(buf), 8, &back), FERRY_MALFORMED);
+
+    m = (ferry__am){.type = FERRY_AM_DATA, .u.data = {11, FERRY_AM_DATA_OK, 0}};
+    ferry__am_encode(&m, buf);
+    assert_int_equal(ferry__am_decode(buf, sizeof(buf), FERRY_AM_READ_MAX, &back), FERRY_OK);
+    assert_true(back.u.data.id == 11 && back.u.data.status == FERRY_AM_DATA_OK);
+    assert_int_equal(ferry__am_decode(buf, sizeof(buf), 1, &back), FERRY_OK);
+    assert_int_equal(ferry__am_decode(buf, sizeof(buf), FERRY_AM_READ_MAX + 1, &back),
+                     FERRY_MALFORMED);
+    m.flags = FERRY_AM_DATA_EXTENT;
+    ferry__am_encode(&m, buf);
+    assert_int_equal(ferry__am_decode(buf, sizeof(buf), 16, &back), FERRY_OK);
+    assert_int_equal(ferry__am_decode(buf, sizeof(buf), 17, &back), FERRY_MALFORMED);
+    m.u.data.status = FERRY_AM_DATA_OUTSIDE;
+    ferry__am_encode(&m, buf);
+    assert_int_equal(ferry__am_decode(buf, sizeof(buf), 16, &back), FERRY_OK);
+    m.flags = 0; /* OUTSIDE always carries the extent */
+    ferry__am_encode(&m, buf);
+    assert_int_equal(ferry__am_decode(buf, sizeof(buf), 0, &back), FERRY_MALFORMED);
+    m.u.data.status = FERRY_AM_DATA_STALE;
+    m.u.data.value = 8;
+    ferry__am_encode(&m, buf);
+    assert_int_equal(ferry__am_decode(buf, sizeof(buf), 0, &back), FERRY_OK);
+    assert_true(back.u.data.value == 8);
+    assert_int_equal(ferry__am_decode(buf, sizeof(buf), 4, &back), FERRY_MALFORMED);
+    m.flags = FERRY_AM_DATA_EXTENT; /* only OK and OUTSIDE carry an extent */
+    ferry__am_encode(&m, buf);
+    assert_int_equal(ferry__am_decode(buf, sizeof(buf), 16, &back), FERRY_MALFORMED);
+    m.flags = 0;
+    for (uint32_t st = FERRY_AM_DATA_NOT_READY; st <= FERRY_AM_DATA_BUSY; st++) {
+        m.u.data.status = st;
+        m.u.data.value = st == FERRY_AM_DATA_OUTSIDE ? 0 : 1; /* a value only with STALE */
+        ferry__am_encode(&m, buf);
+        assert_int_equal(ferry__am_decode(buf, sizeof(buf), 0, &back), FERRY_MALFORMED);
+    }
+    m.u.data.status = FERRY_AM_DATA_BUSY;
+    m.u.data.value = 0;
+    ferry__am_encode(&m, buf);
+    assert_int_equal(ferry__am_decode(buf, sizeof(buf), 0, &back), FERRY_OK);
+    assert_int_equal(ferry__am_decode(buf, sizeof(buf), 1, &back), FERRY_MALFORMED);
+    m.u.data.status = FERRY_AM_DATA_STATUSES; /* unknown */
+    ferry__am_encode(&m, buf);
+    assert_int_equal(ferry__am_decode(buf, sizeof(buf), 0, &back), FERRY_MALFORMED);
+    m.u.data.status = FERRY_AM_DATA_OK;
+    m.flags = 2; /* no other flag */
+    ferry__am_encode(&m, buf);
+    assert_int_equal(ferry__am_decode(buf, sizeof(buf), 0, &back), FERRY_MALFORMED);
+}
+
 static void test_secret_compare(void **state)
 {
     (void)state;
@@ -333,7 +406,7 @@ static int decodes(const uint8_t *data, size_t size)
     return ferry__hello_decode(msg, n, &h) == FERRY_OK ||
            ferry__welcome_decode(msg, n, &w) == FERRY_OK ||
            ferry__refuse_decode(msg, n, &r) == FERRY_OK ||
-           ferry__am_decode(msg, n, (size_t)data[0] * FERRY_DESCRIPTOR_SIZE / 16, &m) == FERRY_OK;
+           ferry__am_decode(msg, n, (size_t)data[0] * 8, &m) == FERRY_OK;
 }
 
 static void test_seed_corpus(void **state)
@@ -367,8 +440,9 @@ int main(void)
         cmocka_unit_test(test_hello_round_trip),   cmocka_unit_test(test_hello_refusals),
         cmocka_unit_test(test_welcome_round_trip), cmocka_unit_test(test_welcome_refusals),
         cmocka_unit_test(test_refuse_and_peek),    cmocka_unit_test(test_am_headers),
-        cmocka_unit_test(test_am_desc_inline),     cmocka_unit_test(test_secret_compare),
-        cmocka_unit_test(test_addresses),          cmocka_unit_test(test_seed_corpus),
+        cmocka_unit_test(test_am_desc_inline),     cmocka_unit_test(test_am_read_and_data),
+        cmocka_unit_test(test_secret_compare),     cmocka_unit_test(test_addresses),
+        cmocka_unit_test(test_seed_corpus),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -390,6 +390,17 @@ void ferry__am_encode(const ferry__am *m, uint8_t out[FERRY_AM_HEADER])
     case FERRY_AM_TAKEN:
         ferry__put_le32(b, m->u.taken.taken);
         break;
+    case FERRY_AM_READ:
+        ferry__put_le32(b, m->u.read.slot);
+        ferry__put_le32(b + 4, m->u.read.generation);
+        ferry__put_le32(b + 8, m->u.read.id);
+        ferry__put_le32(b + 12, m->u.read.length);
+        break;
+    case FERRY_AM_DATA:
+        ferry__put_le32(b, m->u.data.id);
+        ferry__put_le32(b + 4, m->u.data.status);
+        ferry__put_le64(b + 8, m->u.data.value);
+        break;
     default:
         break;
     }
@@ -410,6 +421,25 @@ static ferry_status desc_shape(const ferry__am *m, size_t payload_len)
     return FERRY_OK;
 }
 
+/* A DATA's payload: the bytes asked for (OK), the lease's extent (OK for a READ of none, and
+ * OUTSIDE, both flagged FERRY_AM_DATA_EXTENT), or nothing; a value only with STALE. */
+static ferry_status data_shape(const ferry__am *m, size_t payload_len)
+{
+    uint32_t st = m->u.data.status;
+    int extent = m->flags == FERRY_AM_DATA_EXTENT;
+    if ((m->flags && !extent) || st >= FERRY_AM_DATA_STATUSES ||
+        (m->u.data.value && st != FERRY_AM_DATA_STALE))
+        return malformed("bad read answer");
+    if (extent)
+        return (st == FERRY_AM_DATA_OK || st == FERRY_AM_DATA_OUTSIDE) && payload_len == 16
+                   ? FERRY_OK
+                   : malformed("bad read answer");
+    if (st == FERRY_AM_DATA_OUTSIDE ||
+        (st == FERRY_AM_DATA_OK ? payload_len > FERRY_AM_READ_MAX : payload_len != 0))
+        return malformed("bad read answer");
+    return FERRY_OK;
+}
+
 /* Flags each type may carry, and the bytes of its body that must be zero. */
 static ferry_status am_shape(const ferry__am *m, const uint8_t *b, size_t payload_len)
 {
@@ -426,6 +456,12 @@ static ferry_status am_shape(const ferry__am *m, const uint8_t *b, size_t payloa
         return m->flags > 1 || payload_len > FERRY_AM_MAX_INFO || !all_zero(b, 16)
                    ? malformed("bad info message")
                    : FERRY_OK;
+    case FERRY_AM_READ:
+        return m->flags || payload_len != 8 || m->u.read.length > FERRY_AM_READ_MAX
+                   ? malformed("bad read request")
+                   : FERRY_OK;
+    case FERRY_AM_DATA:
+        return data_shape(m, payload_len);
     default:
         return malformed("unknown active message");
     }
@@ -452,6 +488,15 @@ ferry_status ferry__am_decode(const uint8_t *buf, size_t len, size_t payload_len
         a.u.ack.count = ferry__get_le32(b + 12);
     } else if (a.type == FERRY_AM_TAKEN) {
         a.u.taken.taken = ferry__get_le32(b);
+    } else if (a.type == FERRY_AM_READ) {
+        a.u.read.slot = ferry__get_le32(b);
+        a.u.read.generation = ferry__get_le32(b + 4);
+        a.u.read.id = ferry__get_le32(b + 8);
+        a.u.read.length = ferry__get_le32(b + 12);
+    } else if (a.type == FERRY_AM_DATA) {
+        a.u.data.id = ferry__get_le32(b);
+        a.u.data.status = ferry__get_le32(b + 4);
+        a.u.data.value = ferry__get_le64(b + 8);
     }
     ferry_status st = am_shape(&a, b, payload_len);
     if (st != FERRY_OK)

@@ -17,10 +17,11 @@
 
 #define FERRY_REMOTE_MAGIC 0x55595246u /* "FRYU" */
 /* Version 2: a DESC may carry its lease's bytes (FERRY_AM_DESC_INLINE). Version 3: an ACK
- * may mark a packed lease partly acknowledged (FERRY_AM_ACK_PARTIAL). A peer of another
- * version would drop such a message, so peers of different versions refuse each other at
- * the bootstrap. */
-#define FERRY_REMOTE_VERSION 3u
+ * may mark a packed lease partly acknowledged (FERRY_AM_ACK_PARTIAL). Version 4: a consumer
+ * whose gets UCX would emulate asks the producer for bytes (FERRY_AM_READ, answered by
+ * FERRY_AM_DATA). A peer of another version would drop such a message, so peers of
+ * different versions refuse each other at the bootstrap. */
+#define FERRY_REMOTE_VERSION 4u
 #define FERRY_REMOTE_HEADER  16u
 /* The largest UCX worker address and packed remote key ferry accepts (a worker address over
  * several RDMA devices is a few hundred bytes; keys are tens). */
@@ -122,19 +123,36 @@ ferry_status ferry__refuse_decode(const uint8_t *buf, size_t len, ferry__refuse 
 /* ACK flags: the ranks acknowledged some parts of the packed lease and others remain; the
  * producer marks their words generation | FERRY_ACK_PARTIAL, as a local consumer does. */
 #define FERRY_AM_ACK_PARTIAL 0x1u
+/* The most bytes one READ asks for (a DATA answer carries them in one message). */
+#define FERRY_AM_READ_MAX (1u << 20)
+/* DATA flags: the payload is the lease's extent (offset, length: 16 bytes), not its bytes. */
+#define FERRY_AM_DATA_EXTENT 0x1u
+
+/* What a DATA answers (u.data.status). */
+enum ferry__am_data_status {
+    FERRY_AM_DATA_OK = 0,        /* the bytes asked for (the extent for a READ of none) */
+    FERRY_AM_DATA_STALE = 1,     /* the lease is no longer the rank's; value: the slot's
+                                  * generation now */
+    FERRY_AM_DATA_NOT_READY = 2, /* the lease is not ready yet: ask again */
+    FERRY_AM_DATA_OUTSIDE = 3,   /* the range is not inside the lease (payload: its extent) */
+    FERRY_AM_DATA_BUSY = 4,      /* the producer has too many bytes on their way: ask again */
+};
+#define FERRY_AM_DATA_STATUSES 5u
 
 enum ferry__am_type {
     FERRY_AM_DESC = 1,  /* producer -> consumer: count encoded descriptors of one lease */
     FERRY_AM_ACK = 2,   /* consumer -> producer: acknowledge a lease for ranks */
     FERRY_AM_TAKEN = 3, /* consumer -> producer: descriptors taken so far */
     FERRY_AM_INFO = 4,  /* consumer -> producer: how its reads go (text payload) */
+    FERRY_AM_READ = 5,  /* consumer -> producer: bytes of a lease (payload: their offset) */
+    FERRY_AM_DATA = 6,  /* producer -> consumer: a READ's answer */
 };
 
 /* The 32-byte header of every active message. */
 typedef struct ferry__am {
     uint16_t type;
     uint16_t flags; /* INFO: 1 if reads are emulated; DESC: FERRY_AM_DESC_INLINE; ACK:
-                     * FERRY_AM_ACK_PARTIAL; 0 otherwise */
+                     * FERRY_AM_ACK_PARTIAL; DATA: FERRY_AM_DATA_EXTENT; 0 otherwise */
     uint32_t conn_id;
     uint64_t token;
     union {
@@ -147,6 +165,14 @@ typedef struct ferry__am {
         struct { /* TAKEN: descriptors taken since admission (mod 2^32) */
             uint32_t taken;
         } taken;
+        struct { /* READ: length bytes of lease (slot, generation), from the data offset in
+                  * the 8-byte payload; id names the answer */
+            uint32_t slot, generation, id, length;
+        } read;
+        struct { /* DATA: the answer to READ id */
+            uint32_t id, status;
+            uint64_t value; /* STALE: the slot's generation now; else 0 */
+        } data;
     } u;
 } ferry__am;
 
@@ -155,7 +181,10 @@ void ferry__am_encode(const ferry__am *m, uint8_t out[FERRY_AM_HEADER]);
 /* MALFORMED unless len is FERRY_AM_HEADER, the type is known, reserved fields are zero and
  * payload_len fits the type (DESC: 1 to 65535 whole descriptors, or with
  * FERRY_AM_DESC_INLINE exactly one descriptor and the extent's length, 1 to
- * FERRY_REMOTE_INLINE_MAX bytes; INFO: at most FERRY_AM_MAX_INFO bytes; others: none). */
+ * FERRY_REMOTE_INLINE_MAX bytes; INFO: at most FERRY_AM_MAX_INFO bytes; READ: 8 bytes, and a
+ * length of at most FERRY_AM_READ_MAX; DATA: a known status, with FERRY_AM_DATA_EXTENT (OK
+ * or OUTSIDE) 16 bytes, OK without it at most FERRY_AM_READ_MAX bytes, others none; others:
+ * none). Whether a DATA carries as many bytes as its READ asked for is the reader's check. */
 ferry_status ferry__am_decode(const uint8_t *buf, size_t len, size_t payload_len, ferry__am *m);
 
 /* Compares n bytes in time that does not depend on where they differ: 0 if equal. */
