@@ -644,7 +644,9 @@ FERRY_API ferry_status ferry_consumer_wait(ferry_consumer *consumer, const ferry
  * desc->length). Does not acknowledge. Never returns bytes of another lease: if the lease
  * could have been recycled during the copy (its slot reused, or this rank acknowledged on its
  * behalf by another thread or process, after which the slice may be freed and reused), the
- * read ends STALE and dst holds garbage. */
+ * read ends STALE and dst holds garbage. A remote pool's read over tcp may also end TIMEOUT
+ * once the lease is ready, when the producer has had no room for its answers until the
+ * timeout (docs/design.md, "Served reads"). */
 FERRY_API ferry_status ferry_consumer_read(ferry_consumer *consumer, const ferry_descriptor *desc,
                                            void *dst, size_t dst_size, uint64_t timeout_ns);
 

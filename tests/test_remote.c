@@ -1056,6 +1056,39 @@ static void test_consumer_killed(void **state)
     ferry_pool_destroy(pool);
 }
 
+/* Consumers killed while their reads are being answered (SIGKILL 1, 4 and 7 ms into a stream
+ * of 4 MiB leases, each read in four requests): the producer lives on, its answers to the
+ * closed connections go nowhere, each one's leases are settled, and the next consumer of the
+ * rank is served byte for byte. */
+static void test_consumer_killed_while_reading(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(1, 64 << 20, 5000000);
+    char addr[FERRY_REMOTE_ADDRESS_SIZE];
+    remote_address_of(pool, addr);
+    for (int round = 0; round < 3; round++) {
+        th_helper h = spawn_consumer(1, "receiver", addr, 0, FERRY_OK);
+        for (uint64_t i = 0; i < 4; i++)
+            assert_int_equal(send_stamped(pool, 4 << 20, 700 + i, NULL, 5000 * MS), FERRY_OK);
+        struct timespec ts = {0, (1 + 3 * round) * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        kill(h.pid, SIGKILL);
+        th_reap_helper(&h);
+        wait_settled(pool, 5000);
+        assert_int_equal(th_stats(pool).remote_connected, 0);
+    }
+    uint64_t served = remote_counts(pool).served;
+    fprintf(stderr, "test_remote: 3 consumers killed while reading: %llu read requests answered\n",
+            (unsigned long long)served);
+    assert_true(served > 0); /* the reads were the producer's to answer, not UCX's */
+    th_helper again = spawn_consumer(1, "receiver", addr, 0, FERRY_OK);
+    assert_int_equal(send_stamped(pool, 4 << 20, 800, NULL, 5000 * MS), FERRY_OK);
+    send_end(pool, NULL);
+    th_assert_result(th_finish_helper(&again, 10000), 1);
+    wait_settled(pool, 5000);
+    ferry_pool_destroy(pool);
+}
+
 /* A rank held by a live remote consumer is refused to a second one, local or remote. */
 static void test_rank_in_use(void **state)
 {
@@ -1107,11 +1140,12 @@ static void test_producer_gone(void **state)
 }
 
 /* A producer stopped (SIGSTOP) while a consumer reads: its connection stays up (the kernel
- * answers its keepalives) and the get is never served. The read ends with PRODUCER_GONE
+ * answers its keepalives) and the read is never answered. The read ends with PRODUCER_GONE
  * within the pool's keepalive bound (2 s here), instead of waiting for the producer to run
- * again. The producer is killed while still stopped: one that ran again would serve the get
- * (emulated over tcp) to a connection the consumer has closed, and UCX aborts the process
- * when that reply's send fails (docs/design.md, "What UCX does on its own"). */
+ * again. The producer, run again after the consumer left, finds the read's request and the
+ * connection's end waiting, and lives on (the reply of a get UCX emulated, sent to that
+ * connection, aborted it in 4 runs of 5: docs/design.md, "What UCX does on its own"), and
+ * closes its pool when told. */
 static void test_producer_stopped(void **state)
 {
     (void)state;
@@ -1130,14 +1164,22 @@ static void test_producer_stopped(void **state)
     th_stop_helper(&prod);
     th_send_type(cons.fd, TH_MSG_ITEM);
     int answered = th_recv_msg(cons.fd, &m, 6000);
-    kill(prod.pid, SIGKILL); /* a stopped process dies of SIGKILL without running again */
-    th_reap_helper(&prod);
+    th_reap_helper(&cons); /* the consumer left: its connection is closed */
+    kill(prod.pid, SIGCONT);
     assert_int_equal(answered, 0); /* it did not wait for the producer to run again */
     fprintf(stderr, "test_remote: producer stopped: %s after %llu ms\n",
             ferry_status_name((ferry_status)m.status), (unsigned long long)m.seed);
     assert_int_equal(m.status, FERRY_PRODUCER_GONE);
     assert_true(m.seed >= 1000 && m.seed < 4000);
-    th_reap_helper(&cons);
+    struct timespec ts = {0, 500 * 1000 * 1000}; /* time to answer the read it was sent */
+    nanosleep(&ts, NULL);
+    th_send_type(prod.fd, TH_MSG_DONE);
+    th_msg done = {0};
+    int closed = th_recv_msg(prod.fd, &done, 10000);
+    kill(prod.pid, SIGKILL); /* it waits in pause() once its pool is closed */
+    th_reap_helper(&prod);   /* fails if it died otherwise (an abort inside UCX) */
+    assert_int_equal(closed, 0);
+    assert_int_equal(done.status, FERRY_OK);
 }
 
 /* A pool of two ranks (three for "parts-leader", whose rank 2 gets nothing) with a "parts"
@@ -1591,6 +1633,184 @@ static void test_inline_read_without_gets(void **state)
     hold_remove();
 }
 
+/* Reads one lease of rank 1 by its descriptor into buf (zeroed first) and checks its stamp. */
+static void read_stamped(ferry_consumer *c, const ferry_descriptor *d, uint8_t *buf, uint64_t seed)
+{
+    memset(buf, 0, d->length);
+    ferry_status st = ferry_consumer_read(c, d, buf, d->length, 1000 * MS);
+    if (st != FERRY_OK)
+        fail_msg("read of %llu bytes: %s", (unsigned long long)d->length, ferry_last_error());
+    if (!th_check_stamp(buf, d->length, seed, NULL))
+        fail_msg("read of %llu bytes: not the lease's bytes", (unsigned long long)d->length);
+}
+
+/* A host pool's consumer whose gets UCX would emulate (tcp) has its reads served by the
+ * producer's thread, in pieces of FERRY_REMOTE_READ_PIECE: leases from one byte past the inline
+ * bound to several pieces, and a packed lease's parts (each a range of its extent), arrive
+ * byte for byte, each piece asked for once; nothing is dropped as malformed. */
+static void test_served_reads(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(2, 32 << 20, 5000000);
+    char addr[FERRY_REMOTE_ADDRESS_SIZE];
+    remote_address_of(pool, addr);
+    ferry_consumer *c = NULL;
+    assert_int_equal(ferry_consumer_connect(addr, 1, -1, &c), FERRY_OK);
+    for (int i = 0; i < 300 && th_stats(pool).remote_emulated != 1; i++)
+        usleep(10000); /* the consumer's INFO is on its way */
+    assert_int_equal(th_stats(pool).remote_emulated, 1);
+    const size_t piece = FERRY_REMOTE_READ_PIECE;
+    const size_t sizes[] = {FERRY_REMOTE_INLINE_MAX + 1, piece, piece + 1, 5 * piece + 7};
+    uint8_t *buf = malloc(6 * piece);
+    ferry_ranks one = {NULL, 1, 1};
+    uint64_t served0 = remote_counts(pool).served, pieces = 0;
+    ferry_descriptor d[3];
+    size_t k;
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        assert_int_equal(send_stamped(pool, sizes[i], 6000 + i, &one, 5000 * MS), FERRY_OK);
+        assert_int_equal(ferry_consumer_recv(c, 5000 * MS, d, 1, &k), FERRY_OK);
+        read_stamped(c, &d[0], buf, 6000 + i);
+        assert_int_equal(ferry_consumer_ack(c, &d[0]), FERRY_OK);
+        pieces += (sizes[i] + piece - 1) / piece;
+    }
+    /* three parts of one lease: 100000 bytes, a piece and 5, and 3 */
+    static const size_t part[3] = {100000, (1u << 20) + 5, 3};
+    uint8_t *src[3];
+    ferry_tensor t[3];
+    for (int i = 0; i < 3; i++) {
+        src[i] = malloc(part[i]);
+        th_stamp(src[i], part[i], 6100 + (uint64_t)i);
+        t[i] = ferry_tensor_bytes(part[i]);
+    }
+    assert_int_equal(
+        ferry_pool_send(pool, t, (const void *const *)src, 3, &one, NULL, 5000 * MS, NULL),
+        FERRY_OK);
+    assert_int_equal(ferry_consumer_recv(c, 5000 * MS, d, 3, &k), FERRY_OK);
+    assert_int_equal(k, 3);
+    for (int i = 0; i < 3; i++) {
+        read_stamped(c, &d[i], buf, 6100 + (uint64_t)i);
+        pieces += (part[i] + piece - 1) / piece;
+        free(src[i]);
+    }
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(ferry_consumer_ack(c, &d[i]), FERRY_OK);
+    ferry__remote_counts rc = remote_counts(pool);
+    assert_int_equal(rc.served - served0, pieces);
+    assert_int_equal(rc.served_stale, 0);
+    assert_int_equal(rc.bad_messages, 0);
+    free(buf);
+    ferry_consumer_destroy(c);
+    wait_settled(pool, 5000);
+    ferry_pool_destroy(pool);
+}
+
+/* Served reads of leases this consumer has no DESC of yet look at the lease first (a request
+ * of no bytes, answered with its extent): one committed reads byte for byte; one reserved and
+ * not committed ends TIMEOUT at the read's timeout, and reads once committed; one
+ * acknowledged on the rank's behalf ends STALE with the producer's reason. */
+static void test_served_looks(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(2, 8 << 20, 5000000);
+    char addr[FERRY_REMOTE_ADDRESS_SIZE];
+    remote_address_of(pool, addr);
+    ferry_consumer *c = NULL, *leader = NULL;
+    assert_int_equal(ferry_consumer_connect(addr, 1, -1, &c), FERRY_OK);
+    assert_int_equal(ferry_consumer_create(0, &leader), FERRY_OK); /* acks on rank 1's behalf */
+    const size_t size = 300000;
+    uint8_t *src = malloc(size), *buf = malloc(size);
+    th_stamp(src, size, 6200);
+    ferry_tensor t = ferry_tensor_bytes(size);
+    ferry_descriptor sent, got;
+    size_t k;
+    ferry_ranks one = {NULL, 1, 1};
+    const void *srcs[1] = {src};
+    uint64_t served0 = remote_counts(pool).served;
+    assert_int_equal(ferry_pool_send(pool, &t, srcs, 1, &one, NULL, 5000 * MS, &sent), FERRY_OK);
+    read_stamped(c, &sent, buf, 6200); /* by the producer's descriptor, before any recv */
+    /* a look, then the pieces */
+    assert_int_equal(remote_counts(pool).served - served0,
+                     1 + (size + FERRY_REMOTE_READ_PIECE - 1) / FERRY_REMOTE_READ_PIECE);
+    assert_int_equal(ferry_consumer_recv(c, 5000 * MS, &got, 1, &k), FERRY_OK);
+    assert_int_equal(got.generation, sent.generation);
+    assert_int_equal(ferry_consumer_ack(c, &got), FERRY_OK);
+    /* reserved, not committed: not ready until the read's timeout */
+    void *data;
+    ferry_descriptor r;
+    assert_int_equal(ferry_pool_reserve(pool, &t, 5000 * MS, &data, &r), FERRY_OK);
+    th_stamp(data, size, 6201);
+    uint64_t t0 = ferry_now_ns();
+    assert_int_equal(ferry_consumer_read(c, &r, buf, size, 50 * MS), FERRY_TIMEOUT);
+    assert_true(ms_since(t0) >= 50);
+    assert_non_null(strstr(ferry_last_error(), "not ready after 50.000 ms"));
+    assert_int_equal(ferry_pool_commit(pool, &r), FERRY_OK);
+    read_stamped(c, &r, buf, 6201);
+    /* acknowledged for both ranks by the leader: the producer says so (this process knows
+     * the lease as ready from its look, and acknowledged nothing itself) */
+    assert_int_equal(ferry_consumer_ack_range(leader, &r, 0, 2), FERRY_OK);
+    uint64_t served1 = remote_counts(pool).served;
+    assert_int_equal(ferry_consumer_read(c, &r, buf, size, 1000 * MS), FERRY_STALE);
+    assert_non_null(strstr(ferry_last_error(), "stale descriptor"));
+    assert_true(remote_counts(pool).served > served1); /* the producer's answer */
+    assert_int_equal(remote_counts(pool).bad_messages, 0);
+    free(src);
+    free(buf);
+    ferry_consumer_destroy(leader);
+    ferry_consumer_destroy(c);
+    wait_settled(pool, 5000);
+    ferry_pool_destroy(pool);
+}
+
+/* A served read whose lease is recycled after the producer checked it and before it copied the
+ * bytes (acknowledged on the rank's behalf, reclaimed, the slice leased again with other
+ * bytes): the copy is dropped (the slot's generation moved on) and the read ends STALE, never
+ * with the other lease's bytes. */
+static void test_served_read_recycled_before_copy(void **state)
+{
+    (void)state;
+    hold_install();
+    ferry_pool *pool = make_pool(2, 4 << 20, 5000000);
+    char addr[FERRY_REMOTE_ADDRESS_SIZE];
+    remote_address_of(pool, addr);
+    ferry_consumer *c = NULL, *leader = NULL;
+    assert_int_equal(ferry_consumer_connect(addr, 1, -1, &c), FERRY_OK);
+    assert_int_equal(ferry_consumer_create(0, &leader), FERRY_OK);
+    const size_t size = 64 << 10; /* not inline: read with a request */
+    uint8_t *src = malloc(size);
+    th_stamp(src, size, 6300);
+    ferry_tensor t = ferry_tensor_bytes(size);
+    const void *srcs[1] = {src};
+    ferry_ranks one = {NULL, 1, 1};
+    ferry_descriptor sent, other;
+    size_t k;
+    assert_int_equal(ferry_pool_send(pool, &t, srcs, 1, &one, NULL, 5000 * MS, &sent), FERRY_OK);
+    th_reader rd = {.c = c, .buf = calloc(1, size), .n = size};
+    assert_int_equal(ferry_consumer_recv(c, 5000 * MS, &rd.d, 1, &k), FERRY_OK);
+    __atomic_store_n(&held.armed, 1, __ATOMIC_RELEASE);
+    pthread_t reader;
+    assert_int_equal(pthread_create(&reader, NULL, th_read_main, &rd), 0);
+    hold_wait(); /* the request checked: current and ready; not copied yet */
+    assert_int_equal(ferry_consumer_ack_range(leader, &sent, 1, 1), FERRY_OK);
+    wait_settled(pool, 2000);
+    th_stamp(src, size, 6301);
+    assert_int_equal(ferry_pool_publish(pool, &t, src, 1000 * MS, &other), FERRY_OK);
+    assert_true(other.offset == sent.offset); /* the same bytes of the pool, other ones now */
+    sem_post(&held.resume);
+    pthread_join(reader, NULL);
+    if (rd.st == FERRY_OK && th_check_stamp(rd.buf, size, 6301, NULL))
+        fail_msg("a recycled lease read with the next lease's bytes");
+    assert_int_equal(rd.st, FERRY_STALE);
+    assert_int_equal(remote_counts(pool).served_stale, 1);
+    assert_int_equal(ferry_pool_cancel(pool, &other), FERRY_OK);
+    free(rd.buf);
+    free(src);
+    ferry_consumer_destroy(leader);
+    ferry_consumer_destroy(c);
+    wait_settled(pool, 5000);
+    ferry_pool_destroy(pool);
+    hold_remove();
+}
+
 /* A small lease whose slot is recycled after the server checked it and before it copied its
  * bytes (acknowledged on the rank's behalf, reclaimed, the slice leased again with other
  * bytes): the copy is dropped (the generation moved on), the DESC goes without bytes, and the
@@ -1969,6 +2189,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_give_back_after_producer_quiet),
         cmocka_unit_test(test_rank_in_use),
         cmocka_unit_test(test_consumer_killed),
+        cmocka_unit_test(test_consumer_killed_while_reading),
         cmocka_unit_test(test_producer_gone),
         cmocka_unit_test(test_producer_stopped),
         cmocka_unit_test(test_parts_marked_partial),
@@ -1983,6 +2204,9 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_inline_sizes),
         cmocka_unit_test(test_inline_read_without_gets),
         cmocka_unit_test(test_inline_recycled_before_copy),
+        cmocka_unit_test(test_served_reads),
+        cmocka_unit_test(test_served_looks),
+        cmocka_unit_test(test_served_read_recycled_before_copy),
         cmocka_unit_test(test_many_hand_overs),
         cmocka_unit_test(test_connect_close_cycles),
         cmocka_unit_test(test_gpu_pool),

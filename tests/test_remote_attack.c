@@ -16,6 +16,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +34,7 @@
 #include "remote/ucx.h"
 #include "shm/layout.h"
 #include "wire/remote.h"
+#include "wire/wire.h"
 
 #define MS 1000000ull
 /* UCP_AM_SEND_FLAG_RNDV (ucp.h): the test forces a rendezvous to see it refused. */
@@ -168,6 +170,7 @@ typedef struct fake {
     ferry__welcome w;                    /* admitted */
     ferry__refuse r;                     /* refused */
     uint32_t descs;                      /* DESC messages received */
+    uint32_t datas;                      /* DATA messages received */
     uint8_t desc[FERRY_DESCRIPTOR_SIZE]; /* the last one's first descriptor */
 } fake;
 
@@ -181,6 +184,8 @@ static ucs_status_t fake_on_am(void *arg, const void *header, size_t header_len,
         f->descs++;
         memcpy(f->desc, data, FERRY_DESCRIPTOR_SIZE);
     }
+    if (ferry__am_decode(header, header_len, len, &m) == FERRY_OK && m.type == FERRY_AM_DATA)
+        f->datas++;
     return UCS_OK;
 }
 
@@ -334,6 +339,7 @@ static void fake_close(fake *f)
 #define FP_SLOT       3u
 #define FP_GENERATION 7u
 #define FP_LENGTH     4096u
+#define FP_READS      16u
 
 typedef struct fake_producer {
     ferry__ucx_node node;
@@ -349,6 +355,10 @@ typedef struct fake_producer {
     uint8_t hello[FERRY_REMOTE_MAX_MESSAGE];
     uint32_t conn_id;
     uint64_t token;
+    const char *lie;           /* how it answers reads of bytes (NULL: truly) */
+    ferry__am reads[FP_READS]; /* read requests to answer (fp_serve_reads) */
+    uint64_t read_offset[FP_READS];
+    uint32_t nreads;
 } fake_producer;
 
 /* Everything fp_open made (the helper's leak check at exit sees what is left). */
@@ -375,11 +385,20 @@ static ferry_descriptor fp_lease(const fake_producer *p, uint32_t slot, uint64_t
     return d;
 }
 
+/* Read requests are queued for fp_serve_reads; the consumer's acknowledgements and the like
+ * are not looked at. */
 static ucs_status_t fp_on_am(void *arg, const void *header, size_t header_len, void *data,
                              size_t len, const ucp_am_recv_param_t *param)
 {
-    (void)arg, (void)header, (void)header_len, (void)data, (void)len, (void)param;
-    return UCS_OK; /* the consumer's acknowledgements and the like: not looked at */
+    fake_producer *p = arg;
+    ferry__am m;
+    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) &&
+        ferry__am_decode(header, header_len, len, &m) == FERRY_OK && m.type == FERRY_AM_READ &&
+        p->nreads < FP_READS) {
+        p->read_offset[p->nreads] = ferry__get_le64(data);
+        p->reads[p->nreads++] = m;
+    }
+    return UCS_OK;
 }
 
 static void fp_open(fake_producer *p)
@@ -493,6 +512,63 @@ static void fp_ep(fake_producer *p)
     assert_int_equal(p->node.ucx->ucp_ep_create(p->node.worker, &ep, &p->ep), UCS_OK);
 }
 
+/* Sends one active message (m's header, n bytes of payload) and waits until it is sent. */
+static void fp_am(fake_producer *p, const ferry__am *m, const void *payload, size_t n)
+{
+    uint8_t hdr[FERRY_AM_HEADER];
+    ferry__am_encode(m, hdr);
+    const ferry__ucx *u = p->node.ucx;
+    ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                              .flags = UCP_AM_SEND_FLAG_EAGER};
+    void *req = u->ucp_am_send_nbx(p->ep, FERRY_AM_ID, hdr, sizeof(hdr), payload, n, &rp);
+    while (req && !FERRY_UCS_PTR_IS_ERR(req) && u->ucp_request_check_status(req) == UCS_INPROGRESS)
+        u->ucp_worker_progress(p->node.worker);
+    if (req && !FERRY_UCS_PTR_IS_ERR(req))
+        u->ucp_request_free(req);
+}
+
+/* Answers the read requests fp_on_am queued, as a producer does: its one lease's bytes, its
+ * extent for a look, OUTSIDE for a range beyond it, STALE for any other lease. Unless it lies
+ * (p->lie, for reads of bytes): OUTSIDE with an extent that holds the range, one byte too
+ * few, an extent instead of the bytes, or BUSY for ever. */
+static void fp_serve_reads(fake_producer *p)
+{
+    for (uint32_t i = 0; i < p->nreads; i++) {
+        const ferry__am *r = &p->reads[i];
+        uint64_t off = p->read_offset[i], len = r->u.read.length;
+        ferry__am m = {.type = FERRY_AM_DATA,
+                       .conn_id = p->conn_id,
+                       .token = p->token,
+                       .u.data = {.id = r->u.read.id, .status = FERRY_AM_DATA_OK}};
+        uint8_t extent[16];
+        ferry__put_le64(extent, 0);
+        ferry__put_le64(extent + 8, FP_LENGTH);
+        if (len && p->lie) {
+            int outside = strcmp(p->lie, "read-outside") == 0;
+            if (outside || strcmp(p->lie, "read-extent") == 0) {
+                m.u.data.status = outside ? FERRY_AM_DATA_OUTSIDE : FERRY_AM_DATA_OK;
+                m.flags = FERRY_AM_DATA_EXTENT;
+                fp_am(p, &m, extent, sizeof(extent));
+            } else if (strcmp(p->lie, "read-short") == 0) {
+                fp_am(p, &m, p->region + FP_DATA + off, len - 1);
+            } else {
+                m.u.data.status = FERRY_AM_DATA_BUSY;
+                fp_am(p, &m, NULL, 0);
+            }
+        } else if (r->u.read.slot != FP_SLOT || r->u.read.generation != FP_GENERATION) {
+            m.u.data.status = FERRY_AM_DATA_STALE;
+            fp_am(p, &m, NULL, 0);
+        } else if (off > FP_LENGTH || len > FP_LENGTH - off || !len) {
+            m.u.data.status = len ? FERRY_AM_DATA_OUTSIDE : FERRY_AM_DATA_OK;
+            m.flags = FERRY_AM_DATA_EXTENT;
+            fp_am(p, &m, extent, sizeof(extent));
+        } else {
+            fp_am(p, &m, p->region + FP_DATA + off, len);
+        }
+    }
+    p->nreads = 0;
+}
+
 /* Sends one DESC: header fields as given, then count encoded descriptors. */
 static void fp_desc(fake_producer *p, uint64_t token, uint64_t offset, uint64_t length,
                     const ferry_descriptor *descs, uint32_t count)
@@ -505,17 +581,7 @@ static void fp_desc(fake_producer *p, uint64_t token, uint64_t offset, uint64_t 
         }
     ferry__am m = {
         .type = FERRY_AM_DESC, .conn_id = p->conn_id, .token = token, .u.desc = {offset, length}};
-    uint8_t hdr[FERRY_AM_HEADER];
-    ferry__am_encode(&m, hdr);
-    const ferry__ucx *u = p->node.ucx;
-    ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-                              .flags = UCP_AM_SEND_FLAG_EAGER};
-    void *req = u->ucp_am_send_nbx(p->ep, FERRY_AM_ID, hdr, sizeof(hdr), payload,
-                                   (size_t)count * FERRY_DESCRIPTOR_SIZE, &rp);
-    while (req && !FERRY_UCS_PTR_IS_ERR(req) && u->ucp_request_check_status(req) == UCS_INPROGRESS)
-        u->ucp_worker_progress(p->node.worker);
-    if (req && !FERRY_UCS_PTR_IS_ERR(req))
-        u->ucp_request_free(req);
+    fp_am(p, &m, payload, (size_t)count * FERRY_DESCRIPTOR_SIZE);
 }
 
 /* Sends one DESC with flags and a payload of n bytes as given. */
@@ -527,16 +593,7 @@ static void fp_desc_raw(fake_producer *p, uint16_t flags, uint64_t offset, uint6
                    .conn_id = p->conn_id,
                    .token = p->token,
                    .u.desc = {offset, length}};
-    uint8_t hdr[FERRY_AM_HEADER];
-    ferry__am_encode(&m, hdr);
-    const ferry__ucx *u = p->node.ucx;
-    ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-                              .flags = UCP_AM_SEND_FLAG_EAGER};
-    void *req = u->ucp_am_send_nbx(p->ep, FERRY_AM_ID, hdr, sizeof(hdr), payload, n, &rp);
-    while (req && !FERRY_UCS_PTR_IS_ERR(req) && u->ucp_request_check_status(req) == UCS_INPROGRESS)
-        u->ucp_worker_progress(p->node.worker);
-    if (req && !FERRY_UCS_PTR_IS_ERR(req))
-        u->ucp_request_free(req);
+    fp_am(p, &m, payload, n);
 }
 
 /* The forged inline DESCs of mode "inline" (bytes fewer or more than the extent's length,
@@ -689,6 +746,12 @@ static int fake_producer_main(const char *mode)
             fp_ep(&p);
             fp_descs(&p);
         }
+        if (strncmp(mode, "read-", 5) == 0) { /* one good lease, its reads answered with lies */
+            fp_ep(&p);
+            p.lie = mode;
+            ferry_descriptor good = fp_lease(&p, FP_SLOT, 0, FP_LENGTH);
+            fp_desc(&p, p.token, 0, FP_LENGTH, &good, 1);
+        }
         if (strcmp(mode, "other-ids") == 0) {
             fp_ep(&p);
             for (unsigned id = 0; id < 65536; id += id < 300 ? 1 : 4999)
@@ -698,10 +761,12 @@ static int fake_producer_main(const char *mode)
             ferry_descriptor good = fp_lease(&p, FP_SLOT, 0, FP_LENGTH);
             fp_desc(&p, p.token, 0, FP_LENGTH, &good, 1);
         }
-        /* serve (emulated gets) until the consumer leaves */
+        /* serve (read requests, and gets UCX emulates) until the consumer leaves */
         for (;;) {
             while (p.node.ucx->ucp_worker_progress(p.node.worker)) {
             }
+            if (p.ep)
+                fp_serve_reads(&p);
             struct pollfd s = {.fd = p.sock, .events = POLLIN};
             if (poll(&s, 1, 1) == 1)
                 break;
@@ -732,6 +797,95 @@ static void fake_wait_descs(fake *f, uint32_t want, int ms)
     while (f->descs < want && ms_since(t0) < (uint64_t)ms)
         fake_progress(f, 1);
     assert_int_equal(f->descs, want);
+}
+
+/* The producer's thread held before its copy of a served read's bytes
+ * (ferry__remote_test_before_copy), once, when hold_armed is set. */
+static sem_t hold_paused, hold_resume;
+static int hold_armed; /* atomic */
+
+static void hold_once(uint32_t slot, uint32_t generation)
+{
+    (void)slot, (void)generation;
+    if (!__atomic_exchange_n(&hold_armed, 0, __ATOMIC_ACQ_REL))
+        return;
+    sem_post(&hold_paused);
+    while (sem_wait(&hold_resume) != 0) {
+    }
+}
+
+/* After test_read_requests_beyond_the_queue, failed or not: the producer's thread is never
+ * left held, nor the hook set, for the tests after it. */
+static int hold_undo(void **state)
+{
+    (void)state;
+    if (ferry__remote_test_before_copy == hold_once) { /* the test did not get to its end */
+        __atomic_store_n(&hold_armed, 0, __ATOMIC_RELEASE);
+        ferry__remote_test_before_copy = NULL;
+        sem_post(&hold_resume);
+    }
+    return 0;
+}
+
+/* An admitted peer that asks for more reads at once than a consumer ever does (20 while the
+ * producer's thread answers one): 16 are queued and answered, the other 4 dropped and
+ * counted as bad messages, and the connection is served on. */
+static void test_read_requests_beyond_the_queue(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(1, 1 << 20);
+    char addr[FERRY_REMOTE_ADDRESS_SIZE];
+    ferry__remote_address a;
+    address_of(pool, addr, &a);
+    fake f;
+    fake_open(&f);
+    assert_int_equal(fake_hello(&f, &a, 0, NULL, 0), 0);
+    fake_ep(&f);
+    ferry_descriptor d;
+    assert_int_equal(send_stamped(pool, 8192, 1, NULL, &d), FERRY_OK);
+    fake_wait_descs(&f, 1, 3000);
+    uint64_t bad0 = th_stats(pool).remote_bad_messages;
+    assert_int_equal(sem_init(&hold_paused, 0, 0), 0);
+    assert_int_equal(sem_init(&hold_resume, 0, 0), 0);
+    ferry__remote_test_before_copy = hold_once;
+    __atomic_store_n(&hold_armed, 1, __ATOMIC_RELEASE);
+    ferry__am rd = fake_am(&f, FERRY_AM_READ);
+    rd.u.read.slot = d.slot;
+    rd.u.read.generation = d.generation;
+    rd.u.read.length = 8192;
+    uint8_t offset[8];
+    ferry__put_le64(offset, d.offset);
+    rd.u.read.id = 1;
+    fake_send(&f, &rd, offset, sizeof(offset), UCP_AM_SEND_FLAG_EAGER);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 10;
+    while (sem_timedwait(&hold_paused, &until) != 0)
+        assert_int_equal(errno, EINTR);
+    for (uint32_t i = 0; i < 20; i++) {
+        rd.u.read.id = 2 + i;
+        fake_send(&f, &rd, offset, sizeof(offset), UCP_AM_SEND_FLAG_EAGER);
+    }
+    sleep_ms(100); /* all 20 are in before the thread goes on: taken in one round */
+    sem_post(&hold_resume);
+    for (uint64_t t0 = ferry_now_ns(); f.datas < 17 && ms_since(t0) < 3000;)
+        fake_progress(&f, 1);
+    assert_int_equal(WAIT_STAT(pool, remote_bad_messages, bad0 + 4, 3000), bad0 + 4);
+    fake_progress(&f, 100);
+    assert_int_equal(f.datas, 17);
+    ferry__remote_test_before_copy = NULL;
+    sem_destroy(&hold_paused);
+    sem_destroy(&hold_resume);
+    ferry__am ack = fake_am(&f, FERRY_AM_ACK);
+    ack.u.ack.slot = d.slot;
+    ack.u.ack.generation = d.generation;
+    ack.u.ack.first = 0;
+    ack.u.ack.count = 1;
+    fake_send(&f, &ack, NULL, 0, UCP_AM_SEND_FLAG_EAGER);
+    assert_int_equal(WAIT_STAT(pool, leases_in_flight, 0, 3000), 0);
+    assert_int_equal(th_stats(pool).remote_connected, 1);
+    fake_close(&f);
+    ferry_pool_destroy(pool);
 }
 
 /* An admitted peer's forged and broken active messages: another connection's id, a wrong
@@ -1388,6 +1542,45 @@ static void test_welcome_that_lies(void **state)
     }
 }
 
+/* A producer whose answers to reads lie (an OUTSIDE answer whose extent holds the range,
+ * one byte too few, an extent where bytes were asked for): each read ends MISMATCH, the
+ * producer having broken the protocol, with nothing of the answer in the caller's buffer.
+ * One that answers BUSY for ever: the read ends TIMEOUT at its timeout. */
+static void test_read_answers_that_lie(void **state)
+{
+    (void)state;
+    const char *modes[] = {"read-outside", "read-short", "read-extent", "read-busy"};
+    for (size_t i = 0; i < sizeof(modes) / sizeof(modes[0]); i++) {
+        char addr[FERRY_REMOTE_ADDRESS_SIZE];
+        th_helper h = spawn_fake_producer(modes[i], addr);
+        ferry_consumer *c = NULL;
+        assert_int_equal(ferry_consumer_connect(addr, 0, -1, &c), FERRY_OK);
+        ferry_descriptor d;
+        size_t k = 0;
+        assert_int_equal(ferry_consumer_recv(c, 5000 * MS, &d, 1, &k), FERRY_OK);
+        uint8_t buf[FP_LENGTH], fill[FP_LENGTH];
+        memset(buf, 0xab, sizeof(buf));
+        memset(fill, 0xab, sizeof(fill));
+        uint64_t t0 = ferry_now_ns();
+        ferry_status st = ferry_consumer_read(c, &d, buf, sizeof(buf), 200 * MS);
+        uint64_t took = ms_since(t0);
+        fprintf(stderr, "test_remote_attack: reads answered %s: %s after %llu ms: %s\n", modes[i],
+                ferry_status_name(st), (unsigned long long)took, ferry_last_error());
+        if (strcmp(modes[i], "read-busy") == 0) {
+            assert_int_equal(st, FERRY_TIMEOUT);
+            assert_non_null(strstr(ferry_last_error(), "no room for the answers"));
+            assert_true(took >= 200);
+        } else {
+            assert_int_equal(st, FERRY_MISMATCH);
+            assert_non_null(strstr(ferry_last_error(), "broke the protocol"));
+            assert_memory_equal(buf, fill, sizeof(buf));
+        }
+        ferry_consumer_destroy(c);
+        th_send_type(h.fd, TH_MSG_DONE);
+        th_reap_helper(&h);
+    }
+}
+
 /* Connects to a fake producer of the given mode, which forwards its lies and then one good
  * lease: only that one is received, read byte for byte and acknowledged. */
 static void only_the_good_one(const char *mode)
@@ -1932,6 +2125,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_welcome_that_lies),
         cmocka_unit_test(test_descriptors_that_lie),
         cmocka_unit_test(test_inline_descriptors_that_lie),
+        cmocka_unit_test(test_read_answers_that_lie),
+        cmocka_unit_test_teardown(test_read_requests_beyond_the_queue, hold_undo),
         cmocka_unit_test(test_other_message_ids),
         cmocka_unit_test(test_other_message_ids_to_consumer),
         cmocka_unit_test(test_close_while_reading),
@@ -1940,5 +2135,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_replay_after_reconnect),
         cmocka_unit_test(test_refused_cycles),
     };
+    if (getenv("FERRY_TEST_ONLY")) /* one test, by name (a pattern cmocka matches) */
+        cmocka_set_test_filter(getenv("FERRY_TEST_ONLY"));
     return cmocka_run_group_tests(tests, group_setup, NULL);
 }

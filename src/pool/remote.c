@@ -35,13 +35,16 @@ static int holds_locked(ferry_pool *pool, uint32_t slot, uint32_t generation)
 
 /* A lease is the rank's to read while its slot holds it (not cancelled) and the rank's
  * acknowledgement is not written. Under the pool's lock, from the producer's own records:
- * nothing here comes from memory another process can write, but the control words. */
+ * nothing here comes from memory another process can write, but the control words. A
+ * closing pool holds no lease: CLOSING. */
 static ferry_status hook_lease(void *user, uint32_t slot, uint32_t generation, uint32_t rank,
                                int *ready, uint64_t *offset, uint64_t *length)
 {
     ferry_pool *pool = user;
     ferry_status st = FERRY_STALE;
     pthread_mutex_lock(&pool->lock);
+    if (pool->closing)
+        st = FERRY_CLOSING;
     const ferry__slot *s = &pool->slots[slot];
     const ferry__shm_layout *l = &pool->mem.shm.layout;
     if (holds_locked(pool, slot, generation) &&

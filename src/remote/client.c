@@ -12,7 +12,13 @@
  * acknowledgement word; a slot reused or a lease acknowledged on this rank's behalf since
  * (after which the producer may free the slice) ends the read STALE. A small lease of a host
  * pool comes with its bytes inside its DESC (copied and checked by the producer while the
- * lease was this rank's): reads of it into host memory copy them, without a get. */
+ * lease was this rank's): reads of it into host memory copy them, without a get.
+ *
+ * Served reads: where UCX would emulate gets (no RMA lane: tcp), a read of a host pool into
+ * host memory asks the producer's thread for the bytes instead (FERRY_AM_READ, pieces of
+ * FERRY_REMOTE_READ_PIECE, CLIENT_READ_WINDOW at once). Each answer (FERRY_AM_DATA) was checked
+ * there after its copy, so no check follows; an answer is written into the destination only
+ * while its read waits for it (cl->rd), never after the read returned. */
 #include <errno.h>
 #include <ifaddrs.h>
 #include <netdb.h>
@@ -55,6 +61,8 @@
 #define CLIENT_GET_PIECE (64ull << 20)
 /* How often a read polls the ready word of a lease that is not ready yet. */
 #define CLIENT_READY_POLL_NS 20000ull
+/* Read requests a served read keeps on their way at once. */
+#define CLIENT_READ_WINDOW 4
 
 /* What this process knows of a slot's current lease. */
 typedef struct lease_note {
@@ -63,6 +71,29 @@ typedef struct lease_note {
     uint64_t offset, length;
     uint32_t inl; /* 1 + the index of its inline bytes in the client's inl; 0: none */
 } lease_note;
+
+/* A served read while it waits for its answers (cl->rd): its pieces of FERRY_REMOTE_READ_PIECE
+ * bytes (none for a look at the lease's state), asked for in CLIENT_READ_WINDOW places. */
+typedef struct served_read {
+    const ferry_descriptor *d;
+    uint8_t *dst;           /* NULL: a look (a READ of no bytes, answered with the extent) */
+    uint64_t pieces, asked; /* pieces in all; pieces asked for so far (in order) */
+    uint64_t done;          /* pieces answered with their bytes */
+    uint64_t heard;         /* when the last answer came */
+    uint64_t deadline;      /* BUSY answers past it end the read (TIMEOUT) */
+    uint64_t timeout_ns;    /* the caller's, for that message */
+    uint32_t fail;          /* what ended it early: a FERRY_AM_DATA_* status (NOT_READY:
+                             * only a look's; BUSY: past the deadline), or SERVED_LIE */
+    uint64_t value;         /* STALE: the slot's generation as the producer read it */
+    uint64_t extent[2];     /* a look's answer, or an OUTSIDE answer's */
+    struct {
+        uint32_t id; /* the request on its way; 0: none */
+        uint64_t piece;
+        uint64_t again; /* with id 0: answered BUSY, asked again at this time */
+    } at[CLIENT_READ_WINDOW];
+} served_read;
+
+enum { SERVED_LIE = FERRY_AM_DATA_STATUSES };
 
 /* The bytes of a lease that came inline: its whole extent. */
 typedef struct inline_copy {
@@ -108,6 +139,10 @@ struct ferry__remote_client {
     int inline_ok;
     int marks_partial; /* the control words are in host memory: partly acknowledged leases
                         * are marked (FERRY_AM_ACK_PARTIAL) */
+    int served;        /* reads of host memory are served by the producer (UCX would emulate
+                        * gets): inline_ok and no RMA lane */
+    uint32_t read_ids; /* the last read request's id */
+    served_read *rd;   /* the served read waiting for answers, or NULL */
     inline_copy *inl;
     uint32_t inl_next;
 };
@@ -473,16 +508,78 @@ static void on_desc(ferry__remote_client *cl, const ferry__am *m, const uint8_t 
         inline_keep(cl, first, m->u.desc.offset, data + FERRY_DESCRIPTOR_SIZE, m->u.desc.length);
 }
 
+static uint64_t piece_length(const served_read *r, uint64_t piece)
+{
+    uint64_t left = r->dst ? r->d->length - piece * FERRY_REMOTE_READ_PIECE : 0;
+    return left < FERRY_REMOTE_READ_PIECE ? left : FERRY_REMOTE_READ_PIECE;
+}
+
+/* A DATA from the producer: the answer to a request of the read waiting now, or dropped (an
+ * answer to a read that already ended, or a lie). Bytes are written only into that read's
+ * destination, only as many as its piece has, and only with status OK. */
+static void on_data(ferry__remote_client *cl, const ferry__am *m, const uint8_t *data, size_t len)
+{
+    served_read *r = cl->rd;
+    int i = 0;
+    while (r && i < CLIENT_READ_WINDOW && !(r->at[i].id && r->at[i].id == m->u.data.id))
+        i++;
+    if (!r || i == CLIENT_READ_WINDOW || r->fail)
+        return;
+    uint64_t now = ferry__now_ns(), piece = r->at[i].piece;
+    int extent = (m->flags & FERRY_AM_DATA_EXTENT) != 0;
+    r->heard = now;
+    r->at[i].id = 0;
+    switch (m->u.data.status) {
+    case FERRY_AM_DATA_NOT_READY: /* a look ends (wait_ready asks again); a piece's can't be */
+        if (!r->dst) {
+            r->fail = FERRY_AM_DATA_NOT_READY;
+            return;
+        }
+        /* fall through */
+    case FERRY_AM_DATA_BUSY:
+        if (now >= r->deadline)
+            r->fail = FERRY_AM_DATA_BUSY;
+        else
+            r->at[i].again = now + CLIENT_READY_POLL_NS;
+        return;
+    case FERRY_AM_DATA_STALE:
+        r->fail = FERRY_AM_DATA_STALE;
+        r->value = m->u.data.value;
+        return;
+    case FERRY_AM_DATA_OUTSIDE:
+        r->fail = FERRY_AM_DATA_OUTSIDE;
+        r->extent[0] = ferry__get_le64(data);
+        r->extent[1] = ferry__get_le64(data + 8);
+        return;
+    default: /* OK (the decoder let no other status through) */
+        break;
+    }
+    if (r->dst ? extent || len != piece_length(r, piece) : !extent) {
+        r->fail = SERVED_LIE;
+        return;
+    }
+    if (r->dst) {
+        memcpy(r->dst + piece * FERRY_REMOTE_READ_PIECE, data, len);
+    } else {
+        r->extent[0] = ferry__get_le64(data);
+        r->extent[1] = ferry__get_le64(data + 8);
+    }
+    r->done++;
+}
+
 static ucs_status_t on_am(void *arg, const void *header, size_t header_len, void *data, size_t len,
                           const ucp_am_recv_param_t *param)
 {
     ferry__remote_client *cl = arg;
     ferry__am m;
-    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) &&
-        ferry__am_decode(header, header_len, len, &m) == FERRY_OK && m.type == FERRY_AM_DESC &&
-        m.conn_id == cl->conn_id &&
-        !ferry__secret_differs((const uint8_t *)&m.token, (const uint8_t *)&cl->token, 8))
+    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ||
+        ferry__am_decode(header, header_len, len, &m) != FERRY_OK || m.conn_id != cl->conn_id ||
+        ferry__secret_differs((const uint8_t *)&m.token, (const uint8_t *)&cl->token, 8))
+        return UCS_OK;
+    if (m.type == FERRY_AM_DESC)
         on_desc(cl, &m, data, len);
+    else if (m.type == FERRY_AM_DATA)
+        on_data(cl, &m, data, len);
     return UCS_OK;
 }
 
@@ -643,12 +740,14 @@ static ferry_status send_am(ferry__remote_client *cl, ferry__am *m, const void *
     return wait_requests(cl, &req, 1, "ucp_am_send_nbx", CLIENT_SPIN_NS);
 }
 
-/* Tells the producer how reads go, so that an emulated path is counted and logged there. */
+/* Tells the producer how reads go, so that an emulated path is counted and logged there;
+ * where gets would be emulated, reads of a host pool are served (cl->served). */
 static void send_info(ferry__remote_client *cl)
 {
     char path[FERRY_AM_MAX_INFO];
     int emulated = 0;
     ferry__ucx_ep_rma_path(&cl->node, cl->ep, path, sizeof(path), &emulated);
+    cl->served = emulated && cl->inline_ok;
     ferry__am m = {.type = FERRY_AM_INFO, .flags = (uint16_t)emulated};
     send_am(cl, &m, path, strlen(path));
 }
@@ -1045,51 +1144,178 @@ static ferry_status stale(const ferry_descriptor *d, uint32_t now, uint32_t rank
                        d->slot, d->generation, rank);
 }
 
+static ferry_status not_ready(const ferry_descriptor *d, uint64_t timeout_ns)
+{
+    return ferry__fail(FERRY_TIMEOUT, "lease (slot=%u, generation=%u) not ready after %.3f ms",
+                       d->slot, d->generation, (double)timeout_ns / 1e6);
+}
+
+/* MISMATCH unless the descriptor's range is inside its lease's extent. */
+static ferry_status inside_lease(const ferry_descriptor *d, uint64_t offset, uint64_t length)
+{
+    if (d->offset >= offset && d->length <= length && d->offset - offset <= length - d->length)
+        return FERRY_OK;
+    return ferry__fail(FERRY_MISMATCH,
+                       "descriptor range [%llu, +%llu) is not inside its lease (slot=%u, "
+                       "generation=%u), which holds [%llu, +%llu)",
+                       (unsigned long long)d->offset, (unsigned long long)d->length, d->slot,
+                       d->generation, (unsigned long long)offset, (unsigned long long)length);
+}
+
+/* Asks the producer for a served read's piece, in place i under a new id (0 marks none). */
+static ferry_status ask(ferry__remote_client *cl, served_read *r, int i, uint64_t piece)
+{
+    uint32_t id = ++cl->read_ids ? cl->read_ids : ++cl->read_ids;
+    r->at[i].id = id;
+    r->at[i].piece = piece;
+    r->at[i].again = 0;
+    uint8_t offset[8];
+    ferry__put_le64(offset, r->d->offset + (r->dst ? piece * FERRY_REMOTE_READ_PIECE : 0));
+    ferry__am m = {.type = FERRY_AM_READ,
+                   .u.read = {r->d->slot, r->d->generation, id, (uint32_t)piece_length(r, piece)}};
+    return send_am(cl, &m, offset, sizeof(offset));
+}
+
+/* Runs a served read: asks for its pieces, CLIENT_READ_WINDOW at once (again after a BUSY
+ * answer), and progresses until every piece is in or an answer ended it (r->fail; the
+ * status served_status makes of it). Bounded as wait_requests is, by the producer's
+ * liveness: its connection ending, or no answer for the keepalive bound while requests are
+ * on their way. Answers that come after it returned find no read waiting and are dropped.
+ * Called with the lock held. */
+static ferry_status serve(ferry__remote_client *cl, served_read *r, uint64_t spin_ns)
+{
+    const ferry__ucx *u = cl->node.ucx;
+    ferry_status st = FERRY_OK;
+    uint64_t start = ferry__now_ns(), check = start + CLIENT_SLICE_NS;
+    r->heard = start;
+    cl->rd = r;
+    while (st == FERRY_OK && !r->fail && r->done < r->pieces) {
+        uint64_t now = ferry__now_ns();
+        for (int i = 0; i < CLIENT_READ_WINDOW && st == FERRY_OK && !r->fail; i++) {
+            if (r->at[i].id)
+                continue;
+            if (r->at[i].again && now >= r->at[i].again)
+                st = ask(cl, r, i, r->at[i].piece);
+            else if (!r->at[i].again && r->asked < r->pieces)
+                st = ask(cl, r, i, r->asked++);
+        }
+        if (st != FERRY_OK || r->fail || r->done == r->pieces)
+            break;
+        int busy = u->ucp_worker_progress(cl->node.worker) != 0;
+        now = ferry__now_ns();
+        if (now >= check) {
+            check = now + CLIENT_SLICE_NS;
+            if (!cl->ep || producer_gone(cl) || now - r->heard > cl->silence_ns) {
+                if (!cl->gone && cl->ep)
+                    ferry__log(FERRY_LOG_WARN,
+                               "remote pool %.80s: no answer to a read for %.0f ms: the producer "
+                               "is taken for gone (rank %u)",
+                               cl->address, (double)(now - r->heard) / 1e6, cl->rank);
+                if (cl->ep)
+                    abandon(cl);
+                st = gone_error(cl);
+                break;
+            }
+        }
+        if (!busy && now - start > spin_ns && u->ucp_worker_arm(cl->node.worker) == UCS_OK) {
+            struct pollfd p = {.fd = cl->node.efd, .events = POLLIN};
+            poll(&p, 1, 1);
+        }
+    }
+    cl->rd = NULL;
+    return st;
+}
+
+/* What a served read's answers told (r->fail), as the read's status: OK only once every
+ * piece came with its bytes. */
+static ferry_status served_status(ferry__remote_client *cl, const served_read *r)
+{
+    ferry_status st;
+    switch (r->fail) {
+    case 0:
+        if (r->done == r->pieces)
+            return FERRY_OK;
+        break;
+    case FERRY_AM_DATA_STALE:
+        return stale(r->d, (uint32_t)r->value, cl->rank);
+    case FERRY_AM_DATA_OUTSIDE: /* an extent that holds the range is a lie */
+        st = inside_lease(r->d, r->extent[0], r->extent[1]);
+        if (st != FERRY_OK)
+            return st;
+        break;
+    case FERRY_AM_DATA_BUSY:
+        return ferry__fail(FERRY_TIMEOUT,
+                           "remote pool %.80s: the producer had no room for the answers to a read "
+                           "of lease (slot=%u, generation=%u) within %.3f ms (its other consumers "
+                           "hold it; the read may be tried again)",
+                           cl->address, r->d->slot, r->d->generation, (double)r->timeout_ns / 1e6);
+    default:
+        break;
+    }
+    return ferry__fail(FERRY_MISMATCH,
+                       "remote pool %.80s answered a read of lease (slot=%u, generation=%u) with "
+                       "what ferry cannot use: its producer broke the protocol",
+                       cl->address, r->d->slot, r->d->generation);
+}
+
 static uint64_t ack_word_addr(const ferry__remote_client *cl, uint32_t slot)
 {
     return cl->control_addr + 4ull * ((uint64_t)slot * cl->row_words + 1 + cl->rank);
 }
 
-/* Looks at the lease remotely (generation, ready word, extent) until it is ready. */
+/* One look at the lease with gets: its slot's generation, ready word and extent; the note
+ * is set once it is ready. */
+static ferry_status look_with_gets(ferry__remote_client *cl, const ferry_descriptor *d)
+{
+    uint32_t gen = 0, ready = 0;
+    uint64_t extent[2] = {0, 0};
+    void *reqs[3] = {
+        get(cl, &gen, 4, cl->gen_addr + 4ull * d->slot, 0, 0),
+        get(cl, &ready, 4, cl->control_addr + 4ull * d->slot * cl->row_words, cl->control_rkey, 0),
+        get(cl, extent, 16, cl->extent_addr + 16ull * d->slot, 0, 0),
+    };
+    ferry_status st = wait_requests(cl, reqs, 3, "ucp_get_nbx", CLIENT_SPIN_NS);
+    if (st != FERRY_OK)
+        return st;
+    if (gen != d->generation)
+        return stale(d, gen, cl->rank);
+    if (ready == d->generation)
+        note_set(cl, d, extent[0], extent[1]);
+    return FERRY_OK;
+}
+
+/* Looks at the lease remotely until it is ready: its generation, ready word and extent, by
+ * gets or, where reads are served, by a request of no bytes (answered by the producer's
+ * thread: the lease's extent, NOT_READY, or STALE). Sleeps between looks without the lock. */
 static ferry_status wait_ready(ferry__remote_client *cl, const ferry_descriptor *d,
                                uint64_t timeout_ns, uint64_t deadline)
 {
     lease_note *n = &cl->notes[d->slot];
     while (!(n->generation == d->generation && n->ready)) {
-        uint32_t gen = 0, ready = 0;
-        uint64_t extent[2] = {0, 0};
-        void *reqs[3] = {
-            get(cl, &gen, 4, cl->gen_addr + 4ull * d->slot, 0, 0),
-            get(cl, &ready, 4, cl->control_addr + 4ull * d->slot * cl->row_words, cl->control_rkey,
-                0),
-            get(cl, extent, 16, cl->extent_addr + 16ull * d->slot, 0, 0),
-        };
-        ferry_status st = wait_requests(cl, reqs, 3, "ucp_get_nbx", CLIENT_SPIN_NS);
-        if (st != FERRY_OK)
-            return st;
-        if (gen != d->generation)
-            return stale(d, gen, cl->rank);
-        if (ready == d->generation) {
-            note_set(cl, d, extent[0], extent[1]);
-            break;
+        if (cl->served) { /* a look: a request of no bytes, answered with the extent */
+            served_read r = {.d = d, .pieces = 1, .deadline = deadline, .timeout_ns = timeout_ns};
+            ferry_status st = serve(cl, &r, CLIENT_SPIN_NS);
+            if (st == FERRY_OK && r.fail != FERRY_AM_DATA_NOT_READY) {
+                st = served_status(cl, &r);
+                if (st == FERRY_OK)
+                    note_set(cl, d, r.extent[0], r.extent[1]);
+            }
+            if (st != FERRY_OK)
+                return st;
+        } else {
+            ferry_status st = look_with_gets(cl, d);
+            if (st != FERRY_OK)
+                return st;
         }
+        if (n->generation == d->generation && n->ready)
+            break;
         if (ferry__now_ns() >= deadline)
-            return ferry__fail(FERRY_TIMEOUT,
-                               "lease (slot=%u, generation=%u) not ready after %.3f ms", d->slot,
-                               d->generation, (double)timeout_ns / 1e6);
+            return not_ready(d, timeout_ns);
         sleep_on(cl, CLIENT_READY_POLL_NS);
         if (producer_gone(cl))
             return gone_error(cl);
     }
-    if (d->offset < n->offset || d->length > n->length ||
-        d->offset - n->offset > n->length - d->length)
-        return ferry__fail(FERRY_MISMATCH,
-                           "descriptor range [%llu, +%llu) is not inside its lease (slot=%u, "
-                           "generation=%u), which holds [%llu, +%llu)",
-                           (unsigned long long)d->offset, (unsigned long long)d->length, d->slot,
-                           d->generation, (unsigned long long)n->offset,
-                           (unsigned long long)n->length);
-    return FERRY_OK;
+    return inside_lease(d, n->offset, n->length);
 }
 
 /* Checks, before anything is read, that the call may go ahead. */
@@ -1133,7 +1359,8 @@ static int gpu_memory(const ferry__remote_client *cl, const void *dst)
 static ferry_status read_checked(ferry__remote_client *cl, const ferry_descriptor *d, void *dst,
                                  uint64_t timeout_ns)
 {
-    ferry_status st = wait_ready(cl, d, timeout_ns, ferry__deadline(timeout_ns));
+    uint64_t deadline = ferry__deadline(timeout_ns);
+    ferry_status st = wait_ready(cl, d, timeout_ns, deadline);
     if (st != FERRY_OK || !d->length)
         return st;
     int gpu = gpu_memory(cl, dst);
@@ -1150,6 +1377,16 @@ static ferry_status read_checked(ferry__remote_client *cl, const ferry_descripto
                            "UCX has no CUDA support (install a CUDA-enabled UCX, e.g. pip's "
                            "libucx-cu13, or read into host memory)",
                            cl->address);
+    if (cl->served && !gpu) { /* checked by the producer after each piece's copy */
+        served_read r = {.d = d,
+                         .dst = dst,
+                         .pieces =
+                             (d->length + FERRY_REMOTE_READ_PIECE - 1) / FERRY_REMOTE_READ_PIECE,
+                         .deadline = deadline,
+                         .timeout_ns = timeout_ns};
+        st = serve(cl, &r, CLIENT_SPIN_NS + d->length / CLIENT_SPIN_BYTES_PER_NS);
+        return st == FERRY_OK ? served_status(cl, &r) : st;
+    }
     uint32_t gen = 0, ack = 0;
     uint64_t pieces = (d->length + CLIENT_GET_PIECE - 1) / CLIENT_GET_PIECE;
     void *few[8], **reqs = pieces <= 8 ? few : malloc(pieces * sizeof(*reqs));

@@ -22,6 +22,11 @@
 /* "ferry+ucx://" */
 #define FERRY__REMOTE_PREFIX "ferry+ucx://"
 
+/* The bytes a consumer asks for in one served read request (FERRY_AM_READ_MAX at most): the
+ * producer copies a piece while UCX sends the one before, and four are on their way at once.
+ * Chosen by measurement (docs/BENCHMARKS.md, "Served reads"). */
+#define FERRY_REMOTE_READ_PIECE (256u << 10)
+
 /* The keepalive bound when the config sets none. */
 #define FERRY_REMOTE_TIMEOUT_DEFAULT_NS 5000000000ull
 
@@ -61,7 +66,8 @@ typedef struct ferry__remote_hooks {
     void (*detach)(void *user, uint32_t rank, uint32_t conn_id);
     /* The lease (slot, generation) as the producer knows it: FERRY_OK with its ready state
      * and the extent of its slice; STALE if it is no longer current for rank (its slot moved
-     * on, it was cancelled, or rank's acknowledgement is written). */
+     * on, it was cancelled, or rank's acknowledgement is written); CLOSING once the pool
+     * closes (its connections end soon after). */
     ferry_status (*lease)(void *user, uint32_t slot, uint32_t generation, uint32_t rank, int *ready,
                           uint64_t *offset, uint64_t *length);
     /* Acknowledges the lease (slot, generation) for ranks [first, first + count) on behalf
@@ -129,6 +135,8 @@ typedef struct ferry__remote_counts {
     uint64_t inlined;       /* leases sent with their bytes in the DESC */
     uint64_t inline_stale;  /* bytes copied for that and dropped: the lease moved on */
     uint64_t described;     /* hellos that claimed no rank, answered with the pool's description */
+    uint64_t served;        /* read requests answered (FERRY_AM_DATA) */
+    uint64_t served_stale;  /* of those, bytes copied and dropped: the lease moved on */
 } ferry__remote_counts;
 
 enum {

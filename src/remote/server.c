@@ -16,7 +16,15 @@
  * sent as one FERRY_AM_DESC per lease, with the lease's extent. At most ring_depth
  * descriptors are on their way to one consumer; its FERRY_AM_TAKEN messages open the window
  * again. A small lease of a host pool travels inline: its bytes follow its descriptor in the
- * DESC (copy_inline), so that the consumer reads it without a get. */
+ * DESC (copy_inline), so that the consumer reads it without a get.
+ *
+ * Served reads: a consumer whose gets UCX would emulate (tcp) asks this thread for a host
+ * pool's bytes instead (FERRY_AM_READ). Each request is queued by the active-message handler
+ * and answered after the round of progress (serve_reads): the lease checked through the pool,
+ * the bytes copied as for an inline DESC and kept only if the slot's generation still holds
+ * them, then sent in one FERRY_AM_DATA. UCX's own emulation of a get would copy them too, but
+ * sends its answer on a path that aborts the process when the consumer's connection broke
+ * meanwhile (docs/design.md, "What UCX does on its own"); ferry's sends end in on_sent. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -61,12 +69,29 @@
 /* How often a rank whose next lease is not ready yet (a GPU stream still copying) is looked
  * at again. */
 #define SERVER_READY_POLL_NS 50000ull
+/* Read requests one connection may have queued: a consumer has CLIENT_READ_WINDOW on their
+ * way at once, and a read that ended early leaves at most as many behind it, answered before
+ * the next read's. More are dropped and counted as bad messages. */
+#define SERVER_READS_QUEUED 16
+/* Bytes of read answers UCX may hold at once (not sent yet), for one rank and for all. A
+ * consumer has CLIENT_READ_WINDOW pieces on their way (1 MiB), and a read that ended early
+ * leaves at most 3 more: a rank over its budget asks far beyond that, or takes none of its
+ * answers, and is answered nothing more until they go. Bytes beyond the server's budget are
+ * answered BUSY and asked again. */
+#define SERVER_SERVED_RANK_MAX (16ull << 20)
+#define SERVER_SERVED_MAX      (256ull << 20)
 
 const char *const ferry__remote_refused_names[FERRY_REMOTE_REFUSED_REASONS] = {
     "malformed", "secret", "rank", "silent", "flood", "error",
 };
 
 enum conn_state { CONN_HELLO, CONN_ADMITTED };
+
+/* A read request as it came (FERRY_AM_READ), checked for form only. */
+typedef struct read_req {
+    uint32_t slot, generation, id, length;
+    uint64_t offset;
+} read_req;
 
 typedef struct conn {
     struct conn *next;
@@ -87,6 +112,8 @@ typedef struct conn {
     int failed;       /* UCX reported the endpoint failed, or the peer broke the protocol */
     int emulated;     /* it said its reads are emulated (counted once, while it is connected) */
     uint64_t leaving; /* its connection ended: dropped at this time (or when UCX says so) */
+    read_req reads[SERVER_READS_QUEUED]; /* read requests to answer after this round */
+    uint32_t nreads;
     pid_t pid;
     char host[FERRY_REMOTE_HOST_SIZE];
 } conn;
@@ -121,7 +148,9 @@ struct ferry__remote_server {
      * failure was told. */
     uint64_t accept_paused;
     unsigned warned_accept;
-    int inflight; /* atomic: sends UCX has not completed yet */
+    int inflight;          /* atomic: sends UCX has not completed yet */
+    uint64_t served_bytes; /* atomic: bytes of read answers among them (headers included) */
+    uint64_t *rank_served; /* atomic, by rank: the same, of each rank's connections */
 };
 
 /* epoll tags besides connection pointers (which are never this small). */
@@ -379,6 +408,8 @@ static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
  * completed in the call). */
 typedef struct am_buf {
     ferry__remote_server *server;
+    uint64_t served;      /* bytes of a read's answer it is (header included); 0: not one */
+    uint64_t *rank_count; /* where they count for their rank (the server's, not a conn's) */
     uint8_t bytes[];
 } am_buf;
 
@@ -387,6 +418,10 @@ static void on_sent(void *request, ucs_status_t status, void *user_data)
     (void)status; /* a failed send fails its endpoint too: the error callback tells */
     am_buf *b = user_data;
     __atomic_fetch_sub(&b->server->inflight, 1, __ATOMIC_RELAXED);
+    if (b->served) {
+        __atomic_fetch_sub(&b->server->served_bytes, b->served, __ATOMIC_RELAXED);
+        __atomic_fetch_sub(b->rank_count, b->served, __ATOMIC_RELAXED);
+    }
     b->server->node.ucx->ucp_request_free(request);
     free(b);
 }
@@ -395,8 +430,11 @@ static void on_sent(void *request, ucs_status_t status, void *user_data)
 static am_buf *am_buf_new(ferry__remote_server *s, size_t n)
 {
     am_buf *b = malloc(sizeof(*b) + FERRY_AM_HEADER + n);
-    if (b)
+    if (b) {
         b->server = s;
+        b->served = 0;
+        b->rank_count = NULL;
+    }
     return b;
 }
 
@@ -420,6 +458,10 @@ static int am_send(ferry__remote_server *s, conn *c, const ferry__am *m, am_buf 
         return req == NULL ? 0 : -1;
     }
     __atomic_fetch_add(&s->inflight, 1, __ATOMIC_RELAXED); /* on_sent frees it */
+    if (b->served) {
+        __atomic_fetch_add(&s->served_bytes, b->served, __ATOMIC_RELAXED);
+        __atomic_fetch_add(b->rank_count, b->served, __ATOMIC_RELAXED);
+    }
     return 0;
 }
 
@@ -486,6 +528,18 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_len, void
         break;
     case FERRY_AM_INFO:
         on_info(s, c, &m, data, len);
+        break;
+    case FERRY_AM_READ:
+        /* Only a host pool's bytes are served (inline_data), and only as many requests as a
+         * consumer asks at once are kept. */
+        if (s->inline_data && m.u.read.slot < s->cfg.max_inflight &&
+            c->nreads < SERVER_READS_QUEUED) {
+            read_req *r = &c->reads[c->nreads++];
+            *r = (read_req){m.u.read.slot, m.u.read.generation, m.u.read.id, m.u.read.length,
+                            ferry__get_le64(data)};
+        } else {
+            count_add(s, &s->counts.bad_messages, 1);
+        }
         break;
     default:
         break;
@@ -590,6 +644,93 @@ static int send_desc(ferry__remote_server *s, conn *c, const lease_at *l, uint32
         count_add(s, &s->counts.inlined, 1);
     }
     return am_send(s, c, &m, b, n);
+}
+
+/* Answers one read request: the lease must be the rank's and ready (the pool says, under its
+ * lock, after the ready word's acquire) and the range inside its extent; the bytes are copied
+ * and kept only if the slot's generation still holds the lease afterwards (as copy_inline
+ * keeps a DESC's). A request of no bytes is answered with the lease's extent. A closing
+ * pool answers nothing: the consumer hears its connection end (PRODUCER_GONE). Every answer
+ * counts against its rank's budget until UCX has sent it; a request beyond that budget is not
+ * answered (counted as a bad message: its consumer asks far beyond its window, or takes none
+ * of its answers), and bytes beyond the server's budget, or without memory, are answered
+ * BUSY. */
+static void serve_read(ferry__remote_server *s, conn *c, const read_req *r)
+{
+    ferry__am m = {.type = FERRY_AM_DATA,
+                   .conn_id = c->id,
+                   .token = c->token,
+                   .u.data = {.id = r->id, .status = FERRY_AM_DATA_OK}};
+    int ready = 0;
+    uint64_t off = 0, len = 0;
+    ferry_status ls =
+        s->cfg.hooks.lease(s->cfg.hooks.user, r->slot, r->generation, c->rank, &ready, &off, &len);
+    if (ls == FERRY_CLOSING)
+        return; /* not answered: the connection ends with the pool, and the read with it */
+    int inside = r->offset >= off && r->length <= len && r->offset - off <= len - r->length;
+    size_t n = 0;  /* the payload's bytes */
+    int bytes = 0; /* the payload is the lease's bytes (else the extent, or nothing) */
+    if (ls != FERRY_OK) {
+        m.u.data.status = FERRY_AM_DATA_STALE;
+    } else if (!ready) {
+        m.u.data.status = FERRY_AM_DATA_NOT_READY;
+    } else if (!inside || !r->length) {
+        m.u.data.status = inside ? FERRY_AM_DATA_OK : FERRY_AM_DATA_OUTSIDE;
+        m.flags = FERRY_AM_DATA_EXTENT;
+        n = 16;
+    } else {
+        n = r->length;
+        bytes = 1;
+    }
+    uint64_t *mine = &s->rank_served[c->rank];
+    if (__atomic_load_n(mine, __ATOMIC_RELAXED) + FERRY_AM_HEADER + n > SERVER_SERVED_RANK_MAX) {
+        count_add(s, &s->counts.bad_messages, 1);
+        return;
+    }
+    am_buf *b = NULL;
+    if (!bytes || __atomic_load_n(&s->served_bytes, __ATOMIC_RELAXED) + FERRY_AM_HEADER + n <=
+                      SERVER_SERVED_MAX)
+        b = am_buf_new(s, n);
+    if (!b && bytes) { /* no room, or no memory, for the bytes: asked again */
+        m.u.data.status = FERRY_AM_DATA_BUSY;
+        n = 0;
+        bytes = 0;
+        b = am_buf_new(s, 0);
+    }
+    if (!b)
+        return; /* not even a header: unanswered, the consumer takes the producer for gone */
+    uint8_t *payload = b->bytes + FERRY_AM_HEADER;
+    if (m.flags == FERRY_AM_DATA_EXTENT) {
+        ferry__put_le64(payload, off);
+        ferry__put_le64(payload + 8, len);
+    }
+    if (bytes) {
+        if (ferry__remote_test_before_copy)
+            ferry__remote_test_before_copy(r->slot, r->generation);
+        copy_relaxed(payload, s->inline_data + r->offset, r->length);
+        if (ferry__load_after_reads32(&s->generations[r->slot]) != r->generation) {
+            m.u.data.status = FERRY_AM_DATA_STALE;
+            n = 0;
+            count_add(s, &s->counts.served_stale, 1);
+        }
+    }
+    if (m.u.data.status == FERRY_AM_DATA_STALE)
+        m.u.data.value = __atomic_load_n(&s->generations[r->slot], __ATOMIC_ACQUIRE);
+    b->served = FERRY_AM_HEADER + n;
+    b->rank_count = mine;
+    if (am_send(s, c, &m, b, n) != 0)
+        c->failed = 1;
+    else
+        count_add(s, &s->counts.served, 1);
+}
+
+/* Answers the read requests queued in this round's progress; a connection that ended (its
+ * consumer left) is answered nothing. */
+static void serve_reads(ferry__remote_server *s, conn *c)
+{
+    for (uint32_t i = 0; i < c->nreads && !c->failed && !c->leaving; i++)
+        serve_read(s, c, &c->reads[i]);
+    c->nreads = 0;
 }
 
 /* Sends what the rank's ring holds, as far as the consumer's window and readiness allow. The
@@ -1062,9 +1203,16 @@ static void *server_main(void *arg)
         while (s->node.ucx->ucp_worker_progress(s->node.worker)) {
         }
         for (uint32_t r = 0; r < s->cfg.consumers; r++)
-            if (s->by_rank[r] && !s->by_rank[r]->failed)
+            if (s->by_rank[r] && !s->by_rank[r]->failed) {
+                serve_reads(s, s->by_rank[r]);
                 forward(s, s->by_rank[r]);
+            }
         int timeout = sweep(s);
+        /* Requests that came in while sweep progressed the worker (closing an endpoint) are
+         * answered in the next round, not after the next event. */
+        for (uint32_t r = 0; r < s->cfg.consumers && timeout != 0; r++)
+            if (s->by_rank[r] && s->by_rank[r]->nreads)
+                timeout = 0;
         if (s->node.ucx->ucp_worker_arm(s->node.worker) == UCS_ERR_BUSY)
             continue;
         int n = epoll_wait(s->epoll_fd, ev, 32, timeout);
@@ -1124,6 +1272,7 @@ static void release(ferry__remote_server *s)
     pthread_mutex_destroy(&s->lock);
     free(s->descs);
     free(s->by_rank);
+    free(s->rank_served);
     free(s);
 }
 
@@ -1179,8 +1328,9 @@ ferry_status ferry__remote_start(const ferry__remote_config *config, ferry__remo
     s->cfg.listen = config->listen;
     inline_source(s);
     s->by_rank = calloc(config->consumers, sizeof(*s->by_rank));
+    s->rank_served = calloc(config->consumers, sizeof(*s->rank_served));
     s->descs = malloc((size_t)config->ring_depth * sizeof(*s->descs));
-    ferry_status st = s->by_rank && s->descs
+    ferry_status st = s->by_rank && s->rank_served && s->descs
                           ? start_steps(s)
                           : ferry__fail(FERRY_NO_MEMORY, "out of memory for the remote server");
     s->cfg.listen = NULL; /* the caller's string is not kept */
@@ -1234,6 +1384,7 @@ void ferry__remote_forget(ferry__remote_server *s)
         close(s->wake_fd);
     free(s->descs);
     free(s->by_rank);
+    free(s->rank_served);
     free(s);
 }
 
