@@ -1056,16 +1056,32 @@ static void test_consumer_killed(void **state)
     ferry_pool_destroy(pool);
 }
 
-/* Consumers killed while their reads are being answered (SIGKILL 1, 4 and 7 ms into a stream
- * of 4 MiB leases, each read in four requests): the producer lives on, its answers to the
- * closed connections go nowhere, each one's leases are settled, and the next consumer of the
- * rank is served byte for byte. */
+/* Consumers killed while their reads are being answered: one while the producer's thread is
+ * held before it copies the first answer (which then goes to a connection that is gone),
+ * then three SIGKILLed 1, 4 and 7 ms into a stream of 4 MiB leases (each read in requests of
+ * 256 KiB). The producer lives on, its answers to the closed connections go nowhere, each
+ * one's leases are settled, and the next consumer of the rank is served byte for byte. */
 static void test_consumer_killed_while_reading(void **state)
 {
     (void)state;
     ferry_pool *pool = make_pool(1, 64 << 20, 5000000);
     char addr[FERRY_REMOTE_ADDRESS_SIZE];
     remote_address_of(pool, addr);
+    hold_install();
+    th_helper held_one = spawn_consumer(1, "receiver", addr, 0, FERRY_OK);
+    __atomic_store_n(&held.armed, 1, __ATOMIC_RELEASE);
+    assert_int_equal(send_stamped(pool, 4 << 20, 699, NULL, 5000 * MS), FERRY_OK);
+    hold_wait(); /* its first request checked, not copied yet */
+    kill(held_one.pid, SIGKILL);
+    th_reap_helper(&held_one);
+    struct timespec gone = {0, 100 * 1000 * 1000}; /* its connection's end reaches the host */
+    nanosleep(&gone, NULL);
+    sem_post(&held.resume);
+    wait_settled(pool, 5000);
+    for (int i = 0; i < 300 && th_stats(pool).remote_connected; i++)
+        usleep(10000);
+    assert_int_equal(th_stats(pool).remote_connected, 0);
+    hold_remove();
     for (int round = 0; round < 3; round++) {
         th_helper h = spawn_consumer(1, "receiver", addr, 0, FERRY_OK);
         for (uint64_t i = 0; i < 4; i++)
@@ -1075,10 +1091,13 @@ static void test_consumer_killed_while_reading(void **state)
         kill(h.pid, SIGKILL);
         th_reap_helper(&h);
         wait_settled(pool, 5000);
+        /* (its leases may all have been acknowledged before the kill: settled at once) */
+        for (int i = 0; i < 300 && th_stats(pool).remote_connected; i++)
+            usleep(10000);
         assert_int_equal(th_stats(pool).remote_connected, 0);
     }
     uint64_t served = remote_counts(pool).served;
-    fprintf(stderr, "test_remote: 3 consumers killed while reading: %llu read requests answered\n",
+    fprintf(stderr, "test_remote: 4 consumers killed while reading: %llu read requests answered\n",
             (unsigned long long)served);
     assert_true(served > 0); /* the reads were the producer's to answer, not UCX's */
     th_helper again = spawn_consumer(1, "receiver", addr, 0, FERRY_OK);
