@@ -666,7 +666,9 @@ FERRY_API ferry_status ferry_consumer_ack(ferry_consumer *consumer, const ferry_
 
 /* Acknowledges the lease for ranks [first, first + count) (an attention subgroup), on their
  * behalf: claims no rank, and ends those ranks' views and CPU reads in progress (which then
- * end STALE). STALE only if every rank had acknowledged already. */
+ * end STALE; a remote rank's read whose bytes the producer had already copied for it, inline
+ * or over tcp, ends OK with the lease's bytes). STALE only if every rank had acknowledged
+ * already. */
 FERRY_API ferry_status ferry_consumer_ack_range(ferry_consumer *consumer,
                                                 const ferry_descriptor *desc, uint32_t first,
                                                 uint32_t count);
