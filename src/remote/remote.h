@@ -135,7 +135,7 @@ typedef struct ferry__remote_counts {
     uint64_t inlined;       /* leases sent with their bytes in the DESC */
     uint64_t inline_stale;  /* bytes copied for that and dropped: the lease moved on */
     uint64_t described;     /* hellos that claimed no rank, answered with the pool's description */
-    uint64_t served;        /* read requests answered (FERRY_AM_DATA) */
+    uint64_t served;        /* read requests answered (FERRY_AM_DATA, counted before it goes) */
     uint64_t served_stale;  /* of those, bytes copied and dropped: the lease moved on */
 } ferry__remote_counts;
 

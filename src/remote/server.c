@@ -718,10 +718,9 @@ static void serve_read(ferry__remote_server *s, conn *c, const read_req *r)
         m.u.data.value = __atomic_load_n(&s->generations[r->slot], __ATOMIC_ACQUIRE);
     b->served = FERRY_AM_HEADER + n;
     b->rank_count = mine;
+    count_add(s, &s->counts.served, 1); /* before the consumer can hear it */
     if (am_send(s, c, &m, b, n) != 0)
         c->failed = 1;
-    else
-        count_add(s, &s->counts.served, 1);
 }
 
 /* Answers the read requests queued in this round's progress; a connection that ended (its
