@@ -493,7 +493,7 @@ static void on_info(ferry__remote_server *s, conn *c, const ferry__am *m, const 
     count_add(s, &s->counts.emulated, 1);
     if (!__atomic_exchange_n(&s->warned_emulated, 1, __ATOMIC_RELAXED))
         ferry__log(FERRY_LOG_WARN,
-                   "%s: remote rank %u (host %s, pid %d) reads the pool %s: every get is served "
+                   "%s: remote rank %u (host %s, pid %d) reads the pool %s: every read is served "
                    "by the producer's thread (counted in remote_emulated; warned once)",
                    s->label, c->rank, c->host, (int)c->pid, path);
 }
