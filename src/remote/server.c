@@ -69,8 +69,8 @@
 /* How often a rank whose next lease is not ready yet (a GPU stream still copying) is looked
  * at again. */
 #define SERVER_READY_POLL_NS 50000ull
-/* Read requests one connection may have queued: a consumer has CLIENT_READ_WINDOW on their
- * way at once, and a read that ended early leaves at most as many behind it, answered before
+/* Read requests one connection may have queued: a consumer has CLIENT_READ_WINDOW (4) on
+ * their way at once, and a read that ended early leaves at most 3 behind it, answered before
  * the next read's. More are dropped and counted as bad messages. */
 #define SERVER_READS_QUEUED 16
 /* Bytes of read answers UCX may hold at once (not sent yet), for one rank and for all. A
