@@ -22,6 +22,7 @@
 #include "shm/signal.h"
 #include "shm/wait.h"
 #include "transport/transport.h"
+#include "wire/wire.h"
 
 /* (How long each sleep of a waiting consumer lasts and whether it yields first is the
  * transport's: GPU streams write ready words without waking anybody, and usually within
@@ -285,13 +286,7 @@ static ferry_status check_extent(const ferry__mapped_pool *p, const ferry_descri
 {
     uint64_t off, len;
     ferry__shm_extent(&p->shm, d->slot, &off, &len);
-    if (d->offset >= off && d->length <= len && d->offset - off <= len - d->length)
-        return FERRY_OK;
-    return ferry__fail(FERRY_MISMATCH,
-                       "descriptor range [%llu, +%llu) is not inside its lease (slot=%u, "
-                       "generation=%u), which holds [%llu, +%llu)",
-                       (unsigned long long)d->offset, (unsigned long long)d->length, d->slot,
-                       d->generation, (unsigned long long)off, (unsigned long long)len);
+    return ferry__desc_inside_lease(d, off, len);
 }
 
 int ferry__producer_gone(ferry__mapped_pool *p)

@@ -449,8 +449,7 @@ static const uint8_t *inline_bytes(const ferry__remote_client *cl, const ferry_d
         return NULL;
     const inline_copy *e = &cl->inl[i - 1];
     if (!e->bytes || e->slot != d->slot || e->generation != d->generation ||
-        d->offset < e->offset || d->length > e->length ||
-        d->offset - e->offset > e->length - d->length)
+        !ferry__range_inside(d->offset, d->length, e->offset, e->length))
         return NULL;
     return e->bytes + (d->offset - e->offset);
 }
@@ -497,9 +496,8 @@ static void on_desc(ferry__remote_client *cl, const ferry__am *m, const uint8_t 
             memcmp(d->pool_id, cl->pool.pool_id, 16) != 0 || d->slot >= cl->max_inflight ||
             (d->flags & FERRY_DESC_FLAG_POOL_ONLY) || d->slot != first->slot ||
             d->generation != first->generation || (k > 1 && d->part_index != i) ||
-            (k > 1 ? d->part_count != k : d->part_count > 1) || d->offset < m->u.desc.offset ||
-            d->length > m->u.desc.length ||
-            d->offset - m->u.desc.offset > m->u.desc.length - d->length)
+            (k > 1 ? d->part_count != k : d->part_count > 1) ||
+            !ferry__range_inside(d->offset, d->length, m->u.desc.offset, m->u.desc.length))
             return; /* in_tail did not move: nothing is queued */
     }
     cl->in_tail += k;
@@ -1150,18 +1148,6 @@ static ferry_status not_ready(const ferry_descriptor *d, uint64_t timeout_ns)
                        d->slot, d->generation, (double)timeout_ns / 1e6);
 }
 
-/* MISMATCH unless the descriptor's range is inside its lease's extent. */
-static ferry_status inside_lease(const ferry_descriptor *d, uint64_t offset, uint64_t length)
-{
-    if (d->offset >= offset && d->length <= length && d->offset - offset <= length - d->length)
-        return FERRY_OK;
-    return ferry__fail(FERRY_MISMATCH,
-                       "descriptor range [%llu, +%llu) is not inside its lease (slot=%u, "
-                       "generation=%u), which holds [%llu, +%llu)",
-                       (unsigned long long)d->offset, (unsigned long long)d->length, d->slot,
-                       d->generation, (unsigned long long)offset, (unsigned long long)length);
-}
-
 /* Asks the producer for a served read's piece, in place i under a new id (0 marks none). */
 static ferry_status ask(ferry__remote_client *cl, served_read *r, int i, uint64_t piece)
 {
@@ -1239,7 +1225,7 @@ static ferry_status served_status(ferry__remote_client *cl, const served_read *r
     case FERRY_AM_DATA_STALE:
         return stale(r->d, (uint32_t)r->value, cl->rank);
     case FERRY_AM_DATA_OUTSIDE: /* an extent that holds the range is a lie */
-        st = inside_lease(r->d, r->extent[0], r->extent[1]);
+        st = ferry__desc_inside_lease(r->d, r->extent[0], r->extent[1]);
         if (st != FERRY_OK)
             return st;
         break;
@@ -1315,7 +1301,7 @@ static ferry_status wait_ready(ferry__remote_client *cl, const ferry_descriptor 
         if (producer_gone(cl))
             return gone_error(cl);
     }
-    return inside_lease(d, n->offset, n->length);
+    return ferry__desc_inside_lease(d, n->offset, n->length);
 }
 
 /* Checks, before anything is read, that the call may go ahead. */

@@ -667,7 +667,7 @@ static void serve_read(ferry__remote_server *s, conn *c, const read_req *r)
         s->cfg.hooks.lease(s->cfg.hooks.user, r->slot, r->generation, c->rank, &ready, &off, &len);
     if (ls == FERRY_CLOSING)
         return; /* not answered: the connection ends with the pool, and the read with it */
-    int inside = r->offset >= off && r->length <= len && r->offset - off <= len - r->length;
+    int inside = ferry__range_inside(r->offset, r->length, off, len);
     size_t n = 0;  /* the payload's bytes */
     int bytes = 0; /* the payload is the lease's bytes (else the extent, or nothing) */
     if (ls != FERRY_OK) {

@@ -341,3 +341,14 @@ ferry_status ferry_descriptor_decode(const void *buf, size_t len, ferry_descript
     *desc = d;
     return FERRY_OK;
 }
+
+ferry_status ferry__desc_inside_lease(const ferry_descriptor *d, uint64_t offset, uint64_t length)
+{
+    if (ferry__range_inside(d->offset, d->length, offset, length))
+        return FERRY_OK;
+    return ferry__fail(FERRY_MISMATCH,
+                       "descriptor range [%llu, +%llu) is not inside its lease (slot=%u, "
+                       "generation=%u), which holds [%llu, +%llu)",
+                       (unsigned long long)d->offset, (unsigned long long)d->length, d->slot,
+                       d->generation, (unsigned long long)offset, (unsigned long long)length);
+}

@@ -23,6 +23,18 @@ int ferry__crc32c_uses_hw(void);
 ferry_status ferry__tensor_size(const ferry_tensor *tensor, ferry_status status, const char *what,
                                 uint64_t *nbytes);
 
+/* 1 if [offset, offset + length) lies inside [outer, outer + outer_length), computed without
+ * overflow for any values. */
+static inline int ferry__range_inside(uint64_t offset, uint64_t length, uint64_t outer,
+                                      uint64_t outer_length)
+{
+    return offset >= outer && length <= outer_length && offset - outer <= outer_length - length;
+}
+
+/* FERRY_OK if the descriptor's range lies inside its lease's extent [offset, offset + length);
+ * else MISMATCH, naming both (a forged or corrupted descriptor). */
+ferry_status ferry__desc_inside_lease(const ferry_descriptor *d, uint64_t offset, uint64_t length);
+
 /* Bytes of one element of a tensor whose dtype passed ferry__tensor_size. */
 static inline uint64_t ferry__tensor_elem_bytes(const ferry_tensor *tensor)
 {
