@@ -18,7 +18,6 @@
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
-#include <semaphore.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +32,7 @@
 #include "broker/broker.h"
 #include "ferry.h"
 #include "helpers.h"
+#include "hold.h"
 #include "pool/pool.h"
 #include "procs.h"
 #include "remote/remote.h"
@@ -269,37 +269,6 @@ static ferry__remote_counts remote_counts(ferry_pool *pool)
     return rc;
 }
 
-/* The server's thread held between its check of a small lease and its copy of the lease's
- * bytes (ferry__remote_test_before_copy), once each time held.armed is set. */
-static struct {
-    sem_t paused, resume;
-    int armed; /* atomic */
-} held;
-
-static void hold_hook(uint32_t slot, uint32_t generation)
-{
-    (void)slot, (void)generation;
-    if (!__atomic_exchange_n(&held.armed, 0, __ATOMIC_ACQ_REL))
-        return;
-    sem_post(&held.paused);
-    while (sem_wait(&held.resume) != 0) {
-    }
-}
-
-static void hold_install(void)
-{
-    assert_int_equal(sem_init(&held.paused, 0, 0), 0);
-    assert_int_equal(sem_init(&held.resume, 0, 0), 0);
-    ferry__remote_test_before_copy = hold_hook;
-}
-
-static void hold_remove(void)
-{
-    ferry__remote_test_before_copy = NULL;
-    sem_destroy(&held.paused);
-    sem_destroy(&held.resume);
-}
-
 /* Releases the held server's thread 5 s from now (and sets *arg to 1) unless *arg is -1 by
  * then. */
 static void *hold_release_later(void *arg)
@@ -312,18 +281,8 @@ static void *hold_release_later(void *arg)
     }
     int expected = 0;
     if (__atomic_compare_exchange_n(rescued, &expected, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
-        sem_post(&held.resume);
+        th_hold_release();
     return NULL;
-}
-
-/* Waits until the server's thread is held (it was armed before the send). */
-static void hold_wait(void)
-{
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += 10;
-    while (sem_timedwait(&held.paused, &until) != 0)
-        assert_int_equal(errno, EINTR);
 }
 
 /* ---- helper processes ------------------------------------------------------------------ */
@@ -1067,21 +1026,21 @@ static void test_consumer_killed_while_reading(void **state)
     ferry_pool *pool = make_pool(1, 64 << 20, 5000000);
     char addr[FERRY_REMOTE_ADDRESS_SIZE];
     remote_address_of(pool, addr);
-    hold_install();
+    th_hold_install();
     th_helper held_one = spawn_consumer(1, "receiver", addr, 0, FERRY_OK);
-    __atomic_store_n(&held.armed, 1, __ATOMIC_RELEASE);
+    th_hold_arm();
     assert_int_equal(send_stamped(pool, 4 << 20, 699, NULL, 5000 * MS), FERRY_OK);
-    hold_wait(); /* its first request checked, not copied yet */
+    th_hold_wait(); /* its first request checked, not copied yet */
     kill(held_one.pid, SIGKILL);
     th_reap_helper(&held_one);
     struct timespec gone = {0, 100 * 1000 * 1000}; /* its connection's end reaches the host */
     nanosleep(&gone, NULL);
-    sem_post(&held.resume);
+    th_hold_release();
     wait_settled(pool, 5000);
     for (int i = 0; i < 300 && th_stats(pool).remote_connected; i++)
         usleep(10000);
     assert_int_equal(th_stats(pool).remote_connected, 0);
-    hold_remove();
+    th_hold_remove();
     for (int round = 0; round < 3; round++) {
         th_helper h = spawn_consumer(1, "receiver", addr, 0, FERRY_OK);
         for (uint64_t i = 0; i < 4; i++)
@@ -1612,7 +1571,7 @@ static void test_inline_sizes(void **state)
 static void test_inline_read_without_gets(void **state)
 {
     (void)state;
-    hold_install();
+    th_hold_install();
     ferry_pool *pool = make_pool(1, 4 << 20, 5000000);
     char addr[FERRY_REMOTE_ADDRESS_SIZE];
     remote_address_of(pool, addr);
@@ -1622,9 +1581,9 @@ static void test_inline_read_without_gets(void **state)
     size_t k;
     assert_int_equal(send_stamped(pool, 4096, 3000, NULL, 5000 * MS), FERRY_OK);
     assert_int_equal(ferry_consumer_recv(c, 5000 * MS, &a, 1, &k), FERRY_OK);
-    __atomic_store_n(&held.armed, 1, __ATOMIC_RELEASE);
+    th_hold_arm();
     assert_int_equal(send_stamped(pool, 4096, 3001, NULL, 5000 * MS), FERRY_OK);
-    hold_wait();
+    th_hold_wait();
     /* The server's thread is held: a get would wait for it (until released below, 5 s on). */
     pthread_t watchdog;
     int rescued = 0;
@@ -1634,7 +1593,7 @@ static void test_inline_read_without_gets(void **state)
     int released = __atomic_exchange_n(&rescued, -1, __ATOMIC_ACQ_REL); /* 0: still held */
     pthread_join(watchdog, NULL);
     if (!released)
-        sem_post(&held.resume);
+        th_hold_release();
     assert_int_equal(st, FERRY_OK);
     assert_true(th_check_stamp(buf, sizeof(buf), 3000, NULL));
     if (released)
@@ -1649,7 +1608,7 @@ static void test_inline_read_without_gets(void **state)
     ferry_consumer_destroy(c);
     wait_settled(pool, 5000);
     ferry_pool_destroy(pool);
-    hold_remove();
+    th_hold_remove();
 }
 
 /* Reads one lease of rank 1 by its descriptor into buf (zeroed first) and checks its stamp. */
@@ -1787,7 +1746,7 @@ static void test_served_looks(void **state)
 static void test_served_read_recycled_before_copy(void **state)
 {
     (void)state;
-    hold_install();
+    th_hold_install();
     ferry_pool *pool = make_pool(2, 4 << 20, 5000000);
     char addr[FERRY_REMOTE_ADDRESS_SIZE];
     remote_address_of(pool, addr);
@@ -1805,16 +1764,16 @@ static void test_served_read_recycled_before_copy(void **state)
     assert_int_equal(ferry_pool_send(pool, &t, srcs, 1, &one, NULL, 5000 * MS, &sent), FERRY_OK);
     th_reader rd = {.c = c, .buf = calloc(1, size), .n = size};
     assert_int_equal(ferry_consumer_recv(c, 5000 * MS, &rd.d, 1, &k), FERRY_OK);
-    __atomic_store_n(&held.armed, 1, __ATOMIC_RELEASE);
+    th_hold_arm();
     pthread_t reader;
     assert_int_equal(pthread_create(&reader, NULL, th_read_main, &rd), 0);
-    hold_wait(); /* the request checked: current and ready; not copied yet */
+    th_hold_wait(); /* the request checked: current and ready; not copied yet */
     assert_int_equal(ferry_consumer_ack_range(leader, &sent, 1, 1), FERRY_OK);
     wait_settled(pool, 2000);
     th_stamp(src, size, 6301);
     assert_int_equal(ferry_pool_publish(pool, &t, src, 1000 * MS, &other), FERRY_OK);
     assert_true(other.offset == sent.offset); /* the same bytes of the pool, other ones now */
-    sem_post(&held.resume);
+    th_hold_release();
     pthread_join(reader, NULL);
     if (rd.st == FERRY_OK && th_check_stamp(rd.buf, size, 6301, NULL))
         fail_msg("a recycled lease read with the next lease's bytes");
@@ -1827,7 +1786,7 @@ static void test_served_read_recycled_before_copy(void **state)
     ferry_consumer_destroy(c);
     wait_settled(pool, 5000);
     ferry_pool_destroy(pool);
-    hold_remove();
+    th_hold_remove();
 }
 
 /* A small lease whose slot is recycled after the server checked it and before it copied its
@@ -1837,7 +1796,7 @@ static void test_served_read_recycled_before_copy(void **state)
 static void test_inline_recycled_before_copy(void **state)
 {
     (void)state;
-    hold_install();
+    th_hold_install();
     ferry_pool *pool = make_pool(2, 4 << 20, 5000000);
     char addr[FERRY_REMOTE_ADDRESS_SIZE];
     remote_address_of(pool, addr);
@@ -1851,15 +1810,15 @@ static void test_inline_recycled_before_copy(void **state)
     const void *srcs[1] = {src};
     ferry_ranks one = {NULL, 1, 1};
     ferry_descriptor sent, other, d;
-    __atomic_store_n(&held.armed, 1, __ATOMIC_RELEASE);
+    th_hold_arm();
     assert_int_equal(ferry_pool_send(pool, &t, srcs, 1, &one, NULL, 5000 * MS, &sent), FERRY_OK);
-    hold_wait(); /* checked: current and ready; not copied yet */
+    th_hold_wait(); /* checked: current and ready; not copied yet */
     assert_int_equal(ferry_consumer_ack_range(leader, &sent, 1, 1), FERRY_OK);
     wait_settled(pool, 2000);
     th_stamp(src, size, 4001);
     assert_int_equal(ferry_pool_publish(pool, &t, src, 1000 * MS, &other), FERRY_OK);
     assert_true(other.offset == sent.offset); /* the same bytes of the pool, other ones now */
-    sem_post(&held.resume);
+    th_hold_release();
     size_t k;
     assert_int_equal(ferry_consumer_recv(c, 5000 * MS, &d, 1, &k), FERRY_OK);
     assert_int_equal(d.slot, sent.slot);
@@ -1877,7 +1836,7 @@ static void test_inline_recycled_before_copy(void **state)
     ferry_consumer_destroy(c);
     wait_settled(pool, 5000);
     ferry_pool_destroy(pool);
-    hold_remove();
+    th_hold_remove();
 }
 
 /* The consumer calls on a remote pool: the poll fd wakes for a lease, a view is refused with

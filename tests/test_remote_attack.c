@@ -16,7 +16,6 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
-#include <semaphore.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +28,7 @@
 
 #include "ferry.h"
 #include "helpers.h"
+#include "hold.h"
 #include "procs.h"
 #include "remote/remote.h"
 #include "remote/ucx.h"
@@ -799,34 +799,6 @@ static void fake_wait_descs(fake *f, uint32_t want, int ms)
     assert_int_equal(f->descs, want);
 }
 
-/* The producer's thread held before its copy of a served read's bytes
- * (ferry__remote_test_before_copy), once, when hold_armed is set. */
-static sem_t hold_paused, hold_resume;
-static int hold_armed; /* atomic */
-
-static void hold_once(uint32_t slot, uint32_t generation)
-{
-    (void)slot, (void)generation;
-    if (!__atomic_exchange_n(&hold_armed, 0, __ATOMIC_ACQ_REL))
-        return;
-    sem_post(&hold_paused);
-    while (sem_wait(&hold_resume) != 0) {
-    }
-}
-
-/* After test_read_requests_beyond_the_queue, failed or not: the producer's thread is never
- * left held, nor the hook set, for the tests after it. */
-static int hold_undo(void **state)
-{
-    (void)state;
-    if (ferry__remote_test_before_copy == hold_once) { /* the test did not get to its end */
-        __atomic_store_n(&hold_armed, 0, __ATOMIC_RELEASE);
-        ferry__remote_test_before_copy = NULL;
-        sem_post(&hold_resume);
-    }
-    return 0;
-}
-
 /* An admitted peer that asks for more reads at once than a consumer ever does (20 while the
  * producer's thread answers one): 16 are queued and answered, the other 4 dropped and
  * counted as bad messages, and the connection is served on. */
@@ -845,10 +817,8 @@ static void test_read_requests_beyond_the_queue(void **state)
     assert_int_equal(send_stamped(pool, 8192, 1, NULL, &d), FERRY_OK);
     fake_wait_descs(&f, 1, 3000);
     uint64_t bad0 = th_stats(pool).remote_bad_messages;
-    assert_int_equal(sem_init(&hold_paused, 0, 0), 0);
-    assert_int_equal(sem_init(&hold_resume, 0, 0), 0);
-    ferry__remote_test_before_copy = hold_once;
-    __atomic_store_n(&hold_armed, 1, __ATOMIC_RELEASE);
+    th_hold_install();
+    th_hold_arm();
     ferry__am rd = fake_am(&f, FERRY_AM_READ);
     rd.u.read.slot = d.slot;
     rd.u.read.generation = d.generation;
@@ -857,25 +827,19 @@ static void test_read_requests_beyond_the_queue(void **state)
     ferry__put_le64(offset, d.offset);
     rd.u.read.id = 1;
     fake_send(&f, &rd, offset, sizeof(offset), UCP_AM_SEND_FLAG_EAGER);
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += 10;
-    while (sem_timedwait(&hold_paused, &until) != 0)
-        assert_int_equal(errno, EINTR);
+    th_hold_wait();
     for (uint32_t i = 0; i < 20; i++) {
         rd.u.read.id = 2 + i;
         fake_send(&f, &rd, offset, sizeof(offset), UCP_AM_SEND_FLAG_EAGER);
     }
     sleep_ms(100); /* all 20 are in before the thread goes on: taken in one round */
-    sem_post(&hold_resume);
+    th_hold_release();
     for (uint64_t t0 = ferry_now_ns(); f.datas < 17 && ms_since(t0) < 3000;)
         fake_progress(&f, 1);
     assert_int_equal(WAIT_STAT(pool, remote_bad_messages, bad0 + 4, 3000), bad0 + 4);
     fake_progress(&f, 100);
     assert_int_equal(f.datas, 17);
-    ferry__remote_test_before_copy = NULL;
-    sem_destroy(&hold_paused);
-    sem_destroy(&hold_resume);
+    th_hold_remove();
     ferry__am ack = fake_am(&f, FERRY_AM_ACK);
     ack.u.ack.slot = d.slot;
     ack.u.ack.generation = d.generation;
@@ -2126,7 +2090,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_descriptors_that_lie),
         cmocka_unit_test(test_inline_descriptors_that_lie),
         cmocka_unit_test(test_read_answers_that_lie),
-        cmocka_unit_test_teardown(test_read_requests_beyond_the_queue, hold_undo),
+        cmocka_unit_test_teardown(test_read_requests_beyond_the_queue, th_hold_undo),
         cmocka_unit_test(test_other_message_ids),
         cmocka_unit_test(test_other_message_ids_to_consumer),
         cmocka_unit_test(test_close_while_reading),
