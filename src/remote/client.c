@@ -653,6 +653,38 @@ static void abandon(ferry__remote_client *cl)
     shutdown(cl->sock, SHUT_RDWR);
 }
 
+/* Looked at once every CLIENT_SLICE_NS of a wait (*check): the producer is taken for gone if
+ * its connection ended, or if nothing (what) ended for the keepalive bound since heard; its
+ * endpoint is then given up, and that said once. 1 if the endpoint is given up, now or
+ * before. */
+static int producer_silent(ferry__remote_client *cl, uint64_t now, uint64_t heard, uint64_t *check,
+                           const char *what)
+{
+    if (now < *check)
+        return !cl->ep;
+    *check = now + CLIENT_SLICE_NS;
+    if (cl->ep && (producer_gone(cl) || now - heard > cl->silence_ns)) {
+        if (!cl->gone)
+            ferry__log(FERRY_LOG_WARN,
+                       "remote pool %.80s: no %s ended for %.0f ms: the producer is taken for "
+                       "gone (rank %u)",
+                       cl->address, what, (double)(now - heard) / 1e6, cl->rank);
+        abandon(cl);
+    }
+    return !cl->ep;
+}
+
+/* Once a wait that found nothing to do has spun for spin_ns since start, sleeps on the
+ * worker's event fd (1 ms at most). */
+static void wait_idle(ferry__remote_client *cl, int busy, uint64_t now, uint64_t start,
+                      uint64_t spin_ns)
+{
+    if (!busy && now - start > spin_ns && cl->node.ucx->ucp_worker_arm(cl->node.worker) == UCS_OK) {
+        struct pollfd p = {.fd = cl->node.efd, .events = POLLIN};
+        poll(&p, 1, 1);
+    }
+}
+
 /* Waits for requests to end. Not bounded by the caller's timeout (a get in flight writes into
  * the caller's memory until it ends), but by the producer's liveness: its connection ending,
  * or no request ending for the keepalive bound (a stopped producer keeps its TCP connection,
@@ -677,17 +709,7 @@ static ferry_status wait_requests(ferry__remote_client *cl, void **reqs, int n, 
              * own forever while the producer is stopped. */
             int busy = u->ucp_worker_progress(cl->node.worker) != 0;
             uint64_t now = ferry__now_ns();
-            if (now >= check) {
-                check = now + CLIENT_SLICE_NS;
-                if (cl->ep && (producer_gone(cl) || now - heard > cl->silence_ns)) {
-                    if (!cl->gone)
-                        ferry__log(FERRY_LOG_WARN,
-                                   "remote pool %.80s: no %s ended for %.0f ms: the producer is "
-                                   "taken for gone (rank %u)",
-                                   cl->address, what, (double)(now - heard) / 1e6, cl->rank);
-                    abandon(cl);
-                }
-            }
+            producer_silent(cl, now, heard, &check, what);
             /* A forced close ends the endpoint's requests at once (cancelled: UCX purges
              * them); should one not end, it is let go after 100 ms rather than waited for
              * forever (UCX releases a freed request when it ends). */
@@ -695,10 +717,7 @@ static ferry_status wait_requests(ferry__remote_client *cl, void **reqs, int n, 
                 given_up = now;
             if (given_up && now - given_up > 100000000ull)
                 break;
-            if (!busy && now - start > spin_ns && u->ucp_worker_arm(cl->node.worker) == UCS_OK) {
-                struct pollfd p = {.fd = cl->node.efd, .events = POLLIN};
-                poll(&p, 1, 1);
-            }
+            wait_idle(cl, busy, now, start, spin_ns);
         }
         u->ucp_request_free(reqs[i]);
         heard = ferry__now_ns();
@@ -1189,24 +1208,11 @@ static ferry_status serve(ferry__remote_client *cl, served_read *r, uint64_t spi
             break;
         int busy = u->ucp_worker_progress(cl->node.worker) != 0;
         now = ferry__now_ns();
-        if (now >= check) {
-            check = now + CLIENT_SLICE_NS;
-            if (!cl->ep || producer_gone(cl) || now - r->heard > cl->silence_ns) {
-                if (!cl->gone && cl->ep)
-                    ferry__log(FERRY_LOG_WARN,
-                               "remote pool %.80s: no answer to a read for %.0f ms: the producer "
-                               "is taken for gone (rank %u)",
-                               cl->address, (double)(now - r->heard) / 1e6, cl->rank);
-                if (cl->ep)
-                    abandon(cl);
-                st = gone_error(cl);
-                break;
-            }
+        if (producer_silent(cl, now, r->heard, &check, "answer to a read")) {
+            st = gone_error(cl);
+            break;
         }
-        if (!busy && now - start > spin_ns && u->ucp_worker_arm(cl->node.worker) == UCS_OK) {
-            struct pollfd p = {.fd = cl->node.efd, .events = POLLIN};
-            poll(&p, 1, 1);
-        }
+        wait_idle(cl, busy, now, start, spin_ns);
     }
     cl->rd = NULL;
     return st;
