@@ -14,7 +14,7 @@ import struct
 import sys
 
 MAGIC = 0x55595246  # "FRYU"
-VERSION = 4
+VERSION = 5
 INLINE_MAX = 16384  # the most bytes a DESC carries inline
 READ_MAX = 1 << 20  # the most bytes a READ asks for
 
@@ -75,6 +75,8 @@ def files():
     yield "valid-am-ack-partial", 0, am(2, flags=1, body=ack)
     yield "valid-am-taken", 0, am(3, body=struct.pack("<I12x", 17))
     yield "valid-am-info", 32, am(4, flags=1)
+    yield "valid-am-info-hold", 32, am(4, flags=2)
+    yield "invalid-am-info-flags", 32, am(4, flags=4)
     yield "invalid-empty", 0, b""
     yield "invalid-hello-magic", 0, b"X" + hello()[1:]
     yield "invalid-hello-version", 0, header(1, 208, version=VERSION - 1) + hello()[16:]
@@ -89,7 +91,9 @@ def files():
     yield "invalid-welcome-truncated", 0, welcome()[:-8]
     yield "invalid-refuse-ok", 0, refuse(status=0)
     yield "invalid-am-desc-partial", 16, am(1, body=struct.pack("<QQ", 0, 96))
-    yield "invalid-am-desc-flags", 256, am(1, flags=2, body=struct.pack("<QQ", 4096, 96))
+    yield "valid-am-desc-held", 256, am(1, flags=2, body=struct.pack("<QQ", 4096, 96))
+    yield "valid-am-desc-inline-held", 1280, am(1, flags=3, body=struct.pack("<QQ", 4096, 1024))
+    yield "invalid-am-desc-flags", 256, am(1, flags=4, body=struct.pack("<QQ", 4096, 96))
     # inline bytes fewer than the extent's length, two descriptors with them, none, too many
     yield "invalid-am-desc-inline-short", 1280, am(1, flags=1, body=struct.pack("<QQ", 0, 1040))
     yield "invalid-am-desc-inline-parts", 1536, am(1, flags=1, body=struct.pack("<QQ", 0, 1024))
@@ -111,6 +115,12 @@ def files():
     yield "invalid-am-data-outside-bare", 0, am(6, body=struct.pack("<IIQ", 11, 3, 0))
     yield "invalid-am-data-value", 0, am(6, body=struct.pack("<IIQ", 11, 2, 7))
     yield "invalid-am-data-status", 0, am(6, body=struct.pack("<IIQ", 11, 5, 0))
+    hold = struct.pack("<II8x", 5, 3)
+    yield "valid-am-revoke", 0, am(7, body=hold)
+    yield "valid-am-released", 0, am(8, body=hold)
+    yield "invalid-am-revoke-reserved", 0, am(7, body=struct.pack("<IIQ", 5, 3, 1))
+    yield "invalid-am-released-payload", 8, am(8, body=hold)
+    yield "invalid-am-released-flags", 0, am(8, flags=1, body=hold)
     yield "invalid-am-type", 0, am(9)
 
 

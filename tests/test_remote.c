@@ -1529,6 +1529,84 @@ static void test_stale_under_read(void **state)
     ferry_pool_destroy(pool);
 }
 
+/* Held leases (a consumer that reads by gets: here UCX's emulated gets, FERRY_REMOTE_SERVED=0).
+ * A lease the consumer acknowledges itself is freed at once. One a leader acknowledges on its
+ * behalf stays in flight until the consumer lets it go: its next call answers the REVOKE, and
+ * its read of the lease ends STALE; a cancelled one the same, with the cancellation's message.
+ * A consumer that never answers has its hold lapse after the keepalive bound (2 s here), and
+ * its read after the slice was leased again ends STALE, never with the new bytes. */
+static void test_held_leases(void **state)
+{
+    (void)state;
+    setenv("FERRY_REMOTE_SERVED", "0", 1);
+    ferry_pool *pool = make_pool(2, 4 << 20, 2000000);
+    char addr[FERRY_REMOTE_ADDRESS_SIZE];
+    remote_address_of(pool, addr);
+    use_device(0);
+    ferry_consumer *c = NULL, *leader = NULL;
+    assert_int_equal(ferry_consumer_connect(addr, 1, -1, &c), FERRY_OK);
+    assert_int_equal(ferry_consumer_create(0, &leader), FERRY_OK);
+    const size_t size = 256u << 10;
+    uint8_t *buf = malloc(size), *junk = malloc(size);
+    th_stamp(junk, size, 999);
+    ferry_ranks one = {NULL, 1, 1};
+    ferry_descriptor d;
+    size_t k;
+    struct timespec pause = {0, 200 * 1000 * 1000};
+
+    /* read and acknowledged by the consumer itself: freed at once */
+    assert_int_equal(send_stamped(pool, size, 700, &one, 5000 * MS), FERRY_OK);
+    assert_int_equal(ferry_consumer_recv(c, 5000 * MS, &d, 1, &k), FERRY_OK);
+    assert_int_equal(ferry_consumer_read(c, &d, buf, size, 2000 * MS), FERRY_OK);
+    assert_true(th_check_stamp(buf, size, 700, NULL));
+    assert_int_equal(ferry_consumer_ack(c, &d), FERRY_OK);
+    assert_true(wait_settled(pool, 1000) < 1000);
+
+    /* acknowledged by a leader on its behalf: kept until the consumer lets it go */
+    for (int cancel = 0; cancel < 2; cancel++) {
+        assert_int_equal(send_stamped(pool, size, 701, &one, 5000 * MS), FERRY_OK);
+        assert_int_equal(ferry_consumer_recv(c, 5000 * MS, &d, 1, &k), FERRY_OK);
+        if (cancel)
+            assert_int_equal(ferry_pool_cancel(pool, &d), FERRY_OK);
+        else
+            assert_int_equal(ferry_consumer_ack_range(leader, &d, 1, 1), FERRY_OK);
+        uint64_t reclaimed;
+        assert_int_equal(ferry_pool_reclaim(pool, &reclaimed), FERRY_OK);
+        nanosleep(&pause, NULL);
+        assert_int_equal(ferry_pool_reclaim(pool, &reclaimed), FERRY_OK);
+        assert_int_equal(th_stats(pool).leases_in_flight, 1);
+        assert_int_equal(ferry_consumer_read(c, &d, buf, size, 2000 * MS), FERRY_STALE);
+        assert_non_null(strstr(ferry_last_error(),
+                               cancel ? "was cancelled" : "already acknowledged for rank 1"));
+        assert_true(wait_settled(pool, 1000) < 1000); /* the read's call let it go */
+    }
+
+    /* never answered: the hold lapses, the slice is leased again, the read is STALE */
+    assert_int_equal(send_stamped(pool, size, 702, &one, 5000 * MS), FERRY_OK);
+    assert_int_equal(ferry_consumer_recv(c, 5000 * MS, &d, 1, &k), FERRY_OK);
+    assert_int_equal(ferry_consumer_ack_range(leader, &d, 1, 1), FERRY_OK);
+    uint64_t waited = wait_settled(pool, 6000);
+    fprintf(stderr, "test_held_leases: an unanswered hold lapsed after %llu ms\n",
+            (unsigned long long)waited);
+    assert_true(waited >= 1500);
+    ferry_tensor t = ferry_tensor_bytes(size);
+    const void *src = junk;
+    ferry_descriptor other;
+    assert_int_equal(ferry_pool_publish(pool, &t, src, 1000 * MS, &other), FERRY_OK);
+    assert_int_equal(other.offset, d.offset); /* the same slice, another lease */
+    memset(buf, 0, size);
+    assert_int_equal(ferry_consumer_read(c, &d, buf, size, 2000 * MS), FERRY_STALE);
+    assert_int_equal(ferry_pool_cancel(pool, &other), FERRY_OK);
+
+    free(buf);
+    free(junk);
+    ferry_consumer_destroy(leader);
+    ferry_consumer_destroy(c);
+    wait_settled(pool, 5000);
+    ferry_pool_destroy(pool);
+    unsetenv("FERRY_REMOTE_SERVED");
+}
+
 /* Small leases travel inline (their bytes in the DESC), larger ones are read with gets: items
  * of sizes around FERRY_REMOTE_INLINE_MAX, mixed, to a consumer in the other namespace, every
  * byte checked there; exactly the small ones went inline. */
@@ -2178,6 +2256,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_link_cut, links_up),
         cmocka_unit_test(test_bad_peers),
         cmocka_unit_test(test_stale_under_read),
+        cmocka_unit_test(test_held_leases),
         cmocka_unit_test(test_remote_calls),
         cmocka_unit_test(test_inline_sizes),
         cmocka_unit_test(test_inline_read_without_gets),

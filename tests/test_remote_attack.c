@@ -617,7 +617,7 @@ static void fp_inline(fake_producer *p, int gpu)
     fp_desc_raw(p, FERRY_AM_DESC_INLINE, 0, L, msg, D + L + 1);
     fp_desc_raw(p, FERRY_AM_DESC_INLINE, 0, T + 1, msg, D + T + 1);
     fp_desc_raw(p, FERRY_AM_DESC_INLINE, 0, 0, msg, D);
-    fp_desc_raw(p, FERRY_AM_DESC_INLINE | 2, 0, L, msg, D + L);
+    fp_desc_raw(p, FERRY_AM_DESC_INLINE | 4, 0, L, msg, D + L);
     for (uint32_t i = 0; i < 2; i++) { /* a packed lease's two parts, then the bytes */
         parts[i] = good;
         parts[i].flags = FERRY_DESC_FLAG_MULTI;

@@ -245,8 +245,19 @@ static void test_am_desc_inline(void **state)
     ferry__am_encode(&m, buf);
     assert_int_equal(ferry__am_decode(buf, sizeof(buf), D, &back), FERRY_MALFORMED);
     m.u.desc.length = 1000;
-    m.flags = FERRY_AM_DESC_INLINE | 2;
+    m.flags = FERRY_AM_DESC_INLINE | FERRY_AM_DESC_HELD; /* held: the same shape */
     ferry__am_encode(&m, buf);
+    assert_int_equal(ferry__am_decode(buf, sizeof(buf), D + 1000, &back), FERRY_OK);
+    assert_int_equal(back.flags, FERRY_AM_DESC_INLINE | FERRY_AM_DESC_HELD);
+    m.flags = FERRY_AM_DESC_INLINE | 4;
+    ferry__am_encode(&m, buf);
+    assert_int_equal(ferry__am_decode(buf, sizeof(buf), D + 1000, &back), FERRY_MALFORMED);
+    m.flags = 4; /* nor without the inline flag */
+    ferry__am_encode(&m, buf);
+    assert_int_equal(ferry__am_decode(buf, sizeof(buf), D, &back), FERRY_MALFORMED);
+    m.flags = FERRY_AM_DESC_HELD;
+    ferry__am_encode(&m, buf);
+    assert_int_equal(ferry__am_decode(buf, sizeof(buf), 2 * D, &back), FERRY_OK);
     assert_int_equal(ferry__am_decode(buf, sizeof(buf), D + 1000, &back), FERRY_MALFORMED);
     /* an extent length that wraps the payload's sum is refused too */
     m.flags = FERRY_AM_DESC_INLINE;
@@ -342,6 +353,27 @@ static void test_am_read_and_data(void **state)
     m.flags = 2; /* no other flag */
     ferry__am_encode(&m, buf);
     assert_int_equal(ferry__am_decode(buf, sizeof(buf), 0, &back), FERRY_MALFORMED);
+}
+
+/* REVOKE and RELEASED: a lease (slot, generation), no flags, no payload, the rest of the
+ * body zero. */
+static void test_am_hold(void **state)
+{
+    (void)state;
+    uint8_t buf[FERRY_AM_HEADER];
+    for (uint16_t type = FERRY_AM_REVOKE; type <= FERRY_AM_RELEASED; type++) {
+        ferry__am m = {.type = type, .conn_id = 3, .token = 9, .u.hold = {5, 0xfffff}}, back;
+        ferry__am_encode(&m, buf);
+        assert_int_equal(ferry__am_decode(buf, sizeof(buf), 0, &back), FERRY_OK);
+        assert_true(back.type == type && back.u.hold.slot == 5 &&
+                    back.u.hold.generation == 0xfffff && back.conn_id == 3 && back.token == 9);
+        assert_int_equal(ferry__am_decode(buf, sizeof(buf), 8, &back), FERRY_MALFORMED);
+        buf[16 + 8] = 1; /* reserved */
+        assert_int_equal(ferry__am_decode(buf, sizeof(buf), 0, &back), FERRY_MALFORMED);
+        m.flags = 1;
+        ferry__am_encode(&m, buf);
+        assert_int_equal(ferry__am_decode(buf, sizeof(buf), 0, &back), FERRY_MALFORMED);
+    }
 }
 
 static void test_secret_compare(void **state)
@@ -441,7 +473,8 @@ int main(void)
         cmocka_unit_test(test_welcome_round_trip), cmocka_unit_test(test_welcome_refusals),
         cmocka_unit_test(test_refuse_and_peek),    cmocka_unit_test(test_am_headers),
         cmocka_unit_test(test_am_desc_inline),     cmocka_unit_test(test_am_read_and_data),
-        cmocka_unit_test(test_secret_compare),     cmocka_unit_test(test_addresses),
+        cmocka_unit_test(test_am_hold),            cmocka_unit_test(test_secret_compare),
+        cmocka_unit_test(test_addresses),
         cmocka_unit_test(test_seed_corpus),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

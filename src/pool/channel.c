@@ -91,6 +91,14 @@ static void wake_receivers(ferry_pool *pool, uint32_t rank, int force_fd)
     pthread_mutex_unlock(&pool->notify_lock);
 }
 
+void ferry__channel_poke(ferry_pool *pool, uint32_t rank)
+{
+    pthread_mutex_lock(&pool->notify_lock);
+    if (pool->notify_fds[rank] >= 0)
+        signal_fd(pool->notify_fds[rank]);
+    pthread_mutex_unlock(&pool->notify_lock);
+}
+
 void ferry__channel_wake(ferry_pool *pool)
 {
     for (uint32_t r = 0; r < pool->consumers; r++) {

@@ -73,6 +73,7 @@ static void free_tables(ferry_pool *pool)
     free(pool->free_slots);
     free(pool->inflight);
     ferry__ranks_fini(pool);
+    ferry__holds_fini(pool);
 }
 
 static ferry_status init_sync(ferry_pool *pool)

@@ -31,6 +31,16 @@ typedef struct ferry__slot {
     uint8_t mark;          /* scratch of one look at the rings, under the pool lock */
 } ferry__slot;
 
+/* A remote rank's hold of a lease's slice (remote.c; docs/design.md, "Held leases"): the
+ * slot is not freed while it lasts. */
+typedef struct ferry__hold {
+    uint32_t generation; /* the lease held (0: none) */
+    uint32_t conn;       /* the connection that holds it */
+    uint64_t revoked;    /* 0: held; else when it was asked back (it lapses a keepalive bound
+                          * later) */
+    uint32_t to_send;    /* the REVOKE is still to go */
+} ferry__hold;
+
 struct ferry_pool {
     const ferry__transport_ops *ops;
     ferry__pool_memory mem;
@@ -76,6 +86,9 @@ struct ferry_pool {
     ferry__broker *broker;
     struct ferry__remote_server *remote; /* consumers on other hosts (cfg.listen), else NULL */
     char remote_address[FERRY_REMOTE_ADDRESS_SIZE]; /* its address, kept after close; else "" */
+    ferry__hold *holds;   /* [slot * consumers + rank], remote ranks' holds (NULL: no remote) */
+    uint32_t *revoking;   /* by rank, atomic: holds with a REVOKE to send (set under the lock) */
+    uint64_t hold_lapse_ns; /* how long an asked-back hold lasts (the keepalive bound) */
     pthread_t reclaimer;
     pthread_cond_t reclaimer_cv;
     int reclaimer_running;
@@ -140,6 +153,9 @@ void ferry__channel_forget_rank_locked(ferry_pool *pool, uint32_t rank);
  * the one it had, and signals it once (for what was queued before it came). */
 void ferry__channel_set_notify(ferry_pool *pool, uint32_t rank, int fd);
 
+/* Signals rank's notify fd, if it has one (a remote rank's wakes the remote server for it). */
+void ferry__channel_poke(ferry_pool *pool, uint32_t rank);
+
 /* Sets the mark of every lease in flight still queued in rank's ring (its receiver has not
  * taken it); none if the ring is corrupt. */
 void ferry__channel_mark_queued_locked(ferry_pool *pool, uint32_t rank);
@@ -148,6 +164,13 @@ void ferry__channel_mark_queued_locked(ferry_pool *pool, uint32_t rank);
 
 /* Starts serving remote consumers when the config has a listen address (a no-op otherwise). */
 ferry_status ferry__pool_remote_start(ferry_pool *pool);
+/* 1 if a remote rank still holds the slot's lease: the slot is not freed yet. Holds not
+ * asked back yet are asked back here (the rank's REVOKE is queued and the server woken);
+ * holds asked back a keepalive bound ago lapse. */
+int ferry__holds_keep_locked(ferry_pool *pool, uint32_t slot);
+/* The slot's holds go with its lease (the slot is freed). */
+void ferry__holds_clear_locked(ferry_pool *pool, uint32_t slot);
+void ferry__holds_fini(ferry_pool *pool);
 /* Tests only: called between a remote rank's partial mark's read of its word and its
  * compare-and-swap (pool/remote.c). */
 extern void (*ferry__pool_test_before_mark)(ferry_pool *pool, uint32_t slot, uint32_t rank);
@@ -164,8 +187,9 @@ uint64_t ferry__reap_dead_locked(ferry_pool *pool);
 uint64_t ferry__ack_for_rank_locked(ferry_pool *pool, uint32_t rank,
                                     int (*which)(const ferry_pool *pool, uint32_t slot, void *arg),
                                     void *arg);
-/* 1 if every word of the slot's row equals its generation (mem.control in sync). */
-int ferry__row_released_locked(const ferry_pool *pool, uint32_t slot);
+/* 1 if every word of the slot's row equals its generation (mem.control in sync) and no
+ * remote rank holds the lease any more (ferry__holds_keep_locked). */
+int ferry__row_released_locked(ferry_pool *pool, uint32_t slot);
 /* Returns a leased slot and its slice to the free lists. */
 void ferry__slot_release_locked(ferry_pool *pool, uint32_t slot);
 /* Describes who holds the pool (for POOL_FULL messages) into buf. */

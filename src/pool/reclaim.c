@@ -10,14 +10,14 @@
 #include "pool/pool.h"
 #include "shm/signal.h"
 
-int ferry__row_released_locked(const ferry_pool *pool, uint32_t slot)
+int ferry__row_released_locked(ferry_pool *pool, uint32_t slot)
 {
     const uint32_t *row = &pool->mem.control[ferry__shm_ready_word(&pool->mem.shm.layout, slot)];
     uint32_t gen = pool->slots[slot].generation;
     for (uint32_t w = 0; w < pool->row_words; w++)
         if (ferry__load_acquire32(&row[w]) != gen)
             return 0;
-    return 1;
+    return !ferry__holds_keep_locked(pool, slot);
 }
 
 static void inflight_remove(ferry_pool *pool, uint32_t slot)
@@ -32,6 +32,7 @@ static void inflight_remove(ferry_pool *pool, uint32_t slot)
 void ferry__slot_release_locked(ferry_pool *pool, uint32_t slot)
 {
     ferry__shm_lease_end(&pool->mem.shm, slot, pool->slots[slot].generation);
+    ferry__holds_clear_locked(pool, slot);
     ferry__alloc_free(&pool->alloc, pool->slots[slot].handle);
     inflight_remove(pool, slot);
     pool->free_slots[(pool->free_head + pool->free_count) % pool->max_inflight] = slot;

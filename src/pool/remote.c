@@ -1,9 +1,20 @@
 /* The pool's side of remote consumers (remote/remote.h): starting its remote server, the
- * hooks through which the server asks the pool (rank claims, leases, acknowledgements, notify
- * fds), and the pool's remote address. */
+ * hooks through which the server asks the pool (rank claims, leases, acknowledgements, holds,
+ * notify fds), and the pool's remote address.
+ *
+ * Held leases (docs/design.md, "Held leases"): before a lease's DESC goes to a remote rank,
+ * the rank holds the lease's slice. The pool frees the slot only once every hold of it is
+ * gone: ended by the rank's own whole acknowledgement or its RELEASED, or, for a hold the pool
+ * asked back (the lease was acknowledged for the rank by another, or cancelled) and the rank
+ * did not give back, a keepalive bound after the asking. The consumer reads a held lease
+ * without the check round trip: its slice cannot be another lease's while the consumer has
+ * not let it go. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "common/atomic.h"
+#include "common/clock.h"
 #include "common/error.h"
 #include "pool/pool.h"
 #include "remote/remote.h"
@@ -18,20 +29,160 @@ static ferry_status hook_attach(void *user, uint32_t rank, uint32_t conn, pid_t 
     return ferry__ranks_attach_remote(pool, rank, conn, pid, host, holder);
 }
 
-static void hook_detach(void *user, uint32_t rank, uint32_t conn)
-{
-    ferry__ranks_detach_remote(user, rank, conn);
-}
-
-/* 1 if the slot holds the lease (slot, generation), not cancelled, in a pool still open, and
+/* 1 if the slot has the lease (slot, generation), not cancelled, in a pool still open, and
  * the control words are in view (a GPU pool's device table copied to its mirror). Under the
  * pool's lock. */
-static int holds_locked(ferry_pool *pool, uint32_t slot, uint32_t generation)
+static int current_locked(ferry_pool *pool, uint32_t slot, uint32_t generation)
 {
     const ferry__slot *s = &pool->slots[slot];
     return !pool->closing && s->inflight_pos != FERRY_NIL && s->generation == generation &&
            !s->cancelled && pool->ops->sync_control(&pool->mem) == FERRY_OK;
 }
+
+/* ---- holds --------------------------------------------------------------------------------- */
+
+static ferry__hold *hold_at(ferry_pool *pool, uint32_t slot, uint32_t rank)
+{
+    return &pool->holds[(uint64_t)slot * pool->consumers + rank];
+}
+
+int ferry__holds_keep_locked(ferry_pool *pool, uint32_t slot)
+{
+    if (!pool->holds)
+        return 0;
+    uint32_t gen = pool->slots[slot].generation;
+    uint64_t now = ferry__now_ns();
+    int keep = 0;
+    for (uint32_t r = 0; r < pool->consumers; r++) {
+        ferry__hold *h = hold_at(pool, slot, r);
+        if (!h->generation)
+            continue;
+        if (h->generation != gen) { /* not this lease's (never set so): nothing to keep */
+            *h = (ferry__hold){0};
+            continue;
+        }
+        if (!h->revoked) {
+            h->revoked = now ? now : 1;
+            h->to_send = 1;
+            __atomic_store_n(&pool->revoking[r], 1, __ATOMIC_RELEASE);
+            ferry__channel_poke(pool, r); /* the server sends the REVOKE */
+        } else if (now - h->revoked >= pool->hold_lapse_ns) {
+            ferry__log(FERRY_LOG_WARN,
+                       "%s pool: remote rank %u did not let lease (slot=%u, generation=%u) go "
+                       "within %.0f ms of being asked; its hold lapsed",
+                       pool->ops->name, r, slot, gen, (double)pool->hold_lapse_ns / 1e6);
+            *h = (ferry__hold){0};
+            continue;
+        }
+        keep = 1;
+    }
+    return keep;
+}
+
+void ferry__holds_clear_locked(ferry_pool *pool, uint32_t slot)
+{
+    if (pool->holds)
+        memset(hold_at(pool, slot, 0), 0, pool->consumers * sizeof(ferry__hold));
+}
+
+void ferry__holds_fini(ferry_pool *pool)
+{
+    free(pool->holds);
+    free(pool->revoking);
+    pool->holds = NULL;
+    pool->revoking = NULL;
+}
+
+/* Ends rank's hold of the lease (slot, generation) if connection conn holds it; publishers
+ * waiting for room look again when the slot may be free now. Under the pool's lock. */
+static int unhold_locked(ferry_pool *pool, uint32_t slot, uint32_t generation, uint32_t rank,
+                         uint32_t conn)
+{
+    ferry__hold *h = hold_at(pool, slot, rank);
+    if (h->generation != generation || h->conn != conn)
+        return 0;
+    *h = (ferry__hold){0};
+    return 1;
+}
+
+static int hook_hold(void *user, uint32_t slot, uint32_t generation, uint32_t rank, uint32_t conn)
+{
+    ferry_pool *pool = user;
+    int held = 0;
+    pthread_mutex_lock(&pool->lock);
+    const ferry__shm_layout *l = &pool->mem.shm.layout;
+    if (pool->holds && current_locked(pool, slot, generation) &&
+        ferry__load_acquire32(&pool->mem.control[ferry__shm_ack_word(l, slot, rank)]) !=
+            generation) {
+        *hold_at(pool, slot, rank) = (ferry__hold){generation, conn, 0, 0};
+        held = 1;
+    }
+    pthread_mutex_unlock(&pool->lock);
+    return held;
+}
+
+static void hook_release(void *user, uint32_t slot, uint32_t generation, uint32_t rank,
+                         uint32_t conn)
+{
+    ferry_pool *pool = user;
+    pthread_mutex_lock(&pool->lock);
+    int ended = unhold_locked(pool, slot, generation, rank, conn);
+    pthread_mutex_unlock(&pool->lock);
+    if (ended)
+        ferry__shm_acked(&pool->mem.shm); /* publishers waiting for space look again */
+}
+
+static uint32_t hook_revokes(void *user, uint32_t rank, uint32_t conn, uint32_t (*out)[2],
+                             uint32_t max)
+{
+    ferry_pool *pool = user;
+    uint32_t n = 0;
+    if (!__atomic_load_n(&pool->revoking[rank], __ATOMIC_ACQUIRE))
+        return 0;
+    pthread_mutex_lock(&pool->lock);
+    __atomic_store_n(&pool->revoking[rank], 0, __ATOMIC_RELAXED);
+    for (uint32_t slot = 0; slot < pool->max_inflight; slot++) {
+        ferry__hold *h = hold_at(pool, slot, rank);
+        if (!h->to_send || h->conn != conn)
+            continue;
+        if (n == max) { /* the rest in the next call */
+            __atomic_store_n(&pool->revoking[rank], 1, __ATOMIC_RELAXED);
+            break;
+        }
+        h->to_send = 0;
+        out[n][0] = slot;
+        out[n][1] = h->generation;
+        n++;
+    }
+    pthread_mutex_unlock(&pool->lock);
+    return n;
+}
+
+static void hook_detach(void *user, uint32_t rank, uint32_t conn, int lapse)
+{
+    ferry_pool *pool = user;
+    pthread_mutex_lock(&pool->lock);
+    uint64_t now = ferry__now_ns();
+    int ended = 0;
+    for (uint32_t slot = 0; pool->holds && slot < pool->max_inflight; slot++) {
+        ferry__hold *h = hold_at(pool, slot, rank);
+        if (!h->generation || h->conn != conn)
+            continue;
+        if (lapse) { /* asked back now, with no one to tell */
+            if (!h->revoked)
+                h->revoked = now ? now : 1;
+            h->to_send = 0;
+        } else {
+            *h = (ferry__hold){0};
+            ended = 1;
+        }
+    }
+    pthread_mutex_unlock(&pool->lock);
+    ferry__ranks_detach_remote(pool, rank, conn);
+    if (ended)
+        ferry__shm_acked(&pool->mem.shm);
+}
+
 
 /* A lease is the rank's to read while its slot holds it (not cancelled) and the rank's
  * acknowledgement is not written. Under the pool's lock, from the producer's own records:
@@ -47,7 +198,7 @@ static ferry_status hook_lease(void *user, uint32_t slot, uint32_t generation, u
         st = FERRY_CLOSING;
     const ferry__slot *s = &pool->slots[slot];
     const ferry__shm_layout *l = &pool->mem.shm.layout;
-    if (holds_locked(pool, slot, generation) &&
+    if (current_locked(pool, slot, generation) &&
         ferry__load_acquire32(&pool->mem.control[ferry__shm_ack_word(l, slot, rank)]) !=
             generation) {
         *ready =
@@ -90,13 +241,16 @@ static void mark_partial_locked(ferry_pool *pool, uint32_t slot, uint32_t genera
  * from what it held, for the current lease only; or, partial (some parts of a packed lease),
  * its mark. The two may come in either order: the mark never goes over an acknowledgement. */
 static void hook_ack(void *user, uint32_t slot, uint32_t generation, uint32_t first, uint32_t count,
-                     int partial)
+                     int partial, uint32_t rank, uint32_t conn)
 {
     ferry_pool *pool = user;
     const ferry__shm_layout *l = &pool->mem.shm.layout;
     uint64_t written = 0;
     pthread_mutex_lock(&pool->lock);
-    if (holds_locked(pool, slot, generation)) {
+    /* The sender's own whole acknowledgement: it reads the lease no more. */
+    if (!partial && pool->holds && rank >= first && rank - first < count)
+        written += (uint64_t)unhold_locked(pool, slot, generation, rank, conn);
+    if (current_locked(pool, slot, generation)) {
         for (uint32_t r = first; r < first + count; r++) {
             if (partial) {
                 mark_partial_locked(pool, slot, generation, r);
@@ -134,8 +288,16 @@ ferry_status ferry__pool_remote_start(ferry_pool *pool)
         .gen_offset = FERRY_GEN_TABLE_OFFSET,
         .extent_offset =
             (uint64_t)((uint8_t *)pool->mem.shm.extents - (uint8_t *)pool->mem.shm.header),
-        .hooks = {pool, hook_attach, hook_detach, hook_lease, hook_ack, hook_notify},
+        .hooks = {pool, hook_attach, hook_detach, hook_lease, hook_ack, hook_hold, hook_release,
+                  hook_revokes, hook_notify},
     };
+    pool->holds = calloc((size_t)pool->max_inflight * pool->consumers, sizeof(ferry__hold));
+    pool->revoking = calloc(pool->consumers, sizeof(uint32_t));
+    pool->hold_lapse_ns = rc.timeout_ns;
+    if (!pool->holds || !pool->revoking) {
+        ferry__holds_fini(pool);
+        return ferry__fail(FERRY_NO_MEMORY, "out of memory for the remote ranks' holds");
+    }
     char label[64];
     snprintf(label, sizeof(label), "%s pool", pool->ops->name);
     rc.label = label;

@@ -7,10 +7,16 @@
  * regions. Every call holds the client's lock while it uses UCX (the worker is SERIALIZED)
  * and lets it go while it sleeps on the worker's event fd and the connection.
  *
- * A read never hands out another lease's bytes: once the get of the slice ended, a second pair
- * of gets reads the slot's generation and this rank's
- * acknowledgement word; a slot reused or a lease acknowledged on this rank's behalf since
- * (after which the producer may free the slice) ends the read STALE. A small lease of a host
+ * A read never hands out another lease's bytes. A lease whose DESC said it is held
+ * (FERRY_AM_DESC_HELD) keeps its slice until this process lets it go: by its own
+ * acknowledgement, or by FERRY_AM_RELEASED once the producer asked for it back
+ * (FERRY_AM_REVOKE, answered only after every read of it returned); the producer frees a
+ * hold it asked back without an answer only after the keepalive bound. Such a read checks
+ * nothing remote: after its gets it takes in what the producer sent meanwhile, and the lease
+ * must still be held and the connection open. Other reads, once the get of the slice ended,
+ * read the slot's generation and this rank's acknowledgement word with a second pair of gets;
+ * a slot reused or a lease acknowledged on this rank's behalf since (after which the producer
+ * may free the slice) ends the read STALE. A small lease of a host
  * pool comes with its bytes inside its DESC (copied and checked by the producer while the
  * lease was this rank's): reads of it into host memory copy them, without a get.
  *
@@ -69,7 +75,8 @@ typedef struct lease_note {
     uint32_t generation; /* 0: nothing known */
     uint32_t ready;      /* the producer forwarded it, or a read saw its ready word */
     uint64_t offset, length;
-    uint32_t inl; /* 1 + the index of its inline bytes in the client's inl; 0: none */
+    uint32_t inl;  /* 1 + the index of its inline bytes in the client's inl; 0: none */
+    uint32_t held; /* its DESC said the producer holds it for this rank */
 } lease_note;
 
 /* A served read while it waits for its answers (cl->rd): its pieces of FERRY_REMOTE_READ_PIECE
@@ -131,6 +138,9 @@ struct ferry__remote_client {
     uint32_t taken, reported; /* taken so far; what the producer was told */
     lease_note *notes;        /* by slot */
     uint32_t *my_acks;        /* by slot: the generation this process acknowledged its rank */
+    uint32_t *revoked;        /* by slot: the held lease the producer asked back (generation) */
+    uint32_t *to_release;     /* by slot: the generation to answer RELEASED for; 0: none */
+    uint32_t releases;        /* entries of to_release set */
     ferry__part_set *parts;
     /* Leases may come inline: the pool's data is host memory in region 1. Their bytes are
      * kept in a ring of depth places, a new one taking the oldest's place: at most depth x
@@ -398,8 +408,10 @@ static ferry_status take_layout(ferry__remote_client *cl, const ferry__remote_ad
     cl->inbox = calloc(cl->depth, sizeof(*cl->inbox));
     cl->notes = calloc(rows, sizeof(*cl->notes));
     cl->my_acks = calloc(rows, sizeof(*cl->my_acks));
+    cl->revoked = calloc(rows, sizeof(*cl->revoked));
+    cl->to_release = calloc(rows, sizeof(*cl->to_release));
     cl->inl = calloc(cl->depth, sizeof(*cl->inl));
-    if (!cl->inbox || !cl->notes || !cl->my_acks || !cl->inl)
+    if (!cl->inbox || !cl->notes || !cl->my_acks || !cl->revoked || !cl->to_release || !cl->inl)
         return ferry__fail(FERRY_NO_MEMORY, "out of memory for a remote pool's bookkeeping");
     return FERRY_OK;
 }
@@ -454,14 +466,22 @@ static const uint8_t *inline_bytes(const ferry__remote_client *cl, const ferry_d
     return e->bytes + (d->offset - e->offset);
 }
 
-/* What is known of the slot's lease from here on; inline bytes of an older one go. */
+/* What is known of the slot's lease from here on (held: its DESC said so); inline bytes of
+ * an older one go. */
 static void note_set(ferry__remote_client *cl, const ferry_descriptor *d, uint64_t offset,
-                     uint64_t length)
+                     uint64_t length, int held)
 {
     lease_note *n = &cl->notes[d->slot];
     if (n->inl)
         inline_drop(cl, n->inl - 1);
-    *n = (lease_note){d->generation, 1, offset, length, 0};
+    *n = (lease_note){d->generation, 1, offset, length, 0, (uint32_t)held};
+}
+
+/* 1 if the producer holds d's lease for this rank and has not asked for it back. */
+static int held(const ferry__remote_client *cl, const ferry_descriptor *d)
+{
+    const lease_note *n = &cl->notes[d->slot];
+    return n->generation == d->generation && n->held && cl->revoked[d->slot] != d->generation;
 }
 
 /* ---- UCX: the endpoint, active messages, gets ------------------------------------------------ */
@@ -501,7 +521,8 @@ static void on_desc(ferry__remote_client *cl, const ferry__am *m, const uint8_t 
             return; /* in_tail did not move: nothing is queued */
     }
     cl->in_tail += k;
-    note_set(cl, first, m->u.desc.offset, m->u.desc.length);
+    note_set(cl, first, m->u.desc.offset, m->u.desc.length,
+             (m->flags & FERRY_AM_DESC_HELD) != 0);
     if (inl)
         inline_keep(cl, first, m->u.desc.offset, data + FERRY_DESCRIPTOR_SIZE, m->u.desc.length);
 }
@@ -565,6 +586,20 @@ static void on_data(ferry__remote_client *cl, const ferry__am *m, const uint8_t 
     r->done++;
 }
 
+/* A REVOKE: the producer wants the held lease back (another acknowledged it for this rank, or
+ * the producer cancelled it). Reads of it from here check it remotely; RELEASED is answered
+ * once the call that is running (a read of it, perhaps) returned (release_all). */
+static void on_revoke(ferry__remote_client *cl, const ferry__am *m)
+{
+    uint32_t slot = m->u.hold.slot;
+    if (slot >= cl->max_inflight || !m->u.hold.generation)
+        return;
+    cl->revoked[slot] = m->u.hold.generation;
+    if (!cl->to_release[slot])
+        cl->releases++;
+    cl->to_release[slot] = m->u.hold.generation;
+}
+
 static ucs_status_t on_am(void *arg, const void *header, size_t header_len, void *data, size_t len,
                           const ucp_am_recv_param_t *param)
 {
@@ -578,6 +613,8 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_len, void
         on_desc(cl, &m, data, len);
     else if (m.type == FERRY_AM_DATA)
         on_data(cl, &m, data, len);
+    else if (m.type == FERRY_AM_REVOKE)
+        on_revoke(cl, &m);
     return UCS_OK;
 }
 
@@ -757,6 +794,29 @@ static ferry_status send_am(ferry__remote_client *cl, ferry__am *m, const void *
     return wait_requests(cl, &req, 1, "ucp_am_send_nbx", CLIENT_SPIN_NS);
 }
 
+/* Answers the producer's REVOKEs with RELEASED. Called at the end of a call, never while a
+ * read runs: a lease asked back during a read of it is let go only after that read took in
+ * the REVOKE and returned. A failed send means the producer is gone, and its holds with it. */
+static void release_all(ferry__remote_client *cl)
+{
+    while (cl->releases && !cl->gone) {
+        for (uint32_t slot = 0; slot < cl->max_inflight && cl->releases; slot++) {
+            uint32_t gen = cl->to_release[slot];
+            if (!gen)
+                continue;
+            cl->to_release[slot] = 0;
+            cl->releases--;
+            ferry__am m = {.type = FERRY_AM_RELEASED, .u.hold = {slot, gen}};
+            if (send_am(cl, &m, NULL, 0) != FERRY_OK)
+                break;
+        }
+    }
+    if (cl->gone) {
+        memset(cl->to_release, 0, cl->max_inflight * sizeof(*cl->to_release));
+        cl->releases = 0;
+    }
+}
+
 /* Tells the producer how reads go, so that an emulated path is counted and logged there;
  * where gets would be emulated, reads of a host pool are served (cl->served). */
 static void send_info(ferry__remote_client *cl)
@@ -764,8 +824,14 @@ static void send_info(ferry__remote_client *cl)
     char path[FERRY_AM_MAX_INFO];
     int emulated = 0;
     ferry__ucx_ep_rma_path(&cl->node, cl->ep, path, sizeof(path), &emulated);
-    cl->served = emulated && cl->inline_ok;
-    ferry__am m = {.type = FERRY_AM_INFO, .flags = (uint16_t)emulated};
+    /* FERRY_REMOTE_SERVED=0 keeps UCX's emulated gets (a diagnostic: docs/design.md). */
+    const char *knob = getenv("FERRY_REMOTE_SERVED");
+    cl->served = emulated && cl->inline_ok && !(knob && strcmp(knob, "0") == 0);
+    /* Reads by gets ask for held leases, which they read without the check's round trip; a
+     * served read is checked by the producer anyway. */
+    ferry__am m = {.type = FERRY_AM_INFO,
+                   .flags = (uint16_t)((emulated ? FERRY_AM_INFO_EMULATED : 0) |
+                                       (cl->served ? 0 : FERRY_AM_INFO_HOLD))};
     send_am(cl, &m, path, strlen(path));
 }
 
@@ -801,6 +867,8 @@ static void client_free(ferry__remote_client *cl)
     free(cl->inbox);
     free(cl->notes);
     free(cl->my_acks);
+    free(cl->revoked);
+    free(cl->to_release);
     pthread_mutex_destroy(&cl->lock);
     free(cl);
 }
@@ -1086,6 +1154,7 @@ ferry_status ferry__remote_recv(ferry__remote_client *cl, uint64_t timeout_ns,
         if (st != FERRY_TIMEOUT)
             break;
         report_taken(cl); /* nothing queued: the producer may be waiting for room */
+        release_all(cl);  /* and for held leases it asked back */
         uint64_t now = ferry__now_ns();
         if (now - start < CLIENT_SPIN_NS && now < deadline) {
             pthread_mutex_unlock(&cl->lock);
@@ -1105,6 +1174,7 @@ ferry_status ferry__remote_recv(ferry__remote_client *cl, uint64_t timeout_ns,
         uint64_t left = deadline - now;
         sleep_on(cl, left < CLIENT_SLICE_NS ? left : CLIENT_SLICE_NS);
     }
+    release_all(cl);
     pthread_mutex_unlock(&cl->lock);
     if (st == FERRY_OK)
         ferry__clear_error();
@@ -1114,8 +1184,9 @@ ferry_status ferry__remote_recv(ferry__remote_client *cl, uint64_t timeout_ns,
 ferry_status ferry__remote_fd(ferry__remote_client *cl, int *fd)
 {
     pthread_mutex_lock(&cl->lock);
-    while (!progress_and_arm(cl)) {
-    }
+    do /* REVOKEs taken in here are answered here: the fd does not wake for them again */
+        release_all(cl);
+    while (!progress_and_arm(cl) || cl->releases);
     pthread_mutex_unlock(&cl->lock);
     *fd = cl->poll_fd;
     ferry__clear_error();
@@ -1272,7 +1343,7 @@ static ferry_status look_with_gets(ferry__remote_client *cl, const ferry_descrip
     if (gen != d->generation)
         return stale(d, gen, cl->rank);
     if (ready == d->generation)
-        note_set(cl, d, extent[0], extent[1]);
+        note_set(cl, d, extent[0], extent[1], 0);
     return FERRY_OK;
 }
 
@@ -1290,7 +1361,7 @@ static ferry_status wait_ready(ferry__remote_client *cl, const ferry_descriptor 
             if (st == FERRY_OK && r.fail != FERRY_AM_DATA_NOT_READY) {
                 st = served_status(cl, &r);
                 if (st == FERRY_OK)
-                    note_set(cl, d, r.extent[0], r.extent[1]);
+                    note_set(cl, d, r.extent[0], r.extent[1], 0);
             }
             if (st != FERRY_OK)
                 return st;
@@ -1330,6 +1401,7 @@ ferry_status ferry__remote_wait(ferry__remote_client *cl, const ferry_descriptor
     ferry_status st = precheck(cl, d);
     if (st == FERRY_OK)
         st = wait_ready(cl, d, timeout_ns, ferry__deadline(timeout_ns));
+    release_all(cl);
     pthread_mutex_unlock(&cl->lock);
     if (st == FERRY_OK)
         ferry__clear_error();
@@ -1346,6 +1418,19 @@ static int gpu_memory(const ferry__remote_client *cl, const void *dst)
     return cuda->cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
                                        (CUdeviceptr)(uintptr_t)dst) == CUDA_SUCCESS &&
            type == CU_MEMORYTYPE_DEVICE;
+}
+
+/* After a held lease's gets ended: 1 if it is held still. What the producer sent before
+ * the slice could have been freed is taken in first: a REVOKE (the producer frees a hold it
+ * asked back only once this rank answers, or a keepalive bound later), or the end of the
+ * connection (a rank whose connection ended has its holds lapse, at once only where it
+ * closed the connection itself). */
+static int held_still(ferry__remote_client *cl, const ferry_descriptor *d)
+{
+    const ferry__ucx *u = cl->node.ucx;
+    for (int i = 0; i < 4 && u->ucp_worker_progress(cl->node.worker); i++) {
+    }
+    return held(cl, d) && !producer_gone(cl);
 }
 
 static ferry_status read_checked(ferry__remote_client *cl, const ferry_descriptor *d, void *dst,
@@ -1380,6 +1465,7 @@ static ferry_status read_checked(ferry__remote_client *cl, const ferry_descripto
         return st == FERRY_OK ? served_status(cl, &r) : st;
     }
     uint32_t gen = 0, ack = 0;
+    int was_held = held(cl, d);
     uint64_t pieces = (d->length + CLIENT_GET_PIECE - 1) / CLIENT_GET_PIECE;
     void *few[8], **reqs = pieces <= 8 ? few : malloc(pieces * sizeof(*reqs));
     if (!reqs)
@@ -1398,6 +1484,8 @@ static ferry_status read_checked(ferry__remote_client *cl, const ferry_descripto
         free(reqs);
     if (st != FERRY_OK)
         return st;
+    if (was_held && held_still(cl, d))
+        return FERRY_OK; /* the slice was this lease's all along */
     void *checks[2] = {get(cl, &gen, 4, cl->gen_addr + 4ull * d->slot, 0, 0),
                        get(cl, &ack, 4, ack_word_addr(cl, d->slot), cl->control_rkey, 0)};
     st = wait_requests(cl, checks, 2, "ucp_get_nbx", CLIENT_SPIN_NS);
@@ -1418,6 +1506,7 @@ ferry_status ferry__remote_read(ferry__remote_client *cl, const ferry_descriptor
     ferry_status st = precheck(cl, d);
     if (st == FERRY_OK)
         st = read_checked(cl, d, dst, timeout_ns);
+    release_all(cl);
     pthread_mutex_unlock(&cl->lock);
     if (st == FERRY_OK)
         ferry__clear_error();
@@ -1547,6 +1636,7 @@ ferry_status ferry__remote_ack(ferry__remote_client *cl, const ferry_descriptor 
     }
     st = send_ack(cl, d, first, count);
 done:
+    release_all(cl);
     pthread_mutex_unlock(&cl->lock);
     if (st == FERRY_OK)
         ferry__clear_error();

@@ -62,8 +62,10 @@ typedef struct ferry__remote_hooks {
     ferry_status (*attach)(void *user, uint32_t rank, uint32_t conn_id, pid_t pid, const char *host,
                            pid_t *holder);
     /* The connection that held rank is gone (its process exited, its host or link fell
-     * silent, or it broke the protocol): the rank's leases are acknowledged on its behalf. */
-    void (*detach)(void *user, uint32_t rank, uint32_t conn_id);
+     * silent, or it broke the protocol): the rank's leases are acknowledged on its behalf.
+     * Its holds go at once where its peer closed the connection (lapse 0), else they lapse
+     * a keepalive bound later (a consumer still alive behind a silent link may be reading). */
+    void (*detach)(void *user, uint32_t rank, uint32_t conn_id, int lapse);
     /* The lease (slot, generation) as the producer knows it: FERRY_OK with its ready state
      * and the extent of its slice; STALE if it is no longer current for rank (its slot moved
      * on, it was cancelled, or rank's acknowledgement is written); CLOSING once the pool
@@ -71,11 +73,24 @@ typedef struct ferry__remote_hooks {
     ferry_status (*lease)(void *user, uint32_t slot, uint32_t generation, uint32_t rank, int *ready,
                           uint64_t *offset, uint64_t *length);
     /* Acknowledges the lease (slot, generation) for ranks [first, first + count) on behalf
-     * of a remote consumer, or with partial set marks it partly acknowledged for them (some
-     * parts of a packed lease; nothing where a rank's acknowledgement is written). Nothing
-     * if the lease is no longer current. */
+     * of a remote consumer (rank, on connection conn_id), or with partial set marks it partly
+     * acknowledged for them (some parts of a packed lease; nothing where a rank's
+     * acknowledgement is written). Nothing if the lease is no longer current. A whole
+     * acknowledgement that covers the sender's own rank ends the sender's hold. */
     void (*ack)(void *user, uint32_t slot, uint32_t generation, uint32_t first, uint32_t count,
-                int partial);
+                int partial, uint32_t rank, uint32_t conn_id);
+    /* Holds the lease (slot, generation) for rank (connection conn_id) before its DESC goes:
+     * 1 if held (it is current and not acknowledged for rank), 0 if not. The pool frees the
+     * slice only after the rank's own acknowledgement or release, or once the hold, asked
+     * back, lapses. */
+    int (*hold)(void *user, uint32_t slot, uint32_t generation, uint32_t rank, uint32_t conn_id);
+    /* The consumer let the held lease go (FERRY_AM_RELEASED). */
+    void (*release)(void *user, uint32_t slot, uint32_t generation, uint32_t rank,
+                    uint32_t conn_id);
+    /* Holds of rank's (connection conn_id) the pool asks back: up to max (slot, generation)
+     * pairs, each told once. The pool signals the rank's notify fd when there are some. */
+    uint32_t (*revokes)(void *user, uint32_t rank, uint32_t conn_id, uint32_t (*out)[2],
+                        uint32_t max);
     /* Hands rank's notify eventfd to the pool (-1: take it back); the pool signals it when
      * the rank's ring gets entries, as for a local consumer's poll fd. */
     void (*notify)(void *user, uint32_t rank, int fd);
@@ -137,6 +152,8 @@ typedef struct ferry__remote_counts {
     uint64_t described;     /* hellos that claimed no rank, answered with the pool's description */
     uint64_t served;        /* read requests answered (FERRY_AM_DATA, counted before it goes) */
     uint64_t served_stale;  /* of those, bytes copied and dropped: the lease moved on */
+    uint64_t revoked;       /* held leases asked back (FERRY_AM_REVOKE sent) */
+    uint64_t released;      /* held leases let go (FERRY_AM_RELEASED received) */
 } ferry__remote_counts;
 
 enum {

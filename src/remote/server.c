@@ -111,7 +111,10 @@ typedef struct conn {
     int not_ready;    /* the ring's next lease is not ready: look again soon */
     int failed;       /* UCX reported the endpoint failed, or the peer broke the protocol */
     int emulated;     /* it said its reads are emulated (counted once, while it is connected) */
+    int hold;         /* it asked for held leases (it reads by gets) */
     uint64_t leaving; /* its connection ended: dropped at this time (or when UCX says so) */
+    int closed;       /* its peer closed the connection (EOF or reset): the consumer is gone or
+                       * gave the pool up, and reads nothing more */
     read_req reads[SERVER_READS_QUEUED]; /* read requests to answer after this round */
     uint32_t nreads;
     pid_t pid;
@@ -487,7 +490,8 @@ static void on_info(ferry__remote_server *s, conn *c, const ferry__am *m, const 
     for (size_t i = 0; i < n && k < FERRY_AM_MAX_INFO; i++)
         path[k++] = text[i] >= 0x20 && text[i] < 0x7f ? text[i] : '?';
     path[k] = '\0';
-    if (!m->flags || c->emulated)
+    c->hold = (m->flags & FERRY_AM_INFO_HOLD) != 0;
+    if (!(m->flags & FERRY_AM_INFO_EMULATED) || c->emulated)
         return;
     c->emulated = 1;
     count_add(s, &s->counts.emulated, 1);
@@ -506,6 +510,7 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_len, void
     conn *c = NULL;
     if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ||
         ferry__am_decode(header, header_len, len, &m) != FERRY_OK || m.type == FERRY_AM_DESC ||
+        m.type == FERRY_AM_DATA || m.type == FERRY_AM_REVOKE ||
         !(c = admitted(s, m.conn_id, m.token))) {
         count_add(s, &s->counts.bad_messages, 1);
         return UCS_OK;
@@ -515,7 +520,7 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_len, void
         if (m.u.ack.slot < s->cfg.max_inflight && m.u.ack.count &&
             m.u.ack.first < s->cfg.consumers && m.u.ack.count <= s->cfg.consumers - m.u.ack.first)
             s->cfg.hooks.ack(s->cfg.hooks.user, m.u.ack.slot, m.u.ack.generation, m.u.ack.first,
-                             m.u.ack.count, m.flags & FERRY_AM_ACK_PARTIAL);
+                             m.u.ack.count, m.flags & FERRY_AM_ACK_PARTIAL, c->rank, c->id);
         else
             count_add(s, &s->counts.bad_messages, 1);
         break;
@@ -528,6 +533,15 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_len, void
         break;
     case FERRY_AM_INFO:
         on_info(s, c, &m, data, len);
+        break;
+    case FERRY_AM_RELEASED:
+        if (m.u.hold.slot < s->cfg.max_inflight) {
+            count_add(s, &s->counts.released, 1);
+            s->cfg.hooks.release(s->cfg.hooks.user, m.u.hold.slot, m.u.hold.generation, c->rank,
+                                 c->id);
+        } else {
+            count_add(s, &s->counts.bad_messages, 1);
+        }
         break;
     case FERRY_AM_READ:
         /* Only a host pool's bytes are served (inline_data), and only as many requests as a
@@ -638,8 +652,12 @@ static int send_desc(ferry__remote_server *s, conn *c, const lease_at *l, uint32
                    .conn_id = c->id,
                    .token = c->token,
                    .u.desc = {l->offset, l->length}};
+    /* Held before it goes: the consumer may read it without a check from the moment it
+     * comes. */
+    if (c->hold && s->cfg.hooks.hold(s->cfg.hooks.user, l->slot, l->generation, c->rank, c->id))
+        m.flags |= FERRY_AM_DESC_HELD;
     if (inl && copy_inline(s, l, b->bytes + FERRY_AM_HEADER + n)) {
-        m.flags = FERRY_AM_DESC_INLINE;
+        m.flags |= FERRY_AM_DESC_INLINE;
         n += l->length;
         count_add(s, &s->counts.inlined, 1);
     }
@@ -732,6 +750,28 @@ static void serve_reads(ferry__remote_server *s, conn *c)
     c->nreads = 0;
 }
 
+/* Asks the consumer to let go of the held leases the pool wants back (FERRY_AM_REVOKE): sent
+ * after the DESCs of the same leases, on the same endpoint. */
+static void send_revokes(ferry__remote_server *s, conn *c)
+{
+    uint32_t got[32][2], n;
+    while (!c->failed && !c->leaving &&
+           (n = s->cfg.hooks.revokes(s->cfg.hooks.user, c->rank, c->id, got, 32)) > 0) {
+        for (uint32_t i = 0; i < n && !c->failed; i++) {
+            am_buf *b = am_buf_new(s, 0);
+            ferry__am m = {.type = FERRY_AM_REVOKE,
+                           .conn_id = c->id,
+                           .token = c->token,
+                           .u.hold = {got[i][0], got[i][1]}};
+            if (!b || am_send(s, c, &m, b, 0) != 0) {
+                c->failed = 1; /* unasked, its holds lapse when it is dropped */
+                break;
+            }
+            count_add(s, &s->counts.revoked, 1);
+        }
+    }
+}
+
 /* Sends what the rank's ring holds, as far as the consumer's window and readiness allow. The
  * ring is read as a local receiver reads it (shm/ring.c): the lease at head is looked at,
  * checked and, once forwarded, taken. */
@@ -805,6 +845,19 @@ static void unlink_conn(ferry__remote_server *s, conn *c)
         }
 }
 
+/* 1 if the consumer closed its end of the connection (EOF or a reset, seen before or now):
+ * it reads nothing more, so its holds may go at once. A connection that failed otherwise
+ * (UCX's error, a keepalive timeout, a broken protocol) may have a live consumer behind it,
+ * whose holds lapse a keepalive bound later. */
+static int peer_closed(conn *c)
+{
+    uint8_t b;
+    if (c->closed)
+        return 1;
+    ssize_t n = recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && (errno == ECONNRESET || errno == EPIPE));
+}
+
 /* A connection that is done: closed, its endpoint closed, its rank (if it held one) handed
  * back to the pool as dead. tell_pool is 0 when the whole server stops. */
 static void drop_conn(ferry__remote_server *s, conn *c, int tell_pool)
@@ -821,7 +874,7 @@ static void drop_conn(ferry__remote_server *s, conn *c, int tell_pool)
             count_add(s, &s->counts.emulated, -1);
         if (tell_pool) {
             s->cfg.hooks.notify(s->cfg.hooks.user, c->rank, -1);
-            s->cfg.hooks.detach(s->cfg.hooks.user, c->rank, c->id);
+            s->cfg.hooks.detach(s->cfg.hooks.user, c->rank, c->id, !peer_closed(c));
         }
         close_ep(s, c->ep);
     }
@@ -1029,6 +1082,7 @@ static void on_readable(ferry__remote_server *s, conn *c)
             count_add(s, &s->counts.bad_messages, 1);
             drop_conn(s, c, 1); /* talking out of turn */
         } else {
+            c->closed = n == 0 || errno == ECONNRESET || errno == EPIPE;
             on_left(s, c); /* EOF, reset, keepalive timeout */
         }
         return;
@@ -1181,6 +1235,7 @@ static void on_event(ferry__remote_server *s, uint64_t tag)
             while (read(c->notify_fd, &v, sizeof(v)) > 0) {
             }
             forward(s, c);
+            send_revokes(s, c);
         }
     } else {
         on_readable(s, (conn *)(uintptr_t)tag);
@@ -1205,6 +1260,7 @@ static void *server_main(void *arg)
             if (s->by_rank[r] && !s->by_rank[r]->failed) {
                 serve_reads(s, s->by_rank[r]);
                 forward(s, s->by_rank[r]);
+                send_revokes(s, s->by_rank[r]);
             }
         int timeout = sweep(s);
         /* Requests that came in while sweep progressed the worker (closing an endpoint) are

@@ -401,21 +401,29 @@ void ferry__am_encode(const ferry__am *m, uint8_t out[FERRY_AM_HEADER])
         ferry__put_le32(b + 4, m->u.data.status);
         ferry__put_le64(b + 8, m->u.data.value);
         break;
+    case FERRY_AM_REVOKE:
+    case FERRY_AM_RELEASED:
+        ferry__put_le32(b, m->u.hold.slot);
+        ferry__put_le32(b + 4, m->u.hold.generation);
+        break;
     default:
         break;
     }
 }
 
 /* A DESC's payload: its descriptors, and with FERRY_AM_DESC_INLINE the lease's bytes after
- * its one descriptor, as many as the extent's length says. */
+ * its one descriptor, as many as the extent's length says. FERRY_AM_DESC_HELD may go with
+ * either. */
 static ferry_status desc_shape(const ferry__am *m, size_t payload_len)
 {
-    if (m->flags == FERRY_AM_DESC_INLINE)
+    if (m->flags & ~(FERRY_AM_DESC_INLINE | FERRY_AM_DESC_HELD))
+        return malformed("descriptor message with unknown flags");
+    if (m->flags & FERRY_AM_DESC_INLINE)
         return m->u.desc.length == 0 || m->u.desc.length > FERRY_REMOTE_INLINE_MAX ||
                        payload_len != FERRY_DESCRIPTOR_SIZE + m->u.desc.length
                    ? malformed("inline bytes that are not one lease's whole extent")
                    : FERRY_OK;
-    if (m->flags || payload_len == 0 || payload_len % FERRY_DESCRIPTOR_SIZE ||
+    if (payload_len == 0 || payload_len % FERRY_DESCRIPTOR_SIZE ||
         payload_len / FERRY_DESCRIPTOR_SIZE > 65535u)
         return malformed("descriptor message with a bad payload");
     return FERRY_OK;
@@ -453,7 +461,8 @@ static ferry_status am_shape(const ferry__am *m, const uint8_t *b, size_t payloa
         return m->flags || payload_len || !all_zero(b + 4, 12) ? malformed("bad taken message")
                                                                : FERRY_OK;
     case FERRY_AM_INFO:
-        return m->flags > 1 || payload_len > FERRY_AM_MAX_INFO || !all_zero(b, 16)
+        return (m->flags & ~(FERRY_AM_INFO_EMULATED | FERRY_AM_INFO_HOLD)) ||
+                       payload_len > FERRY_AM_MAX_INFO || !all_zero(b, 16)
                    ? malformed("bad info message")
                    : FERRY_OK;
     case FERRY_AM_READ:
@@ -462,6 +471,10 @@ static ferry_status am_shape(const ferry__am *m, const uint8_t *b, size_t payloa
                    : FERRY_OK;
     case FERRY_AM_DATA:
         return data_shape(m, payload_len);
+    case FERRY_AM_REVOKE:
+    case FERRY_AM_RELEASED:
+        return m->flags || payload_len || !all_zero(b + 8, 8) ? malformed("bad hold message")
+                                                              : FERRY_OK;
     default:
         return malformed("unknown active message");
     }
@@ -497,6 +510,9 @@ ferry_status ferry__am_decode(const uint8_t *buf, size_t len, size_t payload_len
         a.u.data.id = ferry__get_le32(b);
         a.u.data.status = ferry__get_le32(b + 4);
         a.u.data.value = ferry__get_le64(b + 8);
+    } else if (a.type == FERRY_AM_REVOKE || a.type == FERRY_AM_RELEASED) {
+        a.u.hold.slot = ferry__get_le32(b);
+        a.u.hold.generation = ferry__get_le32(b + 4);
     }
     ferry_status st = am_shape(&a, b, payload_len);
     if (st != FERRY_OK)

@@ -19,9 +19,11 @@
 /* Version 2: a DESC may carry its lease's bytes (FERRY_AM_DESC_INLINE). Version 3: an ACK
  * may mark a packed lease partly acknowledged (FERRY_AM_ACK_PARTIAL). Version 4: a consumer
  * whose gets UCX would emulate asks the producer for bytes (FERRY_AM_READ, answered by
- * FERRY_AM_DATA). A peer of another version would drop such a message, so peers of
- * different versions refuse each other at the bootstrap. */
-#define FERRY_REMOTE_VERSION 4u
+ * FERRY_AM_DATA). Version 5: a DESC may say that the producer holds the lease's slice for the
+ * rank until the rank lets it go (FERRY_AM_DESC_HELD, FERRY_AM_REVOKE, FERRY_AM_RELEASED). A
+ * peer of another version would drop such a message, so peers of different versions refuse
+ * each other at the bootstrap. */
+#define FERRY_REMOTE_VERSION 5u
 #define FERRY_REMOTE_HEADER  16u
 /* The largest UCX worker address and packed remote key ferry accepts (a worker address over
  * several RDMA devices is a few hundred bytes; keys are tens). */
@@ -115,6 +117,14 @@ ferry_status ferry__refuse_decode(const uint8_t *buf, size_t len, ferry__refuse 
 /* DESC flags: the lease's bytes follow its one descriptor (a host pool's lease of at most
  * FERRY_REMOTE_INLINE_MAX bytes; docs/wire-format.md, "Active messages"). */
 #define FERRY_AM_DESC_INLINE 0x1u
+/* DESC flags: the producer holds the lease's slice for this rank (docs/design.md, "Held
+ * leases"): it frees it only after the rank's own acknowledgement or RELEASED, or, once it
+ * asked for it (REVOKE), after the keepalive bound. */
+#define FERRY_AM_DESC_HELD 0x2u
+/* INFO flags: the consumer's reads of host memory are emulated (UCX has no RMA lane to the
+ * producer); it asks for held leases (it reads by gets, which need the check otherwise). */
+#define FERRY_AM_INFO_EMULATED 0x1u
+#define FERRY_AM_INFO_HOLD     0x2u
 /* The largest lease whose bytes travel inside its DESC: a read of it is then a copy on the
  * consumer's host instead of gets (each a round trip through the producer's thread where UCX
  * emulates them). Chosen by measurement (docs/BENCHMARKS.md, "Remote consumers"); a
@@ -146,12 +156,16 @@ enum ferry__am_type {
     FERRY_AM_INFO = 4,  /* consumer -> producer: how its reads go (text payload) */
     FERRY_AM_READ = 5,  /* consumer -> producer: bytes of a lease (payload: their offset) */
     FERRY_AM_DATA = 6,  /* producer -> consumer: a READ's answer */
+    FERRY_AM_REVOKE = 7,   /* producer -> consumer: let the held lease go (acknowledged for
+                            * the rank by another, or cancelled) */
+    FERRY_AM_RELEASED = 8, /* consumer -> producer: no read of the held lease is on its way,
+                            * and none will be made without a check */
 };
 
 /* The 32-byte header of every active message. */
 typedef struct ferry__am {
     uint16_t type;
-    uint16_t flags; /* INFO: 1 if reads are emulated; DESC: FERRY_AM_DESC_INLINE; ACK:
+    uint16_t flags; /* INFO: FERRY_AM_INFO_*; DESC: FERRY_AM_DESC_*; ACK:
                      * FERRY_AM_ACK_PARTIAL; DATA: FERRY_AM_DATA_EXTENT; 0 otherwise */
     uint32_t conn_id;
     uint64_t token;
@@ -173,6 +187,9 @@ typedef struct ferry__am {
             uint32_t id, status;
             uint64_t value; /* STALE: the slot's generation now; else 0 */
         } data;
+        struct { /* REVOKE, RELEASED: the held lease */
+            uint32_t slot, generation;
+        } hold;
     } u;
 } ferry__am;
 
@@ -181,10 +198,10 @@ void ferry__am_encode(const ferry__am *m, uint8_t out[FERRY_AM_HEADER]);
 /* MALFORMED unless len is FERRY_AM_HEADER, the type is known, reserved fields are zero and
  * payload_len fits the type (DESC: 1 to 65535 whole descriptors, or with
  * FERRY_AM_DESC_INLINE exactly one descriptor and the extent's length, 1 to
- * FERRY_REMOTE_INLINE_MAX bytes; INFO: at most FERRY_AM_MAX_INFO bytes; READ: 8 bytes, and a
+ * FERRY_REMOTE_INLINE_MAX bytes; FERRY_AM_DESC_HELD with either; INFO: at most FERRY_AM_MAX_INFO bytes; READ: 8 bytes, and a
  * length of at most FERRY_AM_READ_MAX; DATA: a known status, with FERRY_AM_DATA_EXTENT (OK
  * or OUTSIDE) 16 bytes, OK without it at most FERRY_AM_READ_MAX bytes, others none; others:
- * none). Whether a DATA carries as many bytes as its READ asked for is the reader's check. */
+ * none, no flags, and REVOKE and RELEASED the rest of their body zero). Whether a DATA carries as many bytes as its READ asked for is the reader's check. */
 ferry_status ferry__am_decode(const uint8_t *buf, size_t len, size_t payload_len, ferry__am *m);
 
 /* Compares n bytes in time that does not depend on where they differ: 0 if equal. */
