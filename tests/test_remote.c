@@ -1575,6 +1575,15 @@ static void test_held_leases(void **state)
         nanosleep(&pause, NULL);
         assert_int_equal(ferry_pool_reclaim(pool, &reclaimed), FERRY_OK);
         assert_int_equal(th_stats(pool).leases_in_flight, 1);
+        /* a publish that needs the slice says who keeps it */
+        uint64_t usable = th_stats(pool).usable_bytes;
+        uint8_t *big = calloc(1, usable);
+        ferry_tensor all = ferry_tensor_bytes(usable);
+        const void *from = big;
+        ferry_descriptor none;
+        assert_int_equal(ferry_pool_publish(pool, &all, from, 50 * MS, &none), FERRY_POOL_FULL);
+        assert_non_null(strstr(ferry_last_error(), "remote rank 1 has not let lease"));
+        free(big);
         assert_int_equal(ferry_consumer_read(c, &d, buf, size, 2000 * MS), FERRY_STALE);
         assert_non_null(strstr(ferry_last_error(),
                                cancel ? "was cancelled" : "already acknowledged for rank 1"));

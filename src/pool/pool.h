@@ -36,10 +36,16 @@ typedef struct ferry__slot {
 typedef struct ferry__hold {
     uint32_t generation; /* the lease held (0: none) */
     uint32_t conn;       /* the connection that holds it */
-    uint64_t revoked;    /* 0: held; else when it was asked back (it lapses a keepalive bound
-                          * later) */
-    uint32_t to_send;    /* the REVOKE is still to go */
+    uint64_t revoked;    /* FERRY_HOLD_GONE: when its REVOKE went to the server (or its
+                          * connection ended); it lapses a keepalive bound later */
+    uint32_t state;      /* FERRY_HOLD_* */
 } ferry__hold;
+
+enum {
+    FERRY_HOLD_HELD = 0,  /* held, not asked back */
+    FERRY_HOLD_ASKED = 1, /* asked back: its REVOKE waits for the server's thread */
+    FERRY_HOLD_GONE = 2,  /* its REVOKE went out (or no one is left to tell): lapses */
+};
 
 struct ferry_pool {
     const ferry__transport_ops *ops;
@@ -168,6 +174,9 @@ ferry_status ferry__pool_remote_start(ferry_pool *pool);
  * asked back yet are asked back here (the rank's REVOKE is queued and the server woken);
  * holds asked back a keepalive bound ago lapse. */
 int ferry__holds_keep_locked(ferry_pool *pool, uint32_t slot);
+/* Describes a hold that keeps a slot from being freed (for POOL_FULL messages) into buf:
+ * 1 if there is one. */
+int ferry__holds_describe_locked(ferry_pool *pool, char *buf, size_t size);
 /* The slot's holds go with its lease (the slot is freed). */
 void ferry__holds_clear_locked(ferry_pool *pool, uint32_t slot);
 void ferry__holds_fini(ferry_pool *pool);

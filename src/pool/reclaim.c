@@ -131,7 +131,8 @@ void ferry__describe_backlog_locked(ferry_pool *pool, char *buf, size_t size)
     uint64_t oldest = 0, held = 0, partly = 0;
     int r = slowest_rank_locked(pool, &oldest, &held, &partly);
     if (r < 0) {
-        snprintf(buf, size, "no consumer holds a published lease");
+        if (!ferry__holds_describe_locked(pool, buf, size))
+            snprintf(buf, size, "no consumer holds a published lease");
         return;
     }
     char who[FERRY__HOLDER_TEXT], parts[160] = "";

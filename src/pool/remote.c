@@ -30,13 +30,13 @@ static ferry_status hook_attach(void *user, uint32_t rank, uint32_t conn, pid_t 
 }
 
 /* 1 if the slot has the lease (slot, generation), not cancelled, in a pool still open, and
- * the control words are in view (a GPU pool's device table copied to its mirror). Under the
- * pool's lock. */
-static int current_locked(ferry_pool *pool, uint32_t slot, uint32_t generation)
+ * (sync) the control words are in view (a GPU pool's device table copied to its mirror).
+ * Under the pool's lock. */
+static int current_locked(ferry_pool *pool, uint32_t slot, uint32_t generation, int sync)
 {
     const ferry__slot *s = &pool->slots[slot];
     return !pool->closing && s->inflight_pos != FERRY_NIL && s->generation == generation &&
-           !s->cancelled && pool->ops->sync_control(&pool->mem) == FERRY_OK;
+           !s->cancelled && (!sync || pool->ops->sync_control(&pool->mem) == FERRY_OK);
 }
 
 /* ---- holds --------------------------------------------------------------------------------- */
@@ -61,12 +61,11 @@ int ferry__holds_keep_locked(ferry_pool *pool, uint32_t slot)
             *h = (ferry__hold){0};
             continue;
         }
-        if (!h->revoked) {
-            h->revoked = now ? now : 1;
-            h->to_send = 1;
+        if (h->state == FERRY_HOLD_HELD) {
+            h->state = FERRY_HOLD_ASKED;
             __atomic_store_n(&pool->revoking[r], 1, __ATOMIC_RELEASE);
             ferry__channel_poke(pool, r); /* the server sends the REVOKE */
-        } else if (now - h->revoked >= pool->hold_lapse_ns) {
+        } else if (h->state == FERRY_HOLD_GONE && now - h->revoked >= pool->hold_lapse_ns) {
             ferry__log(FERRY_LOG_WARN,
                        "%s pool: remote rank %u did not let lease (slot=%u, generation=%u) go "
                        "within %.0f ms of being asked; its hold lapsed",
@@ -77,6 +76,31 @@ int ferry__holds_keep_locked(ferry_pool *pool, uint32_t slot)
         keep = 1;
     }
     return keep;
+}
+
+int ferry__holds_describe_locked(ferry_pool *pool, char *buf, size_t size)
+{
+    uint64_t now = ferry__now_ns();
+    for (uint32_t i = 0; pool->holds && i < pool->inflight_count; i++) {
+        uint32_t slot = pool->inflight[i];
+        for (uint32_t r = 0; r < pool->consumers; r++) {
+            const ferry__hold *h = hold_at(pool, slot, r);
+            if (h->generation != pool->slots[slot].generation || !h->generation)
+                continue;
+            if (h->state == FERRY_HOLD_GONE)
+                snprintf(buf, size,
+                         "remote rank %u has not let lease (slot=%u, generation=%u) go, asked "
+                         "%.3f ms ago (its hold lapses after %.0f ms; its process answers in "
+                         "its next ferry call)",
+                         r, slot, h->generation, (double)(now - h->revoked) / 1e6,
+                         (double)pool->hold_lapse_ns / 1e6);
+            else
+                snprintf(buf, size, "remote rank %u holds lease (slot=%u, generation=%u)", r,
+                         slot, h->generation);
+            return 1;
+        }
+    }
+    return 0;
 }
 
 void ferry__holds_clear_locked(ferry_pool *pool, uint32_t slot)
@@ -111,10 +135,13 @@ static int hook_hold(void *user, uint32_t slot, uint32_t generation, uint32_t ra
     int held = 0;
     pthread_mutex_lock(&pool->lock);
     const ferry__shm_layout *l = &pool->mem.shm.layout;
-    if (pool->holds && current_locked(pool, slot, generation) &&
+    /* The mirror of a GPU pool's device words is not synced here (hook_lease just did): one
+     * that lags shows the rank's acknowledgement later, never sooner, and a lease held past
+     * it is asked back as any other. */
+    if (pool->holds && current_locked(pool, slot, generation, 0) &&
         ferry__load_acquire32(&pool->mem.control[ferry__shm_ack_word(l, slot, rank)]) !=
             generation) {
-        *hold_at(pool, slot, rank) = (ferry__hold){generation, conn, 0, 0};
+        *hold_at(pool, slot, rank) = (ferry__hold){generation, conn, 0, FERRY_HOLD_HELD};
         held = 1;
     }
     pthread_mutex_unlock(&pool->lock);
@@ -143,13 +170,15 @@ static uint32_t hook_revokes(void *user, uint32_t rank, uint32_t conn, uint32_t 
     __atomic_store_n(&pool->revoking[rank], 0, __ATOMIC_RELAXED);
     for (uint32_t slot = 0; slot < pool->max_inflight; slot++) {
         ferry__hold *h = hold_at(pool, slot, rank);
-        if (!h->to_send || h->conn != conn)
+        if (h->state != FERRY_HOLD_ASKED || h->conn != conn)
             continue;
         if (n == max) { /* the rest in the next call */
             __atomic_store_n(&pool->revoking[rank], 1, __ATOMIC_RELAXED);
             break;
         }
-        h->to_send = 0;
+        /* The lapse counts from here: the server sends it now. */
+        h->state = FERRY_HOLD_GONE;
+        h->revoked = ferry__now_ns();
         out[n][0] = slot;
         out[n][1] = h->generation;
         n++;
@@ -168,10 +197,10 @@ static void hook_detach(void *user, uint32_t rank, uint32_t conn, int lapse)
         ferry__hold *h = hold_at(pool, slot, rank);
         if (!h->generation || h->conn != conn)
             continue;
-        if (lapse) { /* asked back now, with no one to tell */
-            if (!h->revoked)
-                h->revoked = now ? now : 1;
-            h->to_send = 0;
+        if (lapse) { /* asked back now (or before), with no one left to tell */
+            if (h->state != FERRY_HOLD_GONE)
+                h->revoked = now;
+            h->state = FERRY_HOLD_GONE;
         } else {
             *h = (ferry__hold){0};
             ended = 1;
@@ -198,7 +227,7 @@ static ferry_status hook_lease(void *user, uint32_t slot, uint32_t generation, u
         st = FERRY_CLOSING;
     const ferry__slot *s = &pool->slots[slot];
     const ferry__shm_layout *l = &pool->mem.shm.layout;
-    if (current_locked(pool, slot, generation) &&
+    if (current_locked(pool, slot, generation, 1) &&
         ferry__load_acquire32(&pool->mem.control[ferry__shm_ack_word(l, slot, rank)]) !=
             generation) {
         *ready =
@@ -250,7 +279,7 @@ static void hook_ack(void *user, uint32_t slot, uint32_t generation, uint32_t fi
     /* The sender's own whole acknowledgement: it reads the lease no more. */
     if (!partial && pool->holds && rank >= first && rank - first < count)
         written += (uint64_t)unhold_locked(pool, slot, generation, rank, conn);
-    if (current_locked(pool, slot, generation)) {
+    if (current_locked(pool, slot, generation, 1)) {
         for (uint32_t r = first; r < first + count; r++) {
             if (partial) {
                 mark_partial_locked(pool, slot, generation, r);

@@ -1420,17 +1420,26 @@ static int gpu_memory(const ferry__remote_client *cl, const void *dst)
            type == CU_MEMORYTYPE_DEVICE;
 }
 
-/* After a held lease's gets ended: 1 if it is held still. What the producer sent before
- * the slice could have been freed is taken in first: a REVOKE (the producer frees a hold it
- * asked back only once this rank answers, or a keepalive bound later), or the end of the
- * connection (a rank whose connection ended has its holds lapse, at once only where it
- * closed the connection itself). */
-static int held_still(ferry__remote_client *cl, const ferry_descriptor *d)
+/* Takes in what the worker holds (a REVOKE among it), 64 rounds of progress at most (UCX
+ * 1.22's progress may report work of its own for ever). */
+static void drain(ferry__remote_client *cl)
 {
     const ferry__ucx *u = cl->node.ucx;
-    for (int i = 0; i < 4 && u->ucp_worker_progress(cl->node.worker); i++) {
+    for (int i = 0; i < 64 && u->ucp_worker_progress(cl->node.worker); i++) {
     }
-    return held(cl, d) && !producer_gone(cl);
+}
+
+/* After a held lease's gets ended: 1 if they read the lease's own bytes. The producer frees
+ * a held slice only after this rank let it go (never during a call that reads it), or after
+ * the keepalive bound from when it sent its REVOKE, or from when the connection ended (at
+ * once only where this side closed it). The read began (since) with the worker drained and
+ * the lease held: a REVOKE sent before then by half the bound would have been taken in. So
+ * the gets are the lease's if the lease is held still once what came meanwhile is taken in,
+ * the connection is open, and the read took less than half the bound: else the check. */
+static int held_still(ferry__remote_client *cl, const ferry_descriptor *d, uint64_t since)
+{
+    drain(cl);
+    return held(cl, d) && !producer_gone(cl) && ferry__now_ns() - since < cl->silence_ns / 2;
 }
 
 static ferry_status read_checked(ferry__remote_client *cl, const ferry_descriptor *d, void *dst,
@@ -1465,7 +1474,13 @@ static ferry_status read_checked(ferry__remote_client *cl, const ferry_descripto
         return st == FERRY_OK ? served_status(cl, &r) : st;
     }
     uint32_t gen = 0, ack = 0;
+    uint64_t since = 0;
     int was_held = held(cl, d);
+    if (was_held) { /* what came before the gets is taken in first */
+        since = ferry__now_ns();
+        drain(cl);
+        was_held = held(cl, d);
+    }
     uint64_t pieces = (d->length + CLIENT_GET_PIECE - 1) / CLIENT_GET_PIECE;
     void *few[8], **reqs = pieces <= 8 ? few : malloc(pieces * sizeof(*reqs));
     if (!reqs)
@@ -1484,7 +1499,7 @@ static ferry_status read_checked(ferry__remote_client *cl, const ferry_descripto
         free(reqs);
     if (st != FERRY_OK)
         return st;
-    if (was_held && held_still(cl, d))
+    if (was_held && held_still(cl, d, since))
         return FERRY_OK; /* the slice was this lease's all along */
     void *checks[2] = {get(cl, &gen, 4, cl->gen_addr + 4ull * d->slot, 0, 0),
                        get(cl, &ack, 4, ack_word_addr(cl, d->slot), cl->control_rkey, 0)};

@@ -113,8 +113,8 @@ typedef struct conn {
     int emulated;     /* it said its reads are emulated (counted once, while it is connected) */
     int hold;         /* it asked for held leases (it reads by gets) */
     uint64_t leaving; /* its connection ended: dropped at this time (or when UCX says so) */
-    int closed;       /* its peer closed the connection (EOF or reset): the consumer is gone or
-                       * gave the pool up, and reads nothing more */
+    int closed;       /* its peer closed the connection (EOF): the consumer is gone or gave
+                       * the pool up, and reads nothing more */
     read_req reads[SERVER_READS_QUEUED]; /* read requests to answer after this round */
     uint32_t nreads;
     pid_t pid;
@@ -845,17 +845,15 @@ static void unlink_conn(ferry__remote_server *s, conn *c)
         }
 }
 
-/* 1 if the consumer closed its end of the connection (EOF or a reset, seen before or now):
- * it reads nothing more, so its holds may go at once. A connection that failed otherwise
- * (UCX's error, a keepalive timeout, a broken protocol) may have a live consumer behind it,
- * whose holds lapse a keepalive bound later. */
+/* 1 if the consumer closed its end of the connection (EOF, seen before or now): it reads
+ * nothing more (its process exited, or it closed the pool or gave it up), so its holds may
+ * go at once. A connection that failed otherwise (a reset, which a box between the hosts may
+ * send too, UCX's error, a keepalive timeout, a broken protocol) may have a live consumer
+ * behind it, whose holds lapse a keepalive bound later. */
 static int peer_closed(conn *c)
 {
     uint8_t b;
-    if (c->closed)
-        return 1;
-    ssize_t n = recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-    return n == 0 || (n < 0 && (errno == ECONNRESET || errno == EPIPE));
+    return c->closed || recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
 }
 
 /* A connection that is done: closed, its endpoint closed, its rank (if it held one) handed
@@ -1082,7 +1080,7 @@ static void on_readable(ferry__remote_server *s, conn *c)
             count_add(s, &s->counts.bad_messages, 1);
             drop_conn(s, c, 1); /* talking out of turn */
         } else {
-            c->closed = n == 0 || errno == ECONNRESET || errno == EPIPE;
+            c->closed = n == 0;
             on_left(s, c); /* EOF, reset, keepalive timeout */
         }
         return;
