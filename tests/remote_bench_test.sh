@@ -86,7 +86,7 @@ wants=('"mode": "remote"' '"backend": "host"' '"consumers": 2'
     '"floor": {"mean_us": ' '"ratio_p50": ' '"ratio_p99": '
     '"throughput": [{"memory": "host", "item_size": 65536, "items": 64, "ferry_seconds": '
     '{"memory": "host", "item_size": 1048576, "items": 4, ' '"floor_gbytes_per_s": '
-    '"ratio_vs_floor": ' '"read_path": "emulated over active messages (tcp/'
+    '"ratio_vs_floor": ' '"read_ratio_vs_floor": ' '"read_path": "emulated over active messages (tcp/'
     '"ferry_over_ucx": 2, "ferry_emulated": 2,' "\"received\": $expected, \"verified\": $expected, \"verified_in_full\": $expected, \"errors\": 0}")
 if [ $netns -eq 1 ]; then
     wants+=("\"worker_netns\": \"$ns_b\"" "tcp/$dev_b")
@@ -105,7 +105,7 @@ out=$(bench --iterations 20 --warmup 2 --rounds 1 --item-size 256KiB --items 3 \
     --pool-size 4MiB --verify-every 1 "${devices[@]}" --quiet 2>&1)
 rc=$?
 for want in "ferry bench: remote, backend host, 1 consumer" "ferry/floor p50: " \
-    "memory       size   items  ferry GB/s  floor GB/s  ferry/floor" \
+    "memory       size   items  ferry GB/s  floor GB/s  ferry/floor   read GB/s  read/floor" \
     "received: 52 items, verified: 52 (52 byte for byte), errors: 0"; do
     [ $rc -eq 0 ] && [[ "$out" == *"$want"* ]] || fail "text report (rc=$rc) lacks '$want': $out"
 done

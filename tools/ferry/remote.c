@@ -30,6 +30,9 @@
 #include "ucx.h"
 
 enum { K_FERRY = 0, K_FLOOR = 1, KINDS = 2, PH_CONTROL = 2 };
+/* A consumer's counters (stat[]): items checked in full, then the read time of each kind,
+ * then ferry's reads alone (without their acknowledgements). */
+enum { STAT_FERRY_READ_ALONE = 1 + KINDS };
 enum { MSG_CONNECT = 10, MSG_LOOP = 11 }; /* gpu.h numbers 8 and 9 */
 enum { MEM_HOST = 0, MEM_DEVICE = 1 };
 /* A LOOP message's flags: the memory read into, and whether the items are already in the pool
@@ -159,6 +162,7 @@ typedef struct tp_row {
     int mem;
     uint64_t size, items;
     double seconds[KINDS], gbps[KINDS];
+    double read_gbps; /* ferry's reads alone, without their acknowledgements */
 } tp_row;
 
 typedef struct remote_run {
@@ -188,6 +192,7 @@ typedef struct remote_run {
     /* the row being measured */
     int mem;
     uint64_t size, window, done[KINDS], *lat[KINDS], busy_ns[KINDS];
+    uint64_t read_alone_ns; /* a throughput row's: ferry's reads alone, mean over consumers */
     uint64_t floor_announced; /* 1 + the last floor item announced (answers count to it) */
     /* results */
     lat_row lrows[2];
@@ -479,12 +484,13 @@ static int lat_chunk(bench_run *run, int k, uint64_t begin, uint64_t end)
     return 0;
 }
 
-/* The consumers' read time of kind k so far, summed over them. */
-static uint64_t read_ns(const bench_run *run, int k)
+/* The consumers' time of stat[at] so far (1 + k: kind k's reads; STAT_FERRY_READ_ALONE),
+ * summed over them. */
+static uint64_t read_ns(const bench_run *run, int at)
 {
     uint64_t ns = 0;
     for (uint32_t r = 0; r < run->consumers; r++)
-        ns += __atomic_load_n(&run->region.ranks[r].stat[1 + k], __ATOMIC_ACQUIRE);
+        ns += __atomic_load_n(&run->region.ranks[r].stat[at], __ATOMIC_ACQUIRE);
     return ns;
 }
 
@@ -494,7 +500,8 @@ static uint64_t read_ns(const bench_run *run, int k)
 static int read_items(bench_run *run, int k, uint64_t n, uint64_t *ns)
 {
     remote_run *s = RS(run);
-    uint64_t before = read_ns(run, k), slot = (s->size + SLOT_ALIGN - 1) / SLOT_ALIGN * SLOT_ALIGN;
+    uint64_t before = read_ns(run, 1 + k), alone = read_ns(run, STAT_FERRY_READ_ALONE);
+    uint64_t slot = (s->size + SLOT_ALIGN - 1) / SLOT_ALIGN * SLOT_ALIGN;
     for (uint64_t at = 0; at < n;) {
         uint64_t batch = n - at < s->window ? n - at : s->window, first = s->done[k];
         if (k == K_FLOOR && floor_sync(run) != 0)
@@ -519,7 +526,8 @@ static int read_items(bench_run *run, int k, uint64_t n, uint64_t *ns)
         s->done[k] = first + batch;
         at += batch;
     }
-    *ns = (read_ns(run, k) - before) / run->consumers;
+    *ns = (read_ns(run, 1 + k) - before) / run->consumers;
+    s->read_alone_ns += (read_ns(run, STAT_FERRY_READ_ALONE) - alone) / run->consumers;
     return 0;
 }
 
@@ -604,9 +612,12 @@ static int throughput_row(bench_run *run, int mem, uint64_t size)
         read_items(run, K_FLOOR, 1, &ns) != 0)
         return -1;
     s->busy_ns[0] = s->busy_ns[1] = 0;
+    s->read_alone_ns = 0;
     if (run_rounds(run, n, (uint64_t)o->rounds, KINDS, tp_chunk) != 0)
         return -1;
     *row = (tp_row){.mem = mem, .size = size, .items = n};
+    row->read_gbps =
+        s->read_alone_ns ? (double)(n * size) / 1e9 / ((double)s->read_alone_ns / 1e9) : NAN;
     for (int k = 0; k < KINDS; k++) {
         row->seconds[k] = (double)s->busy_ns[k] / 1e9;
         row->gbps[k] = row->seconds[k] > 0 ? (double)(n * size) / 1e9 / row->seconds[k] : NAN;
@@ -858,16 +869,16 @@ static void report_text(const bench_run *run)
                cli_ratio(r->lat[0].p99_us, r->lat[1].p99_us));
     }
     printf("\nthroughput: GB/s of each consumer's reads of items already in the pool (ferry: "
-           "read + ack; floor: a bare get), %lld rounds\n",
+           "read + ack, and the read alone; floor: a bare get), %lld rounds\n",
            (long long)o->rounds);
-    printf("%-7s %9s %7s %11s %11s %12s\n", "memory", "size", "items", "ferry GB/s", "floor GB/s",
-           "ferry/floor");
+    printf("%-7s %9s %7s %11s %11s %12s %11s %11s\n", "memory", "size", "items", "ferry GB/s",
+           "floor GB/s", "ferry/floor", "read GB/s", "read/floor");
     for (uint32_t i = 0; i < s->ntrows; i++) {
         const tp_row *r = &s->trows[i];
         cli_format_size(r->size, size, sizeof(size));
-        printf("%-7s %9s %7llu %11.3f %11.3f %12.3f\n", mem_names[r->mem], size,
+        printf("%-7s %9s %7llu %11.3f %11.3f %12.3f %11.3f %11.3f\n", mem_names[r->mem], size,
                (unsigned long long)r->items, r->gbps[0], r->gbps[1],
-               cli_ratio(r->gbps[0], r->gbps[1]));
+               cli_ratio(r->gbps[0], r->gbps[1]), r->read_gbps, cli_ratio(r->read_gbps, r->gbps[1]));
     }
     printf("(target: at least 0.9)\n");
     run_counters(run, &verified, &errors);
@@ -927,7 +938,9 @@ static void report_json(const bench_run *run)
         cli_json_num("floor_seconds", r->seconds[1], ", ");
         cli_json_num("ferry_gbytes_per_s", r->gbps[0], ", ");
         cli_json_num("floor_gbytes_per_s", r->gbps[1], ", ");
-        cli_json_num("ratio_vs_floor", cli_ratio(r->gbps[0], r->gbps[1]), "}");
+        cli_json_num("ratio_vs_floor", cli_ratio(r->gbps[0], r->gbps[1]), ", ");
+        cli_json_num("ferry_read_gbytes_per_s", r->read_gbps, ", ");
+        cli_json_num("read_ratio_vs_floor", cli_ratio(r->read_gbps, r->gbps[1]), "}");
     }
     run_counters(run, &verified, &errors);
     counts(run, &received, &in_full);
@@ -1023,9 +1036,12 @@ static int worker_init(bench_worker *w)
         return worker_fail(w, "ferry_consumer_connect: %s", ferry_last_error());
     if ((why = ucx_node_open(&s->node, UCS_THREAD_MODE_SERIALIZED, AM_ITEM, on_item, s)))
         return worker_fail(w, "the floor's UCX: %s", why);
-    if (s->dev && ucx_node_cuda(&s->node)) {
+    const char *unreg = getenv("FERRY_BENCH_FLOOR_UNREGISTERED");
+    if (s->dev && ucx_node_cuda(&s->node) && !(unreg && strcmp(unreg, "1") == 0)) {
         /* A bare get's best: the destination registered once (cuda_ipc then copies straight
-         * into it); without UCX's CUDA support it stays unregistered (the run says why). */
+         * into it); without UCX's CUDA support it stays unregistered (the run says why).
+         * FERRY_BENCH_FLOOR_UNREGISTERED=1 leaves it unregistered (a diagnostic: the floor's
+         * gets then go as ferry's do). */
         ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
                                                  UCP_MEM_MAP_PARAM_FIELD_LENGTH |
                                                  UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE,
@@ -1226,8 +1242,8 @@ static int bare_get(bench_worker *w, void *dst, uint64_t offset, uint64_t size, 
 /* The reads of a throughput row: m->item items of kind k already in the pool (ferry: sent to
  * this rank, their descriptors taken first; floor: in the producer's ring, the nth at
  * (nth % m->seed) * m->key), each read into dst and timed alone (ferry: the read and the
- * acknowledgement; floor: the get), the time added to stat[1 + k], then said done and
- * checked outside the time. */
+ * acknowledgement, and the read alone in stat[STAT_FERRY_READ_ALONE]; floor: the get), the
+ * time added to stat[1 + k], then said done and checked outside the time. */
 static int reads(bench_worker *w, const bench_msg *m, int k, int mem, void *dst)
 {
     remote_worker *s = w->state;
@@ -1238,9 +1254,17 @@ static int reads(bench_worker *w, const bench_msg *m, int k, int mem, void *dst)
             return -1;
     for (uint64_t i = 0; i < m->item; i++) {
         uint64_t item = s->done[k], t0 = ferry_now_ns();
-        if ((k == K_FERRY ? ferry_use(w, &s->descs[i], dst)
-                          : bare_get(w, dst, (i % m->seed) * m->key, m->size, mem)) != 0)
+        if (k == K_FERRY) { /* the read alone is timed too */
+            if (ferry_consumer_read(s->consumer, &s->descs[i], dst, m->size, w->p.timeout_ns) !=
+                FERRY_OK)
+                return ferry_failed(w, "ferry_consumer_read");
+            __atomic_add_fetch(&w->me->stat[STAT_FERRY_READ_ALONE], ferry_now_ns() - t0,
+                               __ATOMIC_RELEASE);
+            if (ferry_consumer_ack(s->consumer, &s->descs[i]) != FERRY_OK)
+                return ferry_failed(w, "ferry_consumer_ack");
+        } else if (bare_get(w, dst, (i % m->seed) * m->key, m->size, mem) != 0) {
             return -1;
+        }
         /* the time before the progress word: the producer reads it once every rank is done */
         __atomic_add_fetch(&w->me->stat[1 + k], ferry_now_ns() - t0, __ATOMIC_RELEASE);
         worker_progress(w, k, (uint32_t)++s->done[k]);
