@@ -1709,6 +1709,67 @@ static void read_stamped(ferry_consumer *c, const ferry_descriptor *d, uint8_t *
         fail_msg("read of %llu bytes: not the lease's bytes", (unsigned long long)d->length);
 }
 
+/* The process's ucp_am_send_nbx, and what the recorder below saw of the active messages sent
+ * through the table: how many, and how many did not name their bytes host memory or were not
+ * eager. */
+static ucs_status_ptr_t (*real_am_send)(ucp_ep_h, unsigned, const void *, size_t, const void *,
+                                        size_t, const ucp_request_param_t *);
+static unsigned am_sent, am_unnamed;
+
+static ucs_status_ptr_t recording_am_send(ucp_ep_h ep, unsigned id, const void *header,
+                                          size_t header_len, const void *payload, size_t n,
+                                          const ucp_request_param_t *p)
+{
+    __atomic_fetch_add(&am_sent, 1, __ATOMIC_RELAXED);
+    if (!(p->op_attr_mask & UCP_OP_ATTR_FIELD_MEMORY_TYPE) ||
+        p->memory_type != UCS_MEMORY_TYPE_HOST || !(p->op_attr_mask & UCP_OP_ATTR_FIELD_FLAGS) ||
+        !(p->flags & UCP_AM_SEND_FLAG_EAGER))
+        __atomic_fetch_add(&am_unnamed, 1, __ATOMIC_RELAXED);
+    return real_am_send(ep, id, header, header_len, payload, n, p);
+}
+
+/* Every active message of both ends (descriptors, served reads' requests and answers,
+ * acknowledgements, the consumer's INFO, REVOKE and RELEASED) is sent eagerly with its bytes
+ * named host memory: a UCX built with CUDA sends only such a message inline, and looks up the
+ * memory of any other up and sends it through its general protocol. Seen through UCX's own
+ * table, swapped while no pool uses it. */
+static void test_am_sends_name_host_memory(void **state)
+{
+    (void)state;
+    const ferry__ucx *ucx;
+    assert_int_equal(ferry__ucx_get(&ucx), FERRY_OK);
+    ferry__ucx *table = (ferry__ucx *)ucx; /* the process's table is writable storage */
+    real_am_send = table->ucp_am_send_nbx;
+    table->ucp_am_send_nbx = recording_am_send;
+    am_sent = am_unnamed = 0;
+
+    ferry_pool *pool = make_pool(2, 8 << 20, 5000000);
+    char addr[FERRY_REMOTE_ADDRESS_SIZE];
+    remote_address_of(pool, addr);
+    ferry_consumer *c = NULL;
+    assert_int_equal(ferry_consumer_connect(addr, 1, -1, &c), FERRY_OK);
+    ferry_ranks one = {NULL, 1, 1};
+    const size_t sizes[] = {4096, FERRY_REMOTE_INLINE_MAX + 1, 3 * FERRY_REMOTE_READ_PIECE};
+    uint8_t *buf = malloc(sizes[2]);
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        ferry_descriptor d;
+        size_t k;
+        assert_int_equal(send_stamped(pool, sizes[i], 7000 + i, &one, 5000 * MS), FERRY_OK);
+        assert_int_equal(ferry_consumer_recv(c, 5000 * MS, &d, 1, &k), FERRY_OK);
+        read_stamped(c, &d, buf, 7000 + i);
+        assert_int_equal(ferry_consumer_ack(c, &d), FERRY_OK);
+    }
+    free(buf);
+    ferry_consumer_destroy(c);
+    wait_settled(pool, 5000);
+    ferry_pool_destroy(pool);
+
+    table->ucp_am_send_nbx = real_am_send;
+    /* 3 DESC, 3 ACK, the INFO, the served reads' requests and answers at least */
+    assert_true(__atomic_load_n(&am_sent, __ATOMIC_RELAXED) >= 7);
+    assert_int_equal(__atomic_load_n(&am_unnamed, __ATOMIC_RELAXED), 0);
+}
+
 /* A host pool's consumer whose gets UCX would emulate (tcp) has its reads served by the
  * producer's thread, in pieces of FERRY_REMOTE_READ_PIECE: leases from one byte past the inline
  * bound to several pieces, and a packed lease's parts (each a range of its extent), arrive
@@ -2271,6 +2332,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_inline_read_without_gets),
         cmocka_unit_test(test_inline_recycled_before_copy),
         cmocka_unit_test(test_served_reads),
+        cmocka_unit_test(test_am_sends_name_host_memory),
         cmocka_unit_test(test_served_looks),
         cmocka_unit_test(test_served_read_recycled_before_copy),
         cmocka_unit_test(test_many_hand_overs),

@@ -521,8 +521,7 @@ static void on_desc(ferry__remote_client *cl, const ferry__am *m, const uint8_t 
             return; /* in_tail did not move: nothing is queued */
     }
     cl->in_tail += k;
-    note_set(cl, first, m->u.desc.offset, m->u.desc.length,
-             (m->flags & FERRY_AM_DESC_HELD) != 0);
+    note_set(cl, first, m->u.desc.offset, m->u.desc.length, (m->flags & FERRY_AM_DESC_HELD) != 0);
     if (inl)
         inline_keep(cl, first, m->u.desc.offset, data + FERRY_DESCRIPTOR_SIZE, m->u.desc.length);
 }
@@ -787,8 +786,7 @@ static ferry_status send_am(ferry__remote_client *cl, ferry__am *m, const void *
     m->conn_id = cl->conn_id;
     m->token = cl->token;
     ferry__am_encode(m, hdr);
-    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-                             .flags = UCP_AM_SEND_FLAG_EAGER};
+    ucp_request_param_t p = ferry__ucx_am_param();
     void *req =
         cl->node.ucx->ucp_am_send_nbx(cl->ep, FERRY_AM_ID, hdr, sizeof(hdr), payload, n, &p);
     return wait_requests(cl, &req, 1, "ucp_am_send_nbx", CLIENT_SPIN_NS);

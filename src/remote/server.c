@@ -447,13 +447,10 @@ static int am_send(ferry__remote_server *s, conn *c, const ferry__am *m, am_buf 
 {
     const ferry__ucx *u = s->node.ucx;
     ferry__am_encode(m, b->bytes);
-    ucp_request_param_t p = {
-        .op_attr_mask =
-            UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
-        .flags = UCP_AM_SEND_FLAG_EAGER,
-        .cb.send = on_sent,
-        .user_data = b,
-    };
+    ucp_request_param_t p = ferry__ucx_am_param();
+    p.op_attr_mask |= UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.send = on_sent;
+    p.user_data = b;
     void *req = u->ucp_am_send_nbx(c->ep, FERRY_AM_ID, b->bytes, FERRY_AM_HEADER,
                                    b->bytes + FERRY_AM_HEADER, n, &p);
     if (req == NULL || FERRY_UCS_PTR_IS_ERR(req)) {

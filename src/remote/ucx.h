@@ -106,6 +106,20 @@ ferry_status ferry__ucx_node_handlers(ferry__ucx_node *node, unsigned id, ucp_am
  * once a poll on efd will wake for the next event. */
 void ferry__ucx_node_drain(ferry__ucx_node *node);
 
+/* The parameters of every active message ferry sends: eager, and its header and payload
+ * named host memory. A UCX that detects memory types (built with CUDA: its cuda_copy md) sends
+ * a message inline only when it knows the bytes are the host's; unnamed, each send takes a
+ * request, has its buffer looked up and goes through UCX's general protocol selection
+ * while CUDA memory exists in the process (ucp_proto_is_inline: memtype_off is -1 there). */
+static inline ucp_request_param_t ferry__ucx_am_param(void)
+{
+    ucp_request_param_t p = {.op_attr_mask =
+                                 UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_MEMORY_TYPE,
+                             .flags = UCP_AM_SEND_FLAG_EAGER,
+                             .memory_type = UCS_MEMORY_TYPE_HOST};
+    return p;
+}
+
 /* How remote reads on ep would go: "native RMA over <transports>" or "emulated over active
  * messages (<transports>)" into buf; *emulated = 1 for the latter. */
 void ferry__ucx_ep_rma_path(ferry__ucx_node *node, ucp_ep_h ep, char *buf, size_t size,

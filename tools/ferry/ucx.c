@@ -167,10 +167,20 @@ const char *ucx_ep_open(ucx_node *n, const void *address, ucp_ep_h *ep)
     return ucx_error("ucp_ep_create", st);
 }
 
+/* An active message's parameters, as the library's (src/remote/ucx.h, ferry__ucx_am_param):
+ * eager, its bytes named host memory, which a UCX built with CUDA needs to send it inline. */
+static ucp_request_param_t am_param(void)
+{
+    ucp_request_param_t p = {.op_attr_mask =
+                                 UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_MEMORY_TYPE,
+                             .flags = UCP_AM_SEND_FLAG_EAGER,
+                             .memory_type = UCS_MEMORY_TYPE_HOST};
+    return p;
+}
+
 void *ucx_am_send(ucp_ep_h ep, unsigned id, const void *header, size_t n)
 {
-    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-                             .flags = UCP_AM_SEND_FLAG_EAGER};
+    ucp_request_param_t p = am_param();
     return ucx.ucp_am_send_nbx(ep, id, header, n, NULL, 0, &p);
 }
 
@@ -187,11 +197,10 @@ const char *ucx_am_post(ucp_ep_h ep, unsigned id, const void *header, size_t n)
     if (!copy)
         return "out of memory for an active message";
     memcpy(copy, header, n);
-    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
-                                             UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
-                             .flags = UCP_AM_SEND_FLAG_EAGER,
-                             .cb.send = on_posted,
-                             .user_data = copy};
+    ucp_request_param_t p = am_param();
+    p.op_attr_mask |= UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.send = on_posted;
+    p.user_data = copy;
     void *req = ucx.ucp_am_send_nbx(ep, id, copy, n, NULL, 0, &p);
     if (req && !UCS_PTR_IS_ERR_(req))
         return NULL; /* on_posted frees both */
