@@ -12,13 +12,15 @@
  * acknowledgement, or by FERRY_AM_RELEASED once the producer asked for it back
  * (FERRY_AM_REVOKE, answered only after every read of it returned); the producer frees a
  * hold it asked back without an answer only after the keepalive bound. Such a read checks
- * nothing remote: after its gets it takes in what the producer sent meanwhile, and the lease
- * must still be held and the connection open. Other reads, once the get of the slice ended,
- * read the slot's generation and this rank's acknowledgement word with a second pair of gets;
- * a slot reused or a lease acknowledged on this rank's behalf since (after which the producer
- * may free the slice) ends the read STALE. A small lease of a host
- * pool comes with its bytes inside its DESC (copied and checked by the producer while the
- * lease was this rank's): reads of it into host memory copy them, without a get.
+ * nothing remote: it takes in what the producer sent before and after its gets, and trusts
+ * the hold only if the lease is still held, the connection open and the read took less than
+ * half the keepalive bound (a slice asked back is freed a whole bound later at the soonest);
+ * otherwise it checks as the others do. Other reads, once the get of the slice ended, read
+ * the slot's generation and this rank's acknowledgement word with a second pair of gets; a
+ * slot reused or a lease acknowledged on this rank's behalf since (after which the producer
+ * may free the slice) ends the read STALE. A small lease of a host pool comes with its bytes
+ * inside its DESC (copied and checked by the producer while the lease was this rank's): reads
+ * of it into host memory copy them, without a get.
  *
  * Served reads: where UCX would emulate gets (no RMA lane: tcp), a read of a host pool into
  * host memory asks the producer's thread for the bytes instead (FERRY_AM_READ, pieces of
