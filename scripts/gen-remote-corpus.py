@@ -14,7 +14,7 @@ import struct
 import sys
 
 MAGIC = 0x55595246  # "FRYU"
-VERSION = 5
+VERSION = 6
 INLINE_MAX = 16384  # the most bytes a DESC carries inline
 READ_MAX = 1 << 20  # the most bytes a READ asks for
 

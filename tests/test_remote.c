@@ -1830,6 +1830,52 @@ static void test_served_reads(void **state)
     ferry_pool_destroy(pool);
 }
 
+/* A consumer whose reads are served (UCX would emulate its gets: tcp) reads into GPU memory
+ * too: each answer is copied to the device on a stream of the client's own, so such reads
+ * need no CUDA-aware UCX and never run UCX's emulated get (which aborts the producer when the
+ * consumer's connection breaks under it: docs/design.md). A host pool; the consumer reads
+ * even items into GPU memory (the real driver where there is a GPU, else the fake one) and
+ * odd ones into host memory, every byte checked; every piece was served. */
+static void test_served_reads_into_gpu_memory(void **state)
+{
+    (void)state;
+    void *probe = NULL;
+    int real = ferry_gpu_alloc(0, 256, &probe) == FERRY_OK;
+    if (real)
+        ferry_gpu_free(0, probe);
+    ferry_pool *pool = make_pool(1, 32 << 20, 5000000);
+    char addr[FERRY_REMOTE_ADDRESS_SIZE];
+    remote_address_of(pool, addr);
+    if (!real) {
+        setenv("FERRY_CUDA_DRIVER", FERRY_FAKE_CUDA_PATH, 1);
+        setenv("FERRY_FAKE_CUDA_DEVICES", "1", 1);
+    }
+    th_helper h = spawn_consumer(1, "gpu-receiver", addr, 0, FERRY_OK);
+    unsetenv("FERRY_CUDA_DRIVER");
+    unsetenv("FERRY_FAKE_CUDA_DEVICES");
+    for (int i = 0; i < 300 && th_stats(pool).remote_emulated != 1; i++)
+        usleep(10000); /* the consumer's INFO is on its way */
+    assert_int_equal(th_stats(pool).remote_emulated, 1);
+    const size_t piece = FERRY_REMOTE_READ_PIECE;
+    const size_t sizes[] = {4096, 4096, 3 * piece + 5, 3 * piece + 5, piece, 64 << 10};
+    uint64_t pieces = 0;
+    for (uint64_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        assert_int_equal(send_stamped(pool, sizes[i], 9100 + i, NULL, 10000 * MS), FERRY_OK);
+        if (i % 2 == 0 || sizes[i] > FERRY_REMOTE_INLINE_MAX) /* odd small ones came inline */
+            pieces += (sizes[i] + piece - 1) / piece;
+    }
+    send_end(pool, NULL);
+    th_assert_result(th_finish_helper(&h, 60000), sizeof(sizes) / sizeof(sizes[0]));
+    ferry__remote_counts rc = remote_counts(pool);
+    assert_true(rc.served >= pieces);
+    assert_int_equal(rc.served_stale, 0);
+    assert_int_equal(rc.bad_messages, 0);
+    fprintf(stderr, "test_remote: served reads into %s GPU memory, %llu pieces\n",
+            real ? "real" : "fake", (unsigned long long)rc.served);
+    wait_settled(pool, 5000);
+    ferry_pool_destroy(pool);
+}
+
 /* Served reads of leases this consumer has no DESC of yet look at the lease first (a request
  * of no bytes, answered with its extent): one committed reads byte for byte; one reserved and
  * not committed ends TIMEOUT at the read's timeout, and reads once committed; one
@@ -2158,6 +2204,66 @@ static void test_gpu_pool(void **state)
     setenv("UCX_TLS", "tcp", 1);
 }
 
+/* Sends size bytes stamped with seed from the GPU buffer src (staged in host); with drain,
+ * waits until they are acknowledged (src may be written again). */
+static void send_gpu_stamped(ferry_pool *pool, void *src, uint8_t *host, size_t size, uint64_t seed,
+                             int drain)
+{
+    th_stamp(host, size, seed);
+    assert_int_equal(ferry_gpu_copy_async(0, src, host, size, NULL), FERRY_OK);
+    assert_int_equal(ferry_gpu_stream_synchronize(0, NULL), FERRY_OK);
+    ferry_tensor t = ferry_tensor_bytes(size);
+    const void *s0 = src;
+    if (ferry_pool_send(pool, &t, &s0, 1, NULL, NULL, 20000 * MS, NULL) != FERRY_OK)
+        fail_msg("send: %s", ferry_last_error());
+    if (drain)
+        assert_int_equal(ferry_pool_drain(pool, 20000 * MS), FERRY_OK);
+}
+
+/* A GPU pool read over tcp (UCX would emulate the gets) is served by the producer's thread,
+ * which copies each piece out of device memory: consumers killed while their reads are
+ * answered leave the producer running (UCX's own emulated get aborted it on a failed answer),
+ * their leases reclaimed; the next consumer reads byte for byte, into GPU and host memory
+ * (the GPU machine; skipped as test_gpu_pool is). */
+static void test_gpu_pool_killed_while_served(void **state)
+{
+    (void)state;
+    void *src = NULL;
+    ferry__ucx_report r;
+    ferry_pool *pool = gpu_pool_or_skip(64 << 20, 16u << 20, &src, &r);
+    if (!pool)
+        skip();
+    char addr[FERRY_REMOTE_ADDRESS_SIZE];
+    remote_address_of(pool, addr);
+    uint8_t *host = malloc(4u << 20);
+    for (int round = 0; round < 3; round++) {
+        th_helper h = spawn_consumer(1, "gpu-receiver", addr, 0, FERRY_OK);
+        for (uint64_t i = 0; i < 4; i++) /* each from a place of its own: not drained */
+            send_gpu_stamped(pool, (uint8_t *)src + (i << 22), host, 4u << 20, 1000 + i, 0);
+        struct timespec ts = {0, (1 + 3 * round) * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        kill(h.pid, SIGKILL);
+        th_reap_helper(&h);
+        wait_settled(pool, 5000);
+        for (int i = 0; i < 300 && th_stats(pool).remote_connected; i++)
+            usleep(10000);
+        assert_int_equal(th_stats(pool).remote_connected, 0);
+    }
+    ferry__remote_counts rc = remote_counts(pool);
+    fprintf(stderr, "test_remote: 3 GPU pool consumers killed while reading: %llu pieces served\n",
+            (unsigned long long)rc.served);
+    assert_true(rc.served > 0); /* the producer's to answer, not UCX's */
+    th_helper again = spawn_consumer(1, "gpu-receiver", addr, 0, FERRY_OK);
+    send_gpu_stamped(pool, src, host, 4u << 20, 1100, 1);
+    send_gpu_stamped(pool, src, host, (1u << 20) + 3, 1101, 1);
+    send_gpu_stamped(pool, src, host, 64, END_SEED, 1);
+    th_assert_result(th_finish_helper(&again, 20000), 2);
+    free(host);
+    ferry_gpu_free(0, src);
+    ferry_pool_destroy(pool);
+    setenv("UCX_TLS", "tcp", 1);
+}
+
 /* A consumer by remote address on the GPU pool's host that cannot open it here as asked (made
  * for no device: a local consumer of a GPU pool needs one) falls back to UCX and reads into
  * host memory there, every byte checked (the GPU machine; skipped as test_gpu_pool is). */
@@ -2334,11 +2440,13 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_served_reads),
         cmocka_unit_test(test_am_sends_name_host_memory),
         cmocka_unit_test(test_served_looks),
+        cmocka_unit_test(test_served_reads_into_gpu_memory),
         cmocka_unit_test(test_served_read_recycled_before_copy),
         cmocka_unit_test(test_many_hand_overs),
         cmocka_unit_test(test_connect_close_cycles),
         cmocka_unit_test(test_gpu_pool),
         cmocka_unit_test(test_gpu_pool_host_reader_falls_back),
+        cmocka_unit_test(test_gpu_pool_killed_while_served),
     };
     if (getenv("FERRY_TEST_ONLY")) /* one test, by name (a pattern cmocka matches) */
         cmocka_set_test_filter(getenv("FERRY_TEST_ONLY"));

@@ -178,12 +178,19 @@ ferry_status ferry__cuda_io_stream(const ferry__cuda *cuda, CUstream *io)
     return FERRY_OK;
 }
 
+ferry_status ferry__cuda_copy(const ferry__cuda *cuda, CUstream io, void *dst, const void *src,
+                              size_t n)
+{
+    FERRY_CU_TRY(cuda, cuMemcpyAsync,
+                 ((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, n, io));
+    FERRY_CU_TRY(cuda, cuStreamSynchronize, (io));
+    return FERRY_OK;
+}
+
 ferry_status ferry__cuda_words_read(const ferry__cuda *cuda, CUstream io, void *host,
                                     CUdeviceptr words, size_t bytes)
 {
-    FERRY_CU_TRY(cuda, cuMemcpyAsync, ((CUdeviceptr)(uintptr_t)host, words, bytes, io));
-    FERRY_CU_TRY(cuda, cuStreamSynchronize, (io));
-    return FERRY_OK;
+    return ferry__cuda_copy(cuda, io, host, (const void *)(uintptr_t)words, bytes);
 }
 
 ferry_status ferry__cuda_words_write(const ferry__cuda *cuda, CUstream io, CUdeviceptr words,

@@ -116,6 +116,10 @@ ferry_status ferry__cuda_use_device(const ferry__cuda *cuda, int device);
 ferry_status ferry__cuda_io_stream(const ferry__cuda *cuda, CUstream *io);
 ferry_status ferry__cuda_words_read(const ferry__cuda *cuda, CUstream io, void *host,
                                     CUdeviceptr words, size_t bytes);
+/* Copies n bytes from src to dst (either in device or host memory, pageable host memory
+ * included: unified addressing) on io, then synchronises io. */
+ferry_status ferry__cuda_copy(const ferry__cuda *cuda, CUstream io, void *dst, const void *src,
+                              size_t n);
 ferry_status ferry__cuda_words_write(const ferry__cuda *cuda, CUstream io, CUdeviceptr words,
                                      uint32_t count, uint32_t value);
 

@@ -86,6 +86,8 @@ typedef struct lease_note {
 typedef struct served_read {
     const ferry_descriptor *d;
     uint8_t *dst;           /* NULL: a look (a READ of no bytes, answered with the extent) */
+    int gpu;                /* dst is device memory: each piece is copied there on cl->io */
+    CUresult copy_failed;   /* that copy's error (fail is SERVED_COPY) */
     uint64_t pieces, asked; /* pieces in all; pieces asked for so far (in order) */
     uint64_t done;          /* pieces answered with their bytes */
     uint64_t heard;         /* when the last answer came */
@@ -102,7 +104,7 @@ typedef struct served_read {
     } at[CLIENT_READ_WINDOW];
 } served_read;
 
-enum { SERVED_LIE = FERRY_AM_DATA_STATUSES };
+enum { SERVED_LIE = FERRY_AM_DATA_STATUSES, SERVED_COPY };
 
 /* The bytes of a lease that came inline: its whole extent. */
 typedef struct inline_copy {
@@ -151,8 +153,9 @@ struct ferry__remote_client {
     int inline_ok;
     int marks_partial; /* the control words are in host memory: partly acknowledged leases
                         * are marked (FERRY_AM_ACK_PARTIAL) */
-    int served;        /* reads of host memory are served by the producer (UCX would emulate
-                        * gets): inline_ok and no RMA lane */
+    int served;        /* reads are served by the producer: UCX would emulate gets (no RMA
+                        * lane) */
+    CUstream io;       /* served reads into GPU memory copy on it (made at the first) */
     uint32_t read_ids; /* the last read request's id */
     served_read *rd;   /* the served read waiting for answers, or NULL */
     inline_copy *inl;
@@ -578,7 +581,20 @@ static void on_data(ferry__remote_client *cl, const ferry__am *m, const uint8_t 
         r->fail = SERVED_LIE;
         return;
     }
-    if (r->dst) {
+    if (r->dst && r->gpu) {
+        const ferry__cuda *cuda;
+        (void)ferry__cuda_get(&cuda); /* loaded: the destination was found GPU memory */
+        CUresult rc =
+            cuda->cuMemcpyAsync((CUdeviceptr)(uintptr_t)(r->dst + piece * FERRY_REMOTE_READ_PIECE),
+                                (CUdeviceptr)(uintptr_t)data, len, cl->io);
+        if (rc == CUDA_SUCCESS)
+            rc = cuda->cuStreamSynchronize(cl->io);
+        if (rc != CUDA_SUCCESS) {
+            r->fail = SERVED_COPY;
+            r->copy_failed = rc;
+            return;
+        }
+    } else if (r->dst) {
         memcpy(r->dst + piece * FERRY_REMOTE_READ_PIECE, data, len);
     } else {
         r->extent[0] = ferry__get_le64(data);
@@ -818,7 +834,7 @@ static void release_all(ferry__remote_client *cl)
 }
 
 /* Tells the producer how reads go, so that an emulated path is counted and logged there;
- * where gets would be emulated, reads of a host pool are served (cl->served). */
+ * where gets would be emulated, reads are served (cl->served). */
 static void send_info(ferry__remote_client *cl)
 {
     char path[FERRY_AM_MAX_INFO];
@@ -826,7 +842,7 @@ static void send_info(ferry__remote_client *cl)
     ferry__ucx_ep_rma_path(&cl->node, cl->ep, path, sizeof(path), &emulated);
     /* FERRY_REMOTE_SERVED=0 keeps UCX's emulated gets (a diagnostic: docs/design.md). */
     const char *knob = getenv("FERRY_REMOTE_SERVED");
-    cl->served = emulated && cl->inline_ok && !(knob && strcmp(knob, "0") == 0);
+    cl->served = emulated && !(knob && strcmp(knob, "0") == 0);
     /* Reads by gets ask for held leases, which they read without the check's round trip; a
      * served read is checked by the producer anyway. */
     ferry__am m = {.type = FERRY_AM_INFO,
@@ -900,6 +916,10 @@ void ferry__remote_close(ferry__remote_client *cl)
         }
     }
     ferry__ucx_node_close(&cl->node);
+    const ferry__cuda *cuda;
+    if (cl->io && ferry__cuda_get(&cuda) == FERRY_OK &&
+        ferry__cuda_use_device(cuda, cl->device) == FERRY_OK)
+        cuda->cuStreamDestroy(cl->io);
     client_free(cl);
 }
 
@@ -1306,6 +1326,15 @@ static ferry_status served_status(ferry__remote_client *cl, const served_read *r
         if (st != FERRY_OK)
             return st;
         break;
+    case SERVED_COPY: {
+        const ferry__cuda *cuda;
+        (void)ferry__cuda_get(&cuda);
+        ferry__cuda_fail(cuda, "cuMemcpyAsync", r->copy_failed);
+        return ferry__fail_wrap(FERRY_DRIVER,
+                                "remote pool %.80s: a read of lease (slot=%u, generation=%u) "
+                                "into GPU memory",
+                                cl->address, r->d->slot, r->d->generation);
+    }
     case FERRY_AM_DATA_BUSY:
         return ferry__fail(FERRY_TIMEOUT,
                            "remote pool %.80s: the producer had no room for the answers to a read "
@@ -1420,6 +1449,19 @@ static int gpu_memory(const ferry__remote_client *cl, const void *dst)
            type == CU_MEMORYTYPE_DEVICE;
 }
 
+/* Makes served reads into GPU memory possible on this thread: the consumer's device context
+ * current, and the client's copy stream made (once). */
+static ferry_status gpu_copies(ferry__remote_client *cl)
+{
+    const ferry__cuda *cuda;
+    ferry_status st = ferry__cuda_get(&cuda);
+    if (st == FERRY_OK)
+        st = ferry__cuda_use_device(cuda, cl->device);
+    if (st == FERRY_OK && !cl->io)
+        st = ferry__cuda_io_stream(cuda, &cl->io);
+    return st;
+}
+
 /* Takes in what the worker holds (a REVOKE among it), 64 rounds of progress at most (UCX
  * 1.22's progress may report work of its own for ever). */
 static void drain(ferry__remote_client *cl)
@@ -1457,15 +1499,12 @@ static ferry_status read_checked(ferry__remote_client *cl, const ferry_descripto
         memcpy(dst, inl, d->length);
         return FERRY_OK;
     }
-    if (gpu && !cl->gpu_reads)
-        return ferry__fail(FERRY_NOT_SUPPORTED,
-                           "remote pool %.80s: the destination is GPU memory and this process's "
-                           "UCX has no CUDA support (install a CUDA-enabled UCX, e.g. pip's "
-                           "libucx-cu13, or read into host memory)",
-                           cl->address);
-    if (cl->served && !gpu) { /* checked by the producer after each piece's copy */
+    if (cl->served) { /* checked by the producer after each piece's copy */
+        if (gpu && (st = gpu_copies(cl)) != FERRY_OK)
+            return st;
         served_read r = {.d = d,
                          .dst = dst,
+                         .gpu = gpu,
                          .pieces =
                              (d->length + FERRY_REMOTE_READ_PIECE - 1) / FERRY_REMOTE_READ_PIECE,
                          .deadline = deadline,
@@ -1473,6 +1512,12 @@ static ferry_status read_checked(ferry__remote_client *cl, const ferry_descripto
         st = serve(cl, &r, CLIENT_SPIN_NS + d->length / CLIENT_SPIN_BYTES_PER_NS);
         return st == FERRY_OK ? served_status(cl, &r) : st;
     }
+    if (gpu && !cl->gpu_reads)
+        return ferry__fail(FERRY_NOT_SUPPORTED,
+                           "remote pool %.80s: the destination is GPU memory and this process's "
+                           "UCX has no CUDA support (install a CUDA-enabled UCX, e.g. pip's "
+                           "libucx-cu13, or read into host memory)",
+                           cl->address);
     uint32_t gen = 0, ack = 0;
     uint64_t since = 0;
     int was_held = held(cl, d);

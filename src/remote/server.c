@@ -143,9 +143,14 @@ struct ferry__remote_server {
     ferry__remote_counts counts;
     ferry_descriptor *descs; /* the lease the thread forwards (ring_depth parts at most) */
     /* The pool's slot generations, and its data when leases can travel inline (host memory
-     * in region 1, which this thread reads as a local consumer would); else NULL. */
+     * in region 1, which this thread reads as a local consumer would); else NULL. A GPU
+     * pool's data (device memory of cfg.device, served reads only) is at gpu_data, copied on
+     * io, a stream of the thread's own made at the first served read. */
     uint32_t *generations;
     const uint8_t *inline_data;
+    const uint8_t *gpu_data;
+    CUstream io;
+    int warned_copy; /* a failed device copy was logged */
     int warned_emulated;
     /* The thread's: when the listener is watched again (0: it is), and whether accept's
      * failure was told. */
@@ -541,9 +546,9 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_len, void
         }
         break;
     case FERRY_AM_READ:
-        /* Only a host pool's bytes are served (inline_data), and only as many requests as a
-         * consumer asks at once are kept. */
-        if (s->inline_data && m.u.read.slot < s->cfg.max_inflight &&
+        /* Only the pool's own bytes are served (inline_data or gpu_data), and only as many
+         * requests as a consumer asks at once are kept. */
+        if ((s->inline_data || s->gpu_data) && m.u.read.slot < s->cfg.max_inflight &&
             c->nreads < SERVER_READS_QUEUED) {
             read_req *r = &c->reads[c->nreads++];
             *r = (read_req){m.u.read.slot, m.u.read.generation, m.u.read.id, m.u.read.length,
@@ -670,6 +675,25 @@ static int send_desc(ferry__remote_server *s, conn *c, const lease_at *l, uint32
  * answered (counted as a bad message: its consumer asks far beyond its window, or takes none
  * of its answers), and bytes beyond the server's budget, or without memory, are answered
  * BUSY. */
+/* Copies n bytes of a GPU pool's data at offset into dst (host memory) on the thread's own
+ * stream, in the pool's device context (current on this thread). A failure is logged once:
+ * the read is answered BUSY, and ends TIMEOUT at the consumer if it lasts. */
+static ferry_status copy_from_gpu(ferry__remote_server *s, void *dst, uint64_t offset, uint64_t n)
+{
+    const ferry__cuda *cuda;
+    ferry_status st = ferry__cuda_get(&cuda);
+    if (st == FERRY_OK && !s->io)
+        st = ferry__cuda_io_stream(cuda, &s->io);
+    if (st == FERRY_OK)
+        st = ferry__cuda_copy(cuda, s->io, dst, s->gpu_data + offset, n);
+    if (st != FERRY_OK && !s->warned_copy) {
+        s->warned_copy = 1;
+        ferry__log(FERRY_LOG_WARN, "%s: a served read's copy out of the pool failed: %s", s->label,
+                   ferry_last_error());
+    }
+    return st;
+}
+
 static void serve_read(ferry__remote_server *s, conn *c, const read_req *r)
 {
     ferry__am m = {.type = FERRY_AM_DATA,
@@ -722,8 +746,15 @@ static void serve_read(ferry__remote_server *s, conn *c, const read_req *r)
     if (bytes) {
         if (ferry__remote_test_before_copy)
             ferry__remote_test_before_copy(r->slot, r->generation);
-        copy_relaxed(payload, s->inline_data + r->offset, r->length);
-        if (ferry__load_after_reads32(&s->generations[r->slot]) != r->generation) {
+        if (!s->gpu_data) {
+            copy_relaxed(payload, s->inline_data + r->offset, r->length);
+        } else if (copy_from_gpu(s, payload, r->offset, r->length) != FERRY_OK) {
+            m.u.data.status = FERRY_AM_DATA_BUSY; /* asked again, until the read's timeout */
+            n = 0;
+        }
+        if (m.u.data.status == FERRY_AM_DATA_BUSY) {
+            /* answered as it is */
+        } else if (ferry__load_after_reads32(&s->generations[r->slot]) != r->generation) {
             m.u.data.status = FERRY_AM_DATA_STALE;
             n = 0;
             count_add(s, &s->counts.served_stale, 1);
@@ -1271,6 +1302,8 @@ static void *server_main(void *arg)
     }
     while (s->conns)
         drop_conn(s, s->conns, 0);
+    if (s->io && ferry__cuda_get(&cuda) == FERRY_OK)
+        cuda->cuStreamDestroy(s->io);
     return NULL;
 }
 
@@ -1352,16 +1385,19 @@ static ferry_status start_steps(ferry__remote_server *s)
     return st;
 }
 
-/* Where the thread finds the generations, and the data when small leases travel inline:
- * the pool's data in its shared segment (region 1), host memory mapped in this process. GPU
- * pools keep their data in region 2: never inline. */
-static void inline_source(ferry__remote_server *s)
+/* Where the thread finds the generations, and the data it serves: a host pool's in its
+ * shared segment (region 1), host memory mapped in this process, whose small leases also
+ * travel inline; a GPU pool's in region 2, device memory of cfg.device, never inline. */
+static void data_source(ferry__remote_server *s)
 {
     const ferry__remote_config *cfg = &s->cfg;
     uint8_t *segment = cfg->region[0].base;
     s->generations = (uint32_t *)(segment + cfg->gen_offset);
     if (!(cfg->welcome_flags & FERRY_WELCOME_DATA_IN_POOL) && !cfg->region[0].gpu)
         s->inline_data = segment + cfg->data_offset;
+    else if ((cfg->welcome_flags & FERRY_WELCOME_DATA_IN_POOL) && cfg->region[1].gpu &&
+             cfg->device >= 0)
+        s->gpu_data = (const uint8_t *)cfg->region[1].base + cfg->data_offset;
 }
 
 ferry_status ferry__remote_start(const ferry__remote_config *config, ferry__remote_server **out)
@@ -1376,7 +1412,7 @@ ferry_status ferry__remote_start(const ferry__remote_config *config, ferry__remo
     snprintf(s->label, sizeof(s->label), "%s", config->label);
     pthread_mutex_init(&s->lock, NULL);
     s->cfg.listen = config->listen;
-    inline_source(s);
+    data_source(s);
     s->by_rank = calloc(config->consumers, sizeof(*s->by_rank));
     s->rank_served = calloc(config->consumers, sizeof(*s->rank_served));
     s->descs = malloc((size_t)config->ring_depth * sizeof(*s->descs));

@@ -23,7 +23,7 @@
  * rank until the rank lets it go (FERRY_AM_DESC_HELD, FERRY_AM_REVOKE, FERRY_AM_RELEASED). A
  * peer of another version would drop such a message, so peers of different versions refuse
  * each other at the bootstrap. */
-#define FERRY_REMOTE_VERSION 5u
+#define FERRY_REMOTE_VERSION 6u
 #define FERRY_REMOTE_HEADER  16u
 /* The largest UCX worker address and packed remote key ferry accepts (a worker address over
  * several RDMA devices is a few hundred bytes; keys are tens). */
