@@ -389,6 +389,6 @@ void ferry__ucx_report_get(ferry__ucx_report *r)
                  "through host memory by cuda_copy");
     else
         snprintf(r->gpu_read, sizeof(r->gpu_read),
-                 "staged through host memory by cuda_copy, then emulated over active messages "
-                 "(tcp)");
+                 "served over active messages (tcp): the producer's thread copies every piece "
+                 "out of GPU memory and answers it");
 }
