@@ -1873,6 +1873,20 @@ static void test_served_reads_into_gpu_memory(void **state)
     fprintf(stderr, "test_remote: served reads into %s GPU memory, %llu pieces\n",
             real ? "real" : "fake", (unsigned long long)rc.served);
     wait_settled(pool, 5000);
+    if (!real) { /* a copy into the destination that fails ends the read with the driver's error */
+        setenv("FERRY_CUDA_DRIVER", FERRY_FAKE_CUDA_PATH, 1);
+        setenv("FERRY_FAKE_CUDA_FAIL", "cuMemcpyAsync:1:700", 1);
+        h = spawn_consumer(1, "gpu-receiver", addr, 0, FERRY_OK);
+        unsetenv("FERRY_CUDA_DRIVER");
+        unsetenv("FERRY_FAKE_CUDA_FAIL");
+        assert_int_equal(send_stamped(pool, 64 << 10, 9200, NULL, 10000 * MS), FERRY_OK);
+        th_msg m = th_finish_helper(&h, 20000);
+        assert_int_equal(m.status, FERRY_DRIVER);
+        assert_int_equal(m.seed, 0);
+        if (!strstr(m.text, "into GPU memory: cuMemcpyAsync failed: CUDA_ERROR_ILLEGAL_ADDRESS"))
+            fail_msg("unexpected message: %s", m.text);
+        wait_settled(pool, 5000); /* its lease is acknowledged for it as it leaves */
+    }
     ferry_pool_destroy(pool);
 }
 

@@ -85,9 +85,10 @@ typedef struct lease_note {
  * bytes (none for a look at the lease's state), asked for in CLIENT_READ_WINDOW places. */
 typedef struct served_read {
     const ferry_descriptor *d;
-    uint8_t *dst;           /* NULL: a look (a READ of no bytes, answered with the extent) */
-    int gpu;                /* dst is device memory: each piece is copied there on cl->io */
-    CUresult copy_failed;   /* that copy's error (fail is SERVED_COPY) */
+    uint8_t *dst;         /* NULL: a look (a READ of no bytes, answered with the extent) */
+    int gpu;              /* dst is device memory: each piece is copied there on cl->io */
+    CUresult copy_failed; /* that copy's error (fail is SERVED_COPY), and its call */
+    const char *copy_call;
     uint64_t pieces, asked; /* pieces in all; pieces asked for so far (in order) */
     uint64_t done;          /* pieces answered with their bytes */
     uint64_t heard;         /* when the last answer came */
@@ -569,6 +570,9 @@ static void on_data(ferry__remote_client *cl, const ferry__am *m, const uint8_t 
         r->fail = FERRY_AM_DATA_STALE;
         r->value = m->u.data.value;
         return;
+    case FERRY_AM_DATA_FAILED:
+        r->fail = FERRY_AM_DATA_FAILED;
+        return;
     case FERRY_AM_DATA_OUTSIDE:
         r->fail = FERRY_AM_DATA_OUTSIDE;
         r->extent[0] = ferry__get_le64(data);
@@ -584,11 +588,14 @@ static void on_data(ferry__remote_client *cl, const ferry__am *m, const uint8_t 
     if (r->dst && r->gpu) {
         const ferry__cuda *cuda;
         (void)ferry__cuda_get(&cuda); /* loaded: the destination was found GPU memory */
+        r->copy_call = "cuMemcpyAsync";
         CUresult rc =
             cuda->cuMemcpyAsync((CUdeviceptr)(uintptr_t)(r->dst + piece * FERRY_REMOTE_READ_PIECE),
                                 (CUdeviceptr)(uintptr_t)data, len, cl->io);
-        if (rc == CUDA_SUCCESS)
+        if (rc == CUDA_SUCCESS) {
+            r->copy_call = "cuStreamSynchronize";
             rc = cuda->cuStreamSynchronize(cl->io);
+        }
         if (rc != CUDA_SUCCESS) {
             r->fail = SERVED_COPY;
             r->copy_failed = rc;
@@ -1329,12 +1336,17 @@ static ferry_status served_status(ferry__remote_client *cl, const served_read *r
     case SERVED_COPY: {
         const ferry__cuda *cuda;
         (void)ferry__cuda_get(&cuda);
-        ferry__cuda_fail(cuda, "cuMemcpyAsync", r->copy_failed);
-        return ferry__fail_wrap(FERRY_DRIVER,
+        st = ferry__cuda_fail(cuda, r->copy_call, r->copy_failed);
+        return ferry__fail_wrap(st,
                                 "remote pool %.80s: a read of lease (slot=%u, generation=%u) "
                                 "into GPU memory",
                                 cl->address, r->d->slot, r->d->generation);
     }
+    case FERRY_AM_DATA_FAILED:
+        return ferry__fail(FERRY_DRIVER,
+                           "remote pool %.80s could not copy lease (slot=%u, generation=%u) out "
+                           "of its GPU memory for this read (the producer's log says why)",
+                           cl->address, r->d->slot, r->d->generation);
     case FERRY_AM_DATA_BUSY:
         return ferry__fail(FERRY_TIMEOUT,
                            "remote pool %.80s: the producer had no room for the answers to a read "

@@ -96,6 +96,7 @@ typedef struct read_req {
 typedef struct conn {
     struct conn *next;
     int fd;
+    int warned_copy; /* a read's failed copy out of a GPU pool was logged */
     enum conn_state state;
     uint64_t deadline; /* CONN_HELLO */
     uint8_t *buf;      /* CONN_HELLO: the HELLO so far */
@@ -150,7 +151,6 @@ struct ferry__remote_server {
     const uint8_t *inline_data;
     const uint8_t *gpu_data;
     CUstream io;
-    int warned_copy; /* a failed device copy was logged */
     int warned_emulated;
     /* The thread's: when the listener is watched again (0: it is), and whether accept's
      * failure was told. */
@@ -666,6 +666,27 @@ static int send_desc(ferry__remote_server *s, conn *c, const lease_at *l, uint32
     return am_send(s, c, &m, b, n);
 }
 
+/* Copies n bytes of a GPU pool's data at offset into dst (host memory) on the thread's own
+ * stream, in the pool's device context (current on this thread). A failure is logged (the
+ * first of each connection) and answered FAILED: the read ends DRIVER at the consumer. */
+static ferry_status copy_from_gpu(ferry__remote_server *s, conn *c, void *dst, uint64_t offset,
+                                  uint64_t n)
+{
+    const ferry__cuda *cuda;
+    ferry_status st = ferry__cuda_get(&cuda);
+    if (st == FERRY_OK && !s->io)
+        st = ferry__cuda_io_stream(cuda, &s->io);
+    if (st == FERRY_OK)
+        st = ferry__cuda_copy(cuda, s->io, dst, s->gpu_data + offset, n);
+    if (st != FERRY_OK && !c->warned_copy) {
+        c->warned_copy = 1;
+        ferry__log(FERRY_LOG_WARN,
+                   "%s: a read of remote rank %u failed: the copy out of the pool: %s", s->label,
+                   c->rank, ferry_last_error());
+    }
+    return st;
+}
+
 /* Answers one read request: the lease must be the rank's and ready (the pool says, under its
  * lock, after the ready word's acquire) and the range inside its extent; the bytes are copied
  * and kept only if the slot's generation still holds the lease afterwards (as copy_inline
@@ -674,26 +695,7 @@ static int send_desc(ferry__remote_server *s, conn *c, const lease_at *l, uint32
  * counts against its rank's budget until UCX has sent it; a request beyond that budget is not
  * answered (counted as a bad message: its consumer asks far beyond its window, or takes none
  * of its answers), and bytes beyond the server's budget, or without memory, are answered
- * BUSY. */
-/* Copies n bytes of a GPU pool's data at offset into dst (host memory) on the thread's own
- * stream, in the pool's device context (current on this thread). A failure is logged once:
- * the read is answered BUSY, and ends TIMEOUT at the consumer if it lasts. */
-static ferry_status copy_from_gpu(ferry__remote_server *s, void *dst, uint64_t offset, uint64_t n)
-{
-    const ferry__cuda *cuda;
-    ferry_status st = ferry__cuda_get(&cuda);
-    if (st == FERRY_OK && !s->io)
-        st = ferry__cuda_io_stream(cuda, &s->io);
-    if (st == FERRY_OK)
-        st = ferry__cuda_copy(cuda, s->io, dst, s->gpu_data + offset, n);
-    if (st != FERRY_OK && !s->warned_copy) {
-        s->warned_copy = 1;
-        ferry__log(FERRY_LOG_WARN, "%s: a served read's copy out of the pool failed: %s", s->label,
-                   ferry_last_error());
-    }
-    return st;
-}
-
+ * BUSY. A GPU pool's bytes that could not be copied out are answered FAILED. */
 static void serve_read(ferry__remote_server *s, conn *c, const read_req *r)
 {
     ferry__am m = {.type = FERRY_AM_DATA,
@@ -748,11 +750,11 @@ static void serve_read(ferry__remote_server *s, conn *c, const read_req *r)
             ferry__remote_test_before_copy(r->slot, r->generation);
         if (!s->gpu_data) {
             copy_relaxed(payload, s->inline_data + r->offset, r->length);
-        } else if (copy_from_gpu(s, payload, r->offset, r->length) != FERRY_OK) {
-            m.u.data.status = FERRY_AM_DATA_BUSY; /* asked again, until the read's timeout */
+        } else if (copy_from_gpu(s, c, payload, r->offset, r->length) != FERRY_OK) {
+            m.u.data.status = FERRY_AM_DATA_FAILED;
             n = 0;
         }
-        if (m.u.data.status == FERRY_AM_DATA_BUSY) {
+        if (m.u.data.status == FERRY_AM_DATA_FAILED) {
             /* answered as it is */
         } else if (ferry__load_after_reads32(&s->generations[r->slot]) != r->generation) {
             m.u.data.status = FERRY_AM_DATA_STALE;

@@ -430,7 +430,8 @@ static ferry_status desc_shape(const ferry__am *m, size_t payload_len)
 }
 
 /* A DATA's payload: the bytes asked for (OK), the lease's extent (OK for a READ of none, and
- * OUTSIDE, both flagged FERRY_AM_DATA_EXTENT), or nothing; a value only with STALE. */
+ * OUTSIDE, both flagged FERRY_AM_DATA_EXTENT), or nothing (STALE, NOT_READY, BUSY, FAILED); a
+ * value only with STALE. */
 static ferry_status data_shape(const ferry__am *m, size_t payload_len)
 {
     uint32_t st = m->u.data.status;

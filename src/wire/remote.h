@@ -146,8 +146,10 @@ enum ferry__am_data_status {
     FERRY_AM_DATA_NOT_READY = 2, /* the lease is not ready yet: ask again */
     FERRY_AM_DATA_OUTSIDE = 3,   /* the range is not inside the lease (payload: its extent) */
     FERRY_AM_DATA_BUSY = 4,      /* the producer has too many bytes on their way: ask again */
+    FERRY_AM_DATA_FAILED = 5,    /* the producer could not copy the bytes out of its (GPU)
+                                  * memory: the read fails (version 6) */
 };
-#define FERRY_AM_DATA_STATUSES 5u
+#define FERRY_AM_DATA_STATUSES 6u
 
 enum ferry__am_type {
     FERRY_AM_DESC = 1,  /* producer -> consumer: count encoded descriptors of one lease */
