@@ -22,11 +22,12 @@
  * inside its DESC (copied and checked by the producer while the lease was this rank's): reads
  * of it into host memory copy them, without a get.
  *
- * Served reads: where UCX would emulate gets (no RMA lane: tcp), a read of a host pool into
- * host memory asks the producer's thread for the bytes instead (FERRY_AM_READ, pieces of
- * FERRY_REMOTE_READ_PIECE, CLIENT_READ_WINDOW at once). Each answer (FERRY_AM_DATA) was checked
- * there after its copy, so no check follows; an answer is written into the destination only
- * while its read waits for it (cl->rd), never after the read returned. */
+ * Served reads: where UCX would emulate gets (no RMA lane: tcp), a read asks the producer's
+ * thread for the bytes instead, whatever the pool's memory and the destination's
+ * (FERRY_AM_READ, pieces of FERRY_REMOTE_READ_PIECE, CLIENT_READ_WINDOW at once). Each answer
+ * (FERRY_AM_DATA) was checked there after its copy, so no check follows; an answer is written
+ * into the destination (a GPU destination: copied there on cl->io) only while its read waits
+ * for it (cl->rd), never after the read returned. */
 #include <errno.h>
 #include <ifaddrs.h>
 #include <netdb.h>

@@ -748,14 +748,14 @@ static void serve_read(ferry__remote_server *s, conn *c, const read_req *r)
     if (bytes) {
         if (ferry__remote_test_before_copy)
             ferry__remote_test_before_copy(r->slot, r->generation);
-        if (!s->gpu_data) {
+        int copied = 1;
+        if (!s->gpu_data)
             copy_relaxed(payload, s->inline_data + r->offset, r->length);
-        } else if (copy_from_gpu(s, c, payload, r->offset, r->length) != FERRY_OK) {
+        else
+            copied = copy_from_gpu(s, c, payload, r->offset, r->length) == FERRY_OK;
+        if (!copied) {
             m.u.data.status = FERRY_AM_DATA_FAILED;
             n = 0;
-        }
-        if (m.u.data.status == FERRY_AM_DATA_FAILED) {
-            /* answered as it is */
         } else if (ferry__load_after_reads32(&s->generations[r->slot]) != r->generation) {
             m.u.data.status = FERRY_AM_DATA_STALE;
             n = 0;
