@@ -2184,6 +2184,22 @@ static ferry_pool *gpu_pool_or_skip(int64_t memory, size_t src_size, void **src,
     return pool;
 }
 
+/* Sends size bytes stamped with seed from the GPU buffer src (staged in host); with drain,
+ * waits until they are acknowledged (src may be written again). */
+static void send_gpu_stamped(ferry_pool *pool, void *src, uint8_t *host, size_t size, uint64_t seed,
+                             int drain)
+{
+    th_stamp(host, size, seed);
+    assert_int_equal(ferry_gpu_copy_async(0, src, host, size, NULL), FERRY_OK);
+    assert_int_equal(ferry_gpu_stream_synchronize(0, NULL), FERRY_OK);
+    ferry_tensor t = ferry_tensor_bytes(size);
+    const void *s0 = src;
+    if (ferry_pool_send(pool, &t, &s0, 1, NULL, NULL, 20000 * MS, NULL) != FERRY_OK)
+        fail_msg("send: %s", ferry_last_error());
+    if (drain)
+        assert_int_equal(ferry_pool_drain(pool, 20000 * MS), FERRY_OK);
+}
+
 /* A GPU pool read by a consumer process into GPU memory and into host memory, through UCX's
  * CUDA-aware transports, every byte checked (the GPU machine: scripts/gpu-check carries pip's
  * libucx-cu13; skipped without a GPU or without a UCX that reaches CUDA memory). */
@@ -2202,15 +2218,7 @@ static void test_gpu_pool(void **state)
     uint64_t n = 24;
     for (uint64_t i = 0; i <= n; i++) {
         size_t size = i == n ? 64 : (4096u << (i % 15)); /* 4 KiB to 64 MiB, then END */
-        uint64_t seed = i == n ? END_SEED : 800 + i;
-        th_stamp(host, size, seed);
-        assert_int_equal(ferry_gpu_copy_async(0, src, host, size, NULL), FERRY_OK);
-        assert_int_equal(ferry_gpu_stream_synchronize(0, NULL), FERRY_OK);
-        ferry_tensor t = ferry_tensor_bytes(size);
-        const void *s0 = src;
-        if (ferry_pool_send(pool, &t, &s0, 1, NULL, NULL, 20000 * MS, NULL) != FERRY_OK)
-            fail_msg("send: %s", ferry_last_error());
-        assert_int_equal(ferry_pool_drain(pool, 20000 * MS), FERRY_OK); /* src is reused */
+        send_gpu_stamped(pool, src, host, size, i == n ? END_SEED : 800 + i, 1);
     }
     th_assert_result(th_finish_helper(&h, 60000), n);
     fprintf(stderr,
@@ -2221,22 +2229,6 @@ static void test_gpu_pool(void **state)
     ferry_gpu_free(0, src);
     ferry_pool_destroy(pool);
     setenv("UCX_TLS", "tcp", 1);
-}
-
-/* Sends size bytes stamped with seed from the GPU buffer src (staged in host); with drain,
- * waits until they are acknowledged (src may be written again). */
-static void send_gpu_stamped(ferry_pool *pool, void *src, uint8_t *host, size_t size, uint64_t seed,
-                             int drain)
-{
-    th_stamp(host, size, seed);
-    assert_int_equal(ferry_gpu_copy_async(0, src, host, size, NULL), FERRY_OK);
-    assert_int_equal(ferry_gpu_stream_synchronize(0, NULL), FERRY_OK);
-    ferry_tensor t = ferry_tensor_bytes(size);
-    const void *s0 = src;
-    if (ferry_pool_send(pool, &t, &s0, 1, NULL, NULL, 20000 * MS, NULL) != FERRY_OK)
-        fail_msg("send: %s", ferry_last_error());
-    if (drain)
-        assert_int_equal(ferry_pool_drain(pool, 20000 * MS), FERRY_OK);
 }
 
 /* A GPU pool read over tcp (UCX would emulate the gets) is served by the producer's thread,
@@ -2302,14 +2294,7 @@ static void test_gpu_pool_host_reader_falls_back(void **state)
     uint8_t *host = malloc(1u << 20);
     for (uint64_t i = 0; i <= 3; i++) {
         size_t size = i == 3 ? 64 : (4096u << (4 * i)); /* 4 KiB, 64 KiB, 1 MiB, then END */
-        th_stamp(host, size, i == 3 ? END_SEED : 900 + i);
-        assert_int_equal(ferry_gpu_copy_async(0, src, host, size, NULL), FERRY_OK);
-        assert_int_equal(ferry_gpu_stream_synchronize(0, NULL), FERRY_OK);
-        ferry_tensor t = ferry_tensor_bytes(size);
-        const void *s0 = src;
-        if (ferry_pool_send(pool, &t, &s0, 1, NULL, NULL, 20000 * MS, NULL) != FERRY_OK)
-            fail_msg("send: %s", ferry_last_error());
-        assert_int_equal(ferry_pool_drain(pool, 20000 * MS), FERRY_OK);
+        send_gpu_stamped(pool, src, host, size, i == 3 ? END_SEED : 900 + i, 1);
     }
     th_assert_result(th_finish_helper(&h, 60000), 3);
     assert_int_equal(th_stats(pool).remote_admitted, 1);
