@@ -906,6 +906,10 @@ static void drop_conn(ferry__remote_server *s, conn *c, int tell_pool)
         }
         close_ep(s, c->ep);
     }
+    /* Out of the epoll before its fd closes: closing removes it only with the last reference
+     * to the socket (a child forked meanwhile holds one until its exec), and an event then
+     * named a connection freed here. */
+    epoll_ctl(s->epoll_fd, EPOLL_CTL_DEL, c->fd, NULL);
     conn_free(c);
 }
 
