@@ -23,6 +23,7 @@
 #include <sys/resource.h>
 #include <sys/time.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1287,6 +1288,52 @@ static void test_fd_limit_backlog(void **state)
     ferry_pool_destroy(pool);
 }
 
+static void receive_queued(const char *addr, uint64_t seed);
+
+/* A connection dropped while a forked child still holds its socket (a worker the producer's
+ * process forked and has not exec'd): closing the producer's fd leaves the socket open, and
+ * its later events must not reach the producer's thread. The peer stays silent until its
+ * deadline drops it, then closes; the producer goes on admitting consumers (a stale event
+ * handled the freed connection again: a double free, or the count of waiting connections
+ * taken below zero, refusing every later consumer as busy). */
+static void test_dropped_while_a_child_holds_it(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(1, 1 << 20);
+    char addr[FERRY_REMOTE_ADDRESS_SIZE];
+    ferry__remote_address a;
+    address_of(pool, addr, &a);
+    uint64_t refused0 = th_stats(pool).remote_refused;
+    int fd = dial(a.port);
+    sleep_ms(100); /* accepted: the producer's socket is in this process's fd table */
+    int hold[2];
+    assert_int_equal(pipe(hold), 0);
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) { /* holds every fd this process had until the pipe's write end closes */
+        close(fd);
+        close(hold[1]);
+        char b;
+        while (read(hold[0], &b, 1) < 0 && errno == EINTR) {
+        }
+        _exit(0);
+    }
+    close(hold[0]);
+    /* dropped silent at its deadline, then closed by the peer: an event on the child's copy */
+    assert_int_equal(WAIT_STAT(pool, remote_refused, refused0 + 1, 3000), refused0 + 1);
+    shutdown(fd, SHUT_RDWR);
+    close(fd);
+    sleep_ms(100);
+    assert_int_equal(send_stamped(pool, 4096, 77, NULL, NULL), FERRY_OK);
+    receive_queued(addr, 77);
+    assert_int_equal(th_stats(pool).remote_refused, refused0 + 1);
+    close(hold[1]);
+    int status = 0;
+    assert_int_equal(waitpid(child, &status, 0), child);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    ferry_pool_destroy(pool);
+}
+
 /* A consumer of rank 0 connected by addr receives the 4 KiB lease queued for it (of seed),
  * byte for byte. */
 static void receive_queued(const char *addr, uint64_t seed)
@@ -2083,6 +2130,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_fd_limit_while_admitting),
         cmocka_unit_test(test_fd_limit_while_connecting),
         cmocka_unit_test(test_fd_limit_backlog),
+        cmocka_unit_test(test_dropped_while_a_child_holds_it),
         cmocka_unit_test(test_hello_of_a_departed_peer),
         cmocka_unit_test(test_remote_address_while_closing),
         cmocka_unit_test(test_bad_address_keeps_secret),
