@@ -2236,7 +2236,7 @@ static void test_gpu_pool(void **state)
  * answered leave the producer running (UCX's own emulated get aborted it on a failed answer),
  * their leases reclaimed; the next consumer reads byte for byte, into GPU and host memory
  * (the GPU machine; skipped as test_gpu_pool is). */
-static void test_killed_while_served_gpu_pool(void **state)
+static void test_gpu_pool_killed_while_served(void **state)
 {
     (void)state;
     void *src = NULL;
@@ -2450,7 +2450,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_connect_close_cycles),
         cmocka_unit_test(test_gpu_pool),
         cmocka_unit_test(test_gpu_pool_host_reader_falls_back),
-        cmocka_unit_test(test_killed_while_served_gpu_pool),
+        cmocka_unit_test(test_gpu_pool_killed_while_served),
     };
     if (getenv("FERRY_TEST_ONLY")) /* one test, by name (a pattern cmocka matches) */
         cmocka_set_test_filter(getenv("FERRY_TEST_ONLY"));
