@@ -1290,6 +1290,34 @@ static void test_fd_limit_backlog(void **state)
 
 static void receive_queued(const char *addr, uint64_t seed);
 
+/* A forked child (not exec'd) holds a copy of every fd of its parent until it exits: fork_holder
+ * makes one that exits once *release is closed (hold_release). */
+static pid_t fork_holder(int *release)
+{
+    int p[2];
+    assert_int_equal(pipe(p), 0);
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        close(p[1]);
+        char b;
+        while (read(p[0], &b, 1) < 0 && errno == EINTR) {
+        }
+        _exit(0);
+    }
+    close(p[0]);
+    *release = p[1];
+    return child;
+}
+
+static void hold_release(pid_t child, int release)
+{
+    close(release);
+    int status = 0;
+    assert_int_equal(waitpid(child, &status, 0), child);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
 /* A connection dropped while a forked child still holds its socket (a worker the producer's
  * process forked and has not exec'd): closing the producer's fd leaves the socket open, and
  * its later events must not reach the producer's thread. The peer stays silent until its
@@ -1306,19 +1334,8 @@ static void test_dropped_while_a_child_holds_it(void **state)
     uint64_t refused0 = th_stats(pool).remote_refused;
     int fd = dial(a.port);
     sleep_ms(100); /* accepted: the producer's socket is in this process's fd table */
-    int hold[2];
-    assert_int_equal(pipe(hold), 0);
-    pid_t child = fork();
-    assert_true(child >= 0);
-    if (child == 0) { /* holds every fd this process had until the pipe's write end closes */
-        close(fd);
-        close(hold[1]);
-        char b;
-        while (read(hold[0], &b, 1) < 0 && errno == EINTR) {
-        }
-        _exit(0);
-    }
-    close(hold[0]);
+    int release;
+    pid_t child = fork_holder(&release);
     /* dropped silent at its deadline, then closed by the peer: an event on the child's copy */
     assert_int_equal(WAIT_STAT(pool, remote_refused, refused0 + 1, 3000), refused0 + 1);
     shutdown(fd, SHUT_RDWR);
@@ -1327,10 +1344,7 @@ static void test_dropped_while_a_child_holds_it(void **state)
     assert_int_equal(send_stamped(pool, 4096, 77, NULL, NULL), FERRY_OK);
     receive_queued(addr, 77);
     assert_int_equal(th_stats(pool).remote_refused, refused0 + 1);
-    close(hold[1]);
-    int status = 0;
-    assert_int_equal(waitpid(child, &status, 0), child);
-    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    hold_release(child, release);
     ferry_pool_destroy(pool);
 }
 
@@ -1347,6 +1361,75 @@ static void receive_queued(const char *addr, uint64_t seed)
     assert_int_equal(ferry_consumer_read(c, &d, buf, sizeof(buf), 3000 * MS), FERRY_OK);
     assert_true(th_check_stamp(buf, sizeof(buf), seed, NULL));
     ferry_consumer_destroy(c);
+}
+
+/* A consumer destroyed while a child it forked still holds its connection: the producer sees
+ * it leave at once (its rank released, connected 0), not when the child exits. */
+static void test_consumer_leaves_while_a_child_holds_it(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(1, 1 << 20);
+    char addr[FERRY_REMOTE_ADDRESS_SIZE];
+    ferry__remote_address a;
+    address_of(pool, addr, &a);
+    ferry_consumer *c = NULL;
+    assert_int_equal(ferry_consumer_connect(addr, 0, -1, &c), FERRY_OK);
+    assert_int_equal(WAIT_STAT(pool, remote_connected, 1, 3000), 1);
+    int release;
+    pid_t child = fork_holder(&release);
+    ferry_consumer_destroy(c);
+    uint64_t t0 = ferry_now_ns();
+    uint64_t left = WAIT_STAT(pool, remote_connected, 0, 4000);
+    uint64_t ms = ms_since(t0);
+    hold_release(child, release);
+    assert_int_equal(left, 0);
+    assert_true(ms < 2000); /* the keepalive bound is 5 s */
+    /* the rank is free again: a new consumer takes it and receives */
+    assert_int_equal(ferry_consumer_connect(addr, 0, -1, &c), FERRY_OK);
+    assert_int_equal(send_stamped(pool, 4096, 78, NULL, NULL), FERRY_OK);
+    ferry_descriptor d;
+    size_t k;
+    uint8_t buf[4096];
+    assert_int_equal(ferry_consumer_recv(c, 3000 * MS, &d, 1, &k), FERRY_OK);
+    assert_int_equal(ferry_consumer_read(c, &d, buf, sizeof(buf), 3000 * MS), FERRY_OK);
+    assert_true(th_check_stamp(buf, sizeof(buf), 78, NULL));
+    ferry_consumer_destroy(c);
+    ferry_pool_destroy(pool);
+}
+
+/* A pool destroyed while a child its process forked still holds its sockets: its consumers
+ * hear that the producer is gone at once, not a keepalive bound later, and a consumer that
+ * connects afterwards is refused at once. */
+static void test_producer_leaves_while_a_child_holds_it(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(1, 1 << 20);
+    char addr[FERRY_REMOTE_ADDRESS_SIZE];
+    ferry__remote_address a;
+    address_of(pool, addr, &a);
+    ferry_consumer *c = NULL;
+    assert_int_equal(ferry_consumer_connect(addr, 0, -1, &c), FERRY_OK);
+    assert_int_equal(WAIT_STAT(pool, remote_connected, 1, 3000), 1);
+    int release;
+    pid_t child = fork_holder(&release);
+    ferry_pool_destroy(pool);
+    ferry_descriptor d;
+    size_t k = 0;
+    uint64_t t0 = ferry_now_ns();
+    ferry_status st = ferry_consumer_recv(c, 4000 * MS, &d, 1, &k);
+    uint64_t ms = ms_since(t0);
+    ferry_consumer_destroy(c);
+    /* and its address takes no more connections */
+    ferry_consumer *late = NULL;
+    t0 = ferry_now_ns();
+    ferry_status late_st = ferry_consumer_connect(addr, 0, -1, &late);
+    uint64_t late_ms = ms_since(t0);
+    hold_release(child, release);
+    assert_int_not_equal(st, FERRY_OK);
+    assert_int_not_equal(st, FERRY_TIMEOUT);
+    assert_true(ms < 2000); /* the keepalive bound is 5 s */
+    assert_int_not_equal(late_st, FERRY_OK);
+    assert_true(late_ms < 2000);
 }
 
 /* A hello that claims no rank asks which pool this is (a consumer of this host, to open it
@@ -2131,6 +2214,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_fd_limit_while_connecting),
         cmocka_unit_test(test_fd_limit_backlog),
         cmocka_unit_test(test_dropped_while_a_child_holds_it),
+        cmocka_unit_test(test_consumer_leaves_while_a_child_holds_it),
+        cmocka_unit_test(test_producer_leaves_while_a_child_holds_it),
         cmocka_unit_test(test_hello_of_a_departed_peer),
         cmocka_unit_test(test_remote_address_while_closing),
         cmocka_unit_test(test_bad_address_keeps_secret),

@@ -928,6 +928,10 @@ void ferry__remote_close(ferry__remote_client *cl)
     if (cl->io && ferry__cuda_get(&cuda) == FERRY_OK &&
         ferry__cuda_use_device(cuda, cl->device) == FERRY_OK)
         cuda->cuStreamDestroy(cl->io);
+    /* The connection ends now, though a child this process forked may hold a copy of it
+     * (closing ends it only with the last one): the producer releases the rank at once. */
+    if (cl->sock >= 0)
+        shutdown(cl->sock, SHUT_RDWR);
     client_free(cl);
 }
 

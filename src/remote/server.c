@@ -906,10 +906,12 @@ static void drop_conn(ferry__remote_server *s, conn *c, int tell_pool)
         }
         close_ep(s, c->ep);
     }
-    /* Out of the epoll before its fd closes: closing removes it only with the last reference
-     * to the socket (a child forked meanwhile holds one until its exec), and an event then
-     * named a connection freed here. */
+    /* Closing ends the socket only with its last reference, and a child this process forked
+     * holds one until it execs or exits: the socket leaves the epoll first (an event would
+     * name a connection freed here) and is shut down, so that the consumer hears the end
+     * now. Not in conn_free: a forked child frees its copies with it. */
     epoll_ctl(s->epoll_fd, EPOLL_CTL_DEL, c->fd, NULL);
+    shutdown(c->fd, SHUT_RDWR);
     conn_free(c);
 }
 
@@ -1352,8 +1354,10 @@ static void release(ferry__remote_server *s)
     if (s->node.ucx)
         unmap_regions(s);
     ferry__ucx_node_close(&s->node);
-    if (s->listen_fd >= 0)
+    if (s->listen_fd >= 0) {
+        shutdown(s->listen_fd, SHUT_RDWR); /* no longer listening, whoever holds a copy */
         close(s->listen_fd);
+    }
     if (s->epoll_fd >= 0)
         close(s->epoll_fd);
     if (s->wake_fd >= 0)
