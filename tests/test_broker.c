@@ -964,6 +964,37 @@ static void test_stop_with_silent_peer(void **state)
     close(s);
 }
 
+/* A broker stopped while a child its process forked (and did not exec) still holds the
+ * listening socket: its name takes no more requests (PRODUCER_GONE at once), rather than
+ * queueing them unanswered until the clients' timeouts. */
+static void test_stop_while_a_child_holds_the_listener(void **state)
+{
+    fixture *f = *state;
+    int p[2];
+    assert_int_equal(pipe(p), 0);
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) { /* holds every fd until the pipe's write end closes */
+        close(p[1]);
+        char b;
+        while (read(p[0], &b, 1) < 0 && errno == EINTR) {
+        }
+        _exit(0);
+    }
+    close(p[0]);
+    ferry__broker_stop(f->broker);
+    f->broker = NULL;
+    int fd = -1;
+    uint64_t start = ferry__now_ns();
+    ferry_status st = request(f, f->pool_id, 0, &fd);
+    uint64_t took = ferry__now_ns() - start;
+    close(p[1]);
+    assert_int_equal(wait_child(child), 0);
+    assert_int_equal(st, FERRY_PRODUCER_GONE);
+    assert_int_equal(fd, -1);
+    assert_true(took < 500 * MS);
+}
+
 static void test_fd_leaks(void **state)
 {
     (void)state;
@@ -1826,6 +1857,8 @@ int main(void)
         cmocka_unit_test(test_start_validation),
         cmocka_unit_test(test_stop_idle_and_null),
         cmocka_unit_test_setup_teardown(test_stop_with_silent_peer, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stop_while_a_child_holds_the_listener, setup,
+                                        teardown),
         cmocka_unit_test(test_fd_leaks),
         cmocka_unit_test_setup_teardown(test_latched_hangup, setup, teardown),
         cmocka_unit_test_setup_teardown(test_latched_accept_failure, setup, teardown),

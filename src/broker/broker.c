@@ -365,16 +365,18 @@ static void latch_listener(ferry__broker *b, short revents)
         latch_error(b, "listening socket", "hung up");
 }
 
-/* After a latched failure: frees the name so that new clients fail fast (ECONNREFUSED)
- * instead of timing out. The slot is cleared before the close, so that neither
- * ferry__broker_shutdown_for_tests nor a forked child's ferry__broker_forget can see a
- * descriptor number that is already closed. */
+/* After a latched failure or at stop: frees the name so that new clients fail fast
+ * (ECONNREFUSED) instead of timing out. Shut down first: closing ends a socket only with its
+ * last reference, and a child this process forked holds one until it execs or exits. The
+ * slot is cleared before the close, so that neither ferry__broker_shutdown_for_tests nor a
+ * forked child's ferry__broker_forget can see a descriptor number that is already closed. */
 static void release_listener(ferry__broker *b)
 {
     int fd = b->listen_fd;
     if (fd < 0)
         return;
     __atomic_store_n(&b->listen_fd, -1, __ATOMIC_RELEASE);
+    shutdown(fd, SHUT_RDWR);
     close(fd);
 }
 
