@@ -2235,7 +2235,7 @@ static void test_gpu_pool(void **state)
  * which copies each piece out of device memory: consumers killed while their reads are
  * answered leave the producer running (UCX's own emulated get aborted it on a failed answer),
  * their leases reclaimed; the next consumer reads byte for byte, into GPU and host memory
- * (the GPU machine; skipped as test_gpu_pool is). */
+ * (skipped where test_gpu_pool is). */
 static void test_gpu_pool_killed_while_served(void **state)
 {
     (void)state;
@@ -2249,9 +2249,18 @@ static void test_gpu_pool_killed_while_served(void **state)
     uint8_t *host = malloc(4u << 20);
     for (int round = 0; round < 3; round++) {
         th_helper h = spawn_consumer(1, "gpu-receiver", addr, 0, FERRY_OK);
+        /* connected first: a real GPU's consumer takes a while to start (CUDA's set-up) */
+        for (int i = 0; i < 2000 && !th_stats(pool).remote_connected; i++)
+            usleep(10000);
+        assert_int_equal(th_stats(pool).remote_connected, 1);
+        uint64_t served = remote_counts(pool).served;
         for (uint64_t i = 0; i < 4; i++) /* each from a place of its own: not drained */
             send_gpu_stamped(pool, (uint8_t *)src + (i << 22), host, 4u << 20, 1000 + i, 0);
-        struct timespec ts = {0, (1 + 3 * round) * 1000 * 1000};
+        /* killed once its reads are under way, a little later each round */
+        for (int i = 0; i < 20000 && remote_counts(pool).served == served; i++)
+            usleep(100);
+        assert_true(remote_counts(pool).served > served);
+        struct timespec ts = {0, round * 1000 * 1000};
         nanosleep(&ts, NULL);
         kill(h.pid, SIGKILL);
         th_reap_helper(&h);
