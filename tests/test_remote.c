@@ -10,6 +10,7 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -30,6 +31,7 @@
 #include <unistd.h>
 
 #include "broker/broker.h"
+#include "driver/driver.h"
 #include "ferry.h"
 #include "helpers.h"
 #include "hold.h"
@@ -2231,6 +2233,93 @@ static void test_gpu_pool(void **state)
     setenv("UCX_TLS", "tcp", 1);
 }
 
+/* The fake driver's control functions in this process (NULL members on the real driver). */
+typedef struct fake_control {
+    void (*inject)(const char *, int, int);
+    unsigned long (*calls)(const char *);
+    int (*live)(void);
+} fake_control;
+
+static fake_control fake_control_of(void)
+{
+    fake_control f = {0};
+    const ferry__cuda *cuda;
+    if (!getenv("FERRY_FAKE_CUDA_DEVICES") || ferry__cuda_get(&cuda) != FERRY_OK)
+        return f;
+    void *fail = dlsym(cuda->library, "ferry_fake_cuda_fail");
+    void *calls = dlsym(cuda->library, "ferry_fake_cuda_calls");
+    void *live = dlsym(cuda->library, "ferry_fake_cuda_live_allocations");
+    if (fail && calls && live) {
+        memcpy(&f.inject, &fail, sizeof(fail));
+        memcpy(&f.calls, &calls, sizeof(calls));
+        memcpy(&f.live, &live, sizeof(live));
+    }
+    return f;
+}
+
+/* A GPU pool's served reads copy each piece out of device memory into pinned answer buffers,
+ * pinned at the first read and unpinned with the pool; a pool that cannot pin them (the
+ * fake driver's registration failing) answers through pageable memory, byte for byte all the
+ * same. A copy out of the pool that fails, started or waited for, ends the consumer's read
+ * DRIVER, the producer unharmed (fake driver only: the injected failures). */
+static void test_gpu_pool_pinned_answers(void **state)
+{
+    (void)state;
+    unsigned long pool_unpinned = 0; /* round 0's unregistrations: the pool's own */
+    for (int round = 0; round < 2; round++) { /* 0: pinning fails; 1: pinned */
+        fake_control f = fake_control_of();
+        int live = f.live ? f.live() : 0;
+        void *src = NULL;
+        ferry__ucx_report r;
+        ferry_pool *pool = gpu_pool_or_skip(64 << 20, 8u << 20, &src, &r);
+        if (!pool)
+            skip();
+        unsigned long pinned = f.calls ? f.calls("cuMemHostRegister") : 0;
+        unsigned long unpinned = f.calls ? f.calls("cuMemHostUnregister") : 0;
+        if (f.inject && round == 0)
+            f.inject("cuMemHostRegister", 1, 2 /* CUDA_ERROR_OUT_OF_MEMORY */);
+        char addr[FERRY_REMOTE_ADDRESS_SIZE];
+        remote_address_of(pool, addr);
+        th_helper h = spawn_consumer(1, "gpu-receiver", addr, 0, FERRY_OK);
+        uint8_t *host = malloc(8u << 20);
+        const size_t sizes[] = {4096, (1u << 20) + 3, 5u << 20, 64};
+        for (uint64_t i = 0; i < 4; i++)
+            send_gpu_stamped(pool, src, host, sizes[i], i == 3 ? END_SEED : 1200 + i, 1);
+        th_assert_result(th_finish_helper(&h, 60000), 3);
+        if (f.calls) /* tried once, at the first served read */
+            assert_int_equal(f.calls("cuMemHostRegister"), pinned + 1);
+        if (f.inject && round == 1) {
+            /* the copy fails to start, then to end: each read ends DRIVER */
+            const char *calls[] = {"cuMemcpyAsync", "cuStreamSynchronize"};
+            for (int i = 0; i < 2; i++) {
+                h = spawn_consumer(1, "gpu-receiver", addr, 0, FERRY_OK);
+                send_gpu_stamped(pool, src, host, 1u << 20, 1300 + (uint64_t)i, 0);
+                f.inject(calls[i], 1, 700 /* CUDA_ERROR_ILLEGAL_ADDRESS */);
+                th_msg m = th_finish_helper(&h, 20000);
+                assert_int_equal(m.status, FERRY_DRIVER);
+                f.inject(calls[i], 0, 0);
+                wait_settled(pool, 5000); /* its lease is acknowledged for it as it leaves */
+            }
+            h = spawn_consumer(1, "gpu-receiver", addr, 0, FERRY_OK);
+            send_gpu_stamped(pool, src, host, (2u << 20) + 1, 1310, 1);
+            send_gpu_stamped(pool, src, host, 64, END_SEED, 1);
+            th_assert_result(th_finish_helper(&h, 20000), 1);
+        }
+        free(host);
+        ferry_gpu_free(0, src);
+        ferry_pool_destroy(pool);
+        if (f.calls) { /* unpinned only if pinned (once more than the pool's own): nothing
+                        * left of either round */
+            unpinned = f.calls("cuMemHostUnregister") - unpinned;
+            if (round == 1)
+                assert_int_equal(unpinned, pool_unpinned + 1);
+            pool_unpinned = unpinned;
+            assert_int_equal(f.live(), live);
+        }
+        setenv("UCX_TLS", "tcp", 1);
+    }
+}
+
 /* A GPU pool read over tcp (UCX would emulate the gets) is served by the producer's thread,
  * which copies each piece out of device memory: consumers killed while their reads are
  * answered leave the producer running (UCX's own emulated get aborted it on a failed answer),
@@ -2460,6 +2549,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_gpu_pool),
         cmocka_unit_test(test_gpu_pool_host_reader_falls_back),
         cmocka_unit_test(test_gpu_pool_killed_while_served),
+        cmocka_unit_test(test_gpu_pool_pinned_answers),
     };
     if (getenv("FERRY_TEST_ONLY")) /* one test, by name (a pattern cmocka matches) */
         cmocka_set_test_filter(getenv("FERRY_TEST_ONLY"));

@@ -39,6 +39,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -80,6 +81,9 @@
  * answered BUSY and asked again. */
 #define SERVER_SERVED_RANK_MAX (16ull << 20)
 #define SERVER_SERVED_MAX      (256ull << 20)
+/* A GPU pool's read answers of a piece at most go in buffers of pinned memory, this many
+ * (4 MiB): its consumers' windows, several times over. More at once are malloc'd. */
+#define SERVER_PINNED_SLOTS 16u
 
 const char *const ferry__remote_refused_names[FERRY_REMOTE_REFUSED_REASONS] = {
     "malformed", "secret", "rank", "silent", "flood", "error",
@@ -151,6 +155,13 @@ struct ferry__remote_server {
     const uint8_t *inline_data;
     const uint8_t *gpu_data;
     CUstream io;
+    /* The thread's (and, once it ended, release's): a GPU pool's answer buffers in pinned
+     * memory (made at the first served read; pinned_tried once that was tried) and the
+     * slots free among them. */
+    uint8_t *pinned;
+    int pinned_tried;
+    uint32_t pinned_free[SERVER_PINNED_SLOTS];
+    uint32_t npinned_free;
     int warned_emulated;
     /* The thread's: when the listener is watched again (0: it is), and whether accept's
      * failure was told. */
@@ -418,8 +429,24 @@ typedef struct am_buf {
     ferry__remote_server *server;
     uint64_t served;      /* bytes of a read's answer it is (header included); 0: not one */
     uint64_t *rank_count; /* where they count for their rank (the server's, not a conn's) */
+    int32_t slot;         /* its slot of the server's pinned buffers; -1: malloc'd */
     uint8_t bytes[];
 } am_buf;
+
+/* Room for an answer of a whole piece, header included, in the pinned buffers (mapped on
+ * their own: a forked child unmaps its copy whatever the driver made of the pages). */
+#define SERVER_PINNED_STRIDE                                                                       \
+    ((sizeof(am_buf) + FERRY_AM_HEADER + FERRY_REMOTE_READ_PIECE + 4095u) & ~(size_t)4095u)
+#define SERVER_PINNED_SIZE ((size_t)SERVER_PINNED_SLOTS * SERVER_PINNED_STRIDE)
+
+static void am_buf_free(am_buf *b)
+{
+    ferry__remote_server *s = b->server;
+    if (b->slot >= 0)
+        s->pinned_free[s->npinned_free++] = (uint32_t)b->slot;
+    else
+        free(b);
+}
 
 static void on_sent(void *request, ucs_status_t status, void *user_data)
 {
@@ -431,7 +458,7 @@ static void on_sent(void *request, ucs_status_t status, void *user_data)
         __atomic_fetch_sub(b->rank_count, b->served, __ATOMIC_RELAXED);
     }
     b->server->node.ucx->ucp_request_free(request);
-    free(b);
+    am_buf_free(b);
 }
 
 /* A send's buffer with room for the header and n bytes of payload; NULL without memory. */
@@ -442,7 +469,60 @@ static am_buf *am_buf_new(ferry__remote_server *s, size_t n)
         b->server = s;
         b->served = 0;
         b->rank_count = NULL;
+        b->slot = -1;
     }
+    return b;
+}
+
+/* The pinned buffers, made once: registered with the driver (portable: any context may
+ * copy into them). 0 if they could not be: answers then go in malloc'd memory, which the
+ * driver stages a copy into pageable memory through, one at a time. */
+static int make_pinned(ferry__remote_server *s)
+{
+    if (s->pinned_tried)
+        return s->pinned != NULL;
+    s->pinned_tried = 1;
+    const ferry__cuda *cuda;
+    void *m = mmap(NULL, SERVER_PINNED_SIZE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                   -1, 0);
+    uint8_t *p = m == MAP_FAILED ? NULL : m;
+    ferry_status st = p ? ferry__cuda_get(&cuda)
+                        : ferry__fail_errno(FERRY_NO_MEMORY, errno, "mmap of %zu bytes",
+                                            (size_t)SERVER_PINNED_SIZE);
+    if (st == FERRY_OK) {
+        CUresult rc = cuda->cuMemHostRegister(p, SERVER_PINNED_SIZE, CU_MEMHOSTREGISTER_PORTABLE);
+        if (rc != CUDA_SUCCESS)
+            st = ferry__cuda_fail(cuda, "cuMemHostRegister", rc);
+    }
+    if (st != FERRY_OK) {
+        if (p)
+            munmap(p, SERVER_PINNED_SIZE);
+        ferry__log(FERRY_LOG_INFO,
+                   "%s: served reads copy out of device memory into pageable memory (pinned "
+                   "buffers: %s)",
+                   s->label, ferry_last_error());
+        return 0;
+    }
+    s->pinned = p;
+    for (uint32_t i = 0; i < SERVER_PINNED_SLOTS; i++)
+        s->pinned_free[i] = SERVER_PINNED_SLOTS - 1 - i;
+    s->npinned_free = SERVER_PINNED_SLOTS;
+    return 1;
+}
+
+/* A buffer for a GPU pool's answer of n bytes: pinned where one is free (the copy out of
+ * device memory then runs at the copy engine's speed, and several run at once), else
+ * malloc'd; NULL without memory. */
+static am_buf *answer_buf_new(ferry__remote_server *s, size_t n)
+{
+    if (!s->gpu_data || n > FERRY_REMOTE_READ_PIECE || !make_pinned(s) || !s->npinned_free)
+        return am_buf_new(s, n);
+    uint32_t slot = s->pinned_free[--s->npinned_free];
+    am_buf *b = (am_buf *)(s->pinned + (size_t)slot * SERVER_PINNED_STRIDE);
+    b->server = s;
+    b->served = 0;
+    b->rank_count = NULL;
+    b->slot = (int32_t)slot;
     return b;
 }
 
@@ -459,7 +539,7 @@ static int am_send(ferry__remote_server *s, conn *c, const ferry__am *m, am_buf 
     void *req = u->ucp_am_send_nbx(c->ep, FERRY_AM_ID, b->bytes, FERRY_AM_HEADER,
                                    b->bytes + FERRY_AM_HEADER, n, &p);
     if (req == NULL || FERRY_UCS_PTR_IS_ERR(req)) {
-        free(b);
+        am_buf_free(b);
         return req == NULL ? 0 : -1;
     }
     __atomic_fetch_add(&s->inflight, 1, __ATOMIC_RELAXED); /* on_sent frees it */
@@ -647,7 +727,7 @@ static int send_desc(ferry__remote_server *s, conn *c, const lease_at *l, uint32
         if (ferry_descriptor_encode(&s->descs[i], b->bytes + FERRY_AM_HEADER +
                                                       (size_t)i * FERRY_DESCRIPTOR_SIZE) !=
             FERRY_OK) {
-            free(b);
+            am_buf_free(b);
             return -1;
         }
     ferry__am m = {.type = FERRY_AM_DESC,
@@ -666,118 +746,175 @@ static int send_desc(ferry__remote_server *s, conn *c, const lease_at *l, uint32
     return am_send(s, c, &m, b, n);
 }
 
-/* Copies n bytes of a GPU pool's data at offset into dst (host memory) on the thread's own
- * stream, in the pool's device context (current on this thread). A failure is logged (the
- * first of each connection) and answered FAILED: the read ends DRIVER at the consumer. */
-static ferry_status copy_from_gpu(ferry__remote_server *s, conn *c, void *dst, uint64_t offset,
-                                  uint64_t n)
+/* A read's answer while it is made (serve_reads): its header, buffer and payload's size;
+ * bytes: the payload is the lease's bytes (else its extent, or nothing); copying: they are
+ * being copied out of device memory on io. */
+typedef struct answer {
+    ferry__am m;
+    am_buf *b;
+    size_t n;
+    int bytes, copying;
+    const read_req *r;
+} answer;
+
+/* Logs a failed copy out of a GPU pool (the first of each connection); the read is answered
+ * FAILED and ends DRIVER at the consumer. */
+static void copy_failed(ferry__remote_server *s, conn *c)
+{
+    if (c->warned_copy)
+        return;
+    c->warned_copy = 1;
+    ferry__log(FERRY_LOG_WARN, "%s: a read of remote rank %u failed: the copy out of the pool: %s",
+               s->label, c->rank, ferry_last_error());
+}
+
+/* Starts copying n bytes of a GPU pool's data at offset into dst on the thread's own stream,
+ * in the pool's device context (current on this thread); waited for by serve_reads. */
+static ferry_status copy_from_gpu(ferry__remote_server *s, void *dst, uint64_t offset, uint64_t n)
 {
     const ferry__cuda *cuda;
     ferry_status st = ferry__cuda_get(&cuda);
     if (st == FERRY_OK && !s->io)
         st = ferry__cuda_io_stream(cuda, &s->io);
-    if (st == FERRY_OK)
-        st = ferry__cuda_copy(cuda, s->io, dst, s->gpu_data + offset, n);
-    if (st != FERRY_OK && !c->warned_copy) {
-        c->warned_copy = 1;
-        ferry__log(FERRY_LOG_WARN,
-                   "%s: a read of remote rank %u failed: the copy out of the pool: %s", s->label,
-                   c->rank, ferry_last_error());
-    }
-    return st;
+    if (st != FERRY_OK)
+        return st;
+    FERRY_CU_TRY(cuda, cuMemcpyAsync,
+                 ((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)(s->gpu_data + offset), n,
+                  s->io));
+    return FERRY_OK;
 }
 
-/* Answers one read request: the lease must be the rank's and ready (the pool says, under its
- * lock, after the ready word's acquire) and the range inside its extent; the bytes are copied
- * and kept only if the slot's generation still holds the lease afterwards (as copy_inline
- * keeps a DESC's). A request of no bytes is answered with the lease's extent. A closing
- * pool answers nothing: the consumer hears its connection end (PRODUCER_GONE). Every answer
- * counts against its rank's budget until UCX has sent it; a request beyond that budget is not
- * answered (counted as a bad message: its consumer asks far beyond its window, or takes none
- * of its answers), and bytes beyond the server's budget, or without memory, are answered
- * BUSY. A GPU pool's bytes that could not be copied out are answered FAILED. */
-static void serve_read(ferry__remote_server *s, conn *c, const read_req *r)
+/* Begins the answer to one read request: the lease must be the rank's and ready (the pool
+ * says, under its lock, after the ready word's acquire) and the range inside its extent; a
+ * host pool's bytes are copied, a GPU pool's copy is started (answer_end checks them). A
+ * request of no bytes is answered with the lease's extent. 0 if it is answered nothing: a
+ * closing pool answers nothing (the consumer hears its connection end: PRODUCER_GONE), and a
+ * request beyond its rank's budget (what UCX has not sent yet, and the answers before it in
+ * this round, ahead) is counted as a bad message (its consumer asks far beyond its window,
+ * or takes none of its answers); bytes beyond the server's budget, or without memory, are
+ * answered BUSY. */
+static int answer_begin(ferry__remote_server *s, conn *c, const read_req *r, uint64_t ahead,
+                        answer *a)
 {
-    ferry__am m = {.type = FERRY_AM_DATA,
-                   .conn_id = c->id,
-                   .token = c->token,
-                   .u.data = {.id = r->id, .status = FERRY_AM_DATA_OK}};
+    *a = (answer){.m = {.type = FERRY_AM_DATA,
+                        .conn_id = c->id,
+                        .token = c->token,
+                        .u.data = {.id = r->id, .status = FERRY_AM_DATA_OK}},
+                  .r = r};
     int ready = 0;
     uint64_t off = 0, len = 0;
     ferry_status ls =
         s->cfg.hooks.lease(s->cfg.hooks.user, r->slot, r->generation, c->rank, &ready, &off, &len);
     if (ls == FERRY_CLOSING)
-        return; /* not answered: the connection ends with the pool, and the read with it */
+        return 0;
     int inside = ferry__range_inside(r->offset, r->length, off, len);
-    size_t n = 0;  /* the payload's bytes */
-    int bytes = 0; /* the payload is the lease's bytes (else the extent, or nothing) */
     if (ls != FERRY_OK) {
-        m.u.data.status = FERRY_AM_DATA_STALE;
+        a->m.u.data.status = FERRY_AM_DATA_STALE;
     } else if (!ready) {
-        m.u.data.status = FERRY_AM_DATA_NOT_READY;
+        a->m.u.data.status = FERRY_AM_DATA_NOT_READY;
     } else if (!inside || !r->length) {
-        m.u.data.status = inside ? FERRY_AM_DATA_OK : FERRY_AM_DATA_OUTSIDE;
-        m.flags = FERRY_AM_DATA_EXTENT;
-        n = 16;
+        a->m.u.data.status = inside ? FERRY_AM_DATA_OK : FERRY_AM_DATA_OUTSIDE;
+        a->m.flags = FERRY_AM_DATA_EXTENT;
+        a->n = 16;
     } else {
-        n = r->length;
-        bytes = 1;
+        a->n = r->length;
+        a->bytes = 1;
     }
-    uint64_t *mine = &s->rank_served[c->rank];
-    if (__atomic_load_n(mine, __ATOMIC_RELAXED) + FERRY_AM_HEADER + n > SERVER_SERVED_RANK_MAX) {
+    if (__atomic_load_n(&s->rank_served[c->rank], __ATOMIC_RELAXED) + ahead + FERRY_AM_HEADER +
+            a->n >
+        SERVER_SERVED_RANK_MAX) {
         count_add(s, &s->counts.bad_messages, 1);
-        return;
+        return 0;
     }
-    am_buf *b = NULL;
-    if (!bytes || __atomic_load_n(&s->served_bytes, __ATOMIC_RELAXED) + FERRY_AM_HEADER + n <=
-                      SERVER_SERVED_MAX)
-        b = am_buf_new(s, n);
-    if (!b && bytes) { /* no room, or no memory, for the bytes: asked again */
-        m.u.data.status = FERRY_AM_DATA_BUSY;
-        n = 0;
-        bytes = 0;
-        b = am_buf_new(s, 0);
+    if (!a->bytes || __atomic_load_n(&s->served_bytes, __ATOMIC_RELAXED) + ahead +
+                             FERRY_AM_HEADER + a->n <=
+                         SERVER_SERVED_MAX)
+        a->b = answer_buf_new(s, a->n);
+    if (!a->b && a->bytes) { /* no room, or no memory, for the bytes: asked again */
+        a->m.u.data.status = FERRY_AM_DATA_BUSY;
+        a->n = 0;
+        a->bytes = 0;
+        a->b = am_buf_new(s, 0);
     }
-    if (!b)
-        return; /* not even a header: unanswered, the consumer takes the producer for gone */
-    uint8_t *payload = b->bytes + FERRY_AM_HEADER;
-    if (m.flags == FERRY_AM_DATA_EXTENT) {
+    if (!a->b)
+        return 0; /* not even a header: unanswered, the consumer takes the producer for gone */
+    uint8_t *payload = a->b->bytes + FERRY_AM_HEADER;
+    if (a->m.flags == FERRY_AM_DATA_EXTENT) {
         ferry__put_le64(payload, off);
         ferry__put_le64(payload + 8, len);
     }
-    if (bytes) {
+    if (a->bytes) {
         if (ferry__remote_test_before_copy)
             ferry__remote_test_before_copy(r->slot, r->generation);
-        int copied = 1;
-        if (!s->gpu_data)
+        if (!s->gpu_data) {
             copy_relaxed(payload, s->inline_data + r->offset, r->length);
-        else
-            copied = copy_from_gpu(s, c, payload, r->offset, r->length) == FERRY_OK;
-        if (!copied) {
-            m.u.data.status = FERRY_AM_DATA_FAILED;
-            n = 0;
-        } else if (ferry__load_after_reads32(&s->generations[r->slot]) != r->generation) {
-            m.u.data.status = FERRY_AM_DATA_STALE;
-            n = 0;
-            count_add(s, &s->counts.served_stale, 1);
+        } else if (copy_from_gpu(s, payload, r->offset, r->length) == FERRY_OK) {
+            a->copying = 1;
+        } else {
+            copy_failed(s, c);
+            a->m.u.data.status = FERRY_AM_DATA_FAILED;
+            a->n = 0;
+            a->bytes = 0;
         }
     }
-    if (m.u.data.status == FERRY_AM_DATA_STALE)
-        m.u.data.value = __atomic_load_n(&s->generations[r->slot], __ATOMIC_ACQUIRE);
-    b->served = FERRY_AM_HEADER + n;
-    b->rank_count = mine;
+    return 1;
+}
+
+/* Ends an answer and sends it: its bytes (copied, and a GPU pool's copy waited for; failed:
+ * FAILED) are kept only if the slot's generation still holds the lease afterwards, as
+ * copy_inline keeps a DESC's. */
+static void answer_end(ferry__remote_server *s, conn *c, answer *a, int failed)
+{
+    const read_req *r = a->r;
+    if (a->bytes && failed) {
+        a->m.u.data.status = FERRY_AM_DATA_FAILED;
+        a->n = 0;
+    } else if (a->bytes && ferry__load_after_reads32(&s->generations[r->slot]) != r->generation) {
+        a->m.u.data.status = FERRY_AM_DATA_STALE;
+        a->n = 0;
+        count_add(s, &s->counts.served_stale, 1);
+    }
+    if (a->m.u.data.status == FERRY_AM_DATA_STALE)
+        a->m.u.data.value = __atomic_load_n(&s->generations[r->slot], __ATOMIC_ACQUIRE);
+    a->b->served = FERRY_AM_HEADER + a->n;
+    a->b->rank_count = &s->rank_served[c->rank];
     count_add(s, &s->counts.served, 1); /* before the consumer can hear it */
-    if (am_send(s, c, &m, b, n) != 0)
+    if (am_send(s, c, &a->m, a->b, a->n) != 0)
         c->failed = 1;
 }
 
-/* Answers the read requests queued in this round's progress; a connection that ended (its
- * consumer left) is answered nothing. */
+/* Answers the read requests queued in this round's progress, in order; a connection that
+ * ended (its consumer left) is answered nothing. A GPU pool's copies are all started first
+ * and waited for once: into pinned buffers they run one after another on the copy engine
+ * while nothing waits for each. */
 static void serve_reads(ferry__remote_server *s, conn *c)
 {
+    answer a[SERVER_READS_QUEUED];
+    uint32_t k = 0;
+    uint64_t ahead = 0;
+    int copies = 0;
     for (uint32_t i = 0; i < c->nreads && !c->failed && !c->leaving; i++)
-        serve_read(s, c, &c->reads[i]);
+        if (answer_begin(s, c, &c->reads[i], ahead, &a[k])) {
+            ahead += FERRY_AM_HEADER + a[k].n;
+            copies += a[k++].copying;
+        }
     c->nreads = 0;
+    int failed = 0;
+    const ferry__cuda *cuda;
+    if (copies && ferry__cuda_get(&cuda) == FERRY_OK) {
+        CUresult rc = cuda->cuStreamSynchronize(s->io);
+        if (rc != CUDA_SUCCESS) {
+            ferry__cuda_fail(cuda, "cuStreamSynchronize", rc);
+            copy_failed(s, c);
+            failed = 1;
+        }
+    }
+    for (uint32_t i = 0; i < k; i++) {
+        if (c->failed)
+            am_buf_free(a[i].b); /* a send failed: the endpoint goes, and its answers */
+        else
+            answer_end(s, c, &a[i], failed && a[i].copying);
+    }
 }
 
 /* Asks the consumer to let go of the held leases the pool wants back (FERRY_AM_REVOKE): sent
@@ -1349,11 +1486,25 @@ static ferry_status set_am_handler(ferry__remote_server *s)
     return ferry__ucx_node_handlers(&s->node, FERRY_AM_ID, on_am, on_other_am, s);
 }
 
+/* The pinned answer buffers, once UCX is done with them (its worker closed): unregistered
+ * in the pool's context, then unmapped; kept if they cannot be unregistered (pages the
+ * driver still takes for pinned are not handed back). */
+static void free_pinned(ferry__remote_server *s)
+{
+    const ferry__cuda *cuda;
+    if (s->pinned && ferry__cuda_get(&cuda) == FERRY_OK &&
+        ferry__cuda_use_device(cuda, s->cfg.device) == FERRY_OK &&
+        cuda->cuMemHostUnregister(s->pinned) == CUDA_SUCCESS)
+        munmap(s->pinned, SERVER_PINNED_SIZE);
+    s->pinned = NULL;
+}
+
 static void release(ferry__remote_server *s)
 {
     if (s->node.ucx)
         unmap_regions(s);
     ferry__ucx_node_close(&s->node);
+    free_pinned(s);
     if (s->listen_fd >= 0) {
         shutdown(s->listen_fd, SHUT_RDWR); /* no longer listening, whoever holds a copy */
         close(s->listen_fd);
@@ -1478,6 +1629,8 @@ void ferry__remote_forget(ferry__remote_server *s)
         close(s->epoll_fd);
     if (s->wake_fd >= 0)
         close(s->wake_fd);
+    if (s->pinned)
+        munmap(s->pinned, SERVER_PINNED_SIZE); /* the child's copy (the parent's stay pinned) */
     free(s->descs);
     free(s->by_rank);
     free(s->rank_served);
