@@ -434,7 +434,7 @@ typedef struct am_buf {
 } am_buf;
 
 /* Room for an answer of a whole piece, header included, in the pinned buffers (mapped on
- * their own: a forked child unmaps its copy whatever the driver made of the pages). */
+ * their own, and not into a forked child: the child has none to release). */
 #define SERVER_PINNED_STRIDE                                                                       \
     ((sizeof(am_buf) + FERRY_AM_HEADER + FERRY_REMOTE_READ_PIECE + 4095u) & ~(size_t)4095u)
 #define SERVER_PINNED_SIZE ((size_t)SERVER_PINNED_SLOTS * SERVER_PINNED_STRIDE)
@@ -486,9 +486,14 @@ static int make_pinned(ferry__remote_server *s)
     void *m = mmap(NULL, SERVER_PINNED_SIZE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
                    -1, 0);
     uint8_t *p = m == MAP_FAILED ? NULL : m;
-    ferry_status st = p ? ferry__cuda_get(&cuda)
-                        : ferry__fail_errno(FERRY_NO_MEMORY, errno, "mmap of %zu bytes",
-                                            (size_t)SERVER_PINNED_SIZE);
+    ferry_status st = FERRY_OK;
+    if (!p)
+        st = ferry__fail_errno(FERRY_NO_MEMORY, errno, "mmap of %zu bytes",
+                               (size_t)SERVER_PINNED_SIZE);
+    else if (madvise(p, SERVER_PINNED_SIZE, MADV_DONTFORK) != 0)
+        st = ferry__fail_errno(FERRY_SYSTEM, errno, "madvise(MADV_DONTFORK)");
+    else
+        st = ferry__cuda_get(&cuda);
     if (st == FERRY_OK) {
         CUresult rc = cuda->cuMemHostRegister(p, SERVER_PINNED_SIZE, CU_MEMHOSTREGISTER_PORTABLE);
         if (rc != CUDA_SUCCESS)
@@ -510,9 +515,9 @@ static int make_pinned(ferry__remote_server *s)
     return 1;
 }
 
-/* A buffer for a GPU pool's answer of n bytes: pinned where one is free (the copy out of
- * device memory then runs at the copy engine's speed, and several run at once), else
- * malloc'd; NULL without memory. */
+/* A buffer for an answer of n of the pool's bytes: a GPU pool's in pinned memory where a
+ * buffer is free (the copy out of device memory then runs at the copy engine's speed, and
+ * several run at once), else malloc'd; NULL without memory. */
 static am_buf *answer_buf_new(ferry__remote_server *s, size_t n)
 {
     if (!s->gpu_data || n > FERRY_REMOTE_READ_PIECE || !make_pinned(s) || !s->npinned_free)
@@ -829,7 +834,7 @@ static int answer_begin(ferry__remote_server *s, conn *c, const read_req *r, uin
     if (!a->bytes || __atomic_load_n(&s->served_bytes, __ATOMIC_RELAXED) + ahead +
                              FERRY_AM_HEADER + a->n <=
                          SERVER_SERVED_MAX)
-        a->b = answer_buf_new(s, a->n);
+        a->b = a->bytes ? answer_buf_new(s, a->n) : am_buf_new(s, a->n);
     if (!a->b && a->bytes) { /* no room, or no memory, for the bytes: asked again */
         a->m.u.data.status = FERRY_AM_DATA_BUSY;
         a->n = 0;
@@ -901,10 +906,12 @@ static void serve_reads(ferry__remote_server *s, conn *c)
     c->nreads = 0;
     int failed = 0;
     const ferry__cuda *cuda;
-    if (copies && ferry__cuda_get(&cuda) == FERRY_OK) {
-        CUresult rc = cuda->cuStreamSynchronize(s->io);
-        if (rc != CUDA_SUCCESS) {
-            ferry__cuda_fail(cuda, "cuStreamSynchronize", rc);
+    if (copies) {
+        CUresult rc = CUDA_SUCCESS;
+        if (ferry__cuda_get(&cuda) != FERRY_OK ||
+            (rc = cuda->cuStreamSynchronize(s->io)) != CUDA_SUCCESS) {
+            if (rc != CUDA_SUCCESS)
+                ferry__cuda_fail(cuda, "cuStreamSynchronize", rc);
             copy_failed(s, c);
             failed = 1;
         }
@@ -1629,8 +1636,8 @@ void ferry__remote_forget(ferry__remote_server *s)
         close(s->epoll_fd);
     if (s->wake_fd >= 0)
         close(s->wake_fd);
-    if (s->pinned)
-        munmap(s->pinned, SERVER_PINNED_SIZE); /* the child's copy (the parent's stay pinned) */
+    /* s->pinned is not the child's: mapped MADV_DONTFORK, the range may hold something else
+     * here */
     free(s->descs);
     free(s->by_rank);
     free(s->rank_served);
