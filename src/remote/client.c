@@ -70,6 +70,8 @@
 #define CLIENT_GET_PIECE (64ull << 20)
 /* How often a read polls the ready word of a lease that is not ready yet. */
 #define CLIENT_READY_POLL_NS 20000ull
+/* How long a served read that ended early waits for the answers still on their way to it. */
+#define CLIENT_DRAIN_NS 100000000ull
 /* Read requests a served read keeps on their way at once. */
 #define CLIENT_READ_WINDOW 4
 
@@ -548,8 +550,12 @@ static void on_data(ferry__remote_client *cl, const ferry__am *m, const uint8_t 
     int i = 0;
     while (r && i < CLIENT_READ_WINDOW && !(r->at[i].id && r->at[i].id == m->u.data.id))
         i++;
-    if (!r || i == CLIENT_READ_WINDOW || r->fail)
+    if (!r || i == CLIENT_READ_WINDOW)
         return;
+    if (r->fail) { /* ended: its answers are only counted in (serve drains them) */
+        r->at[i].id = 0;
+        return;
+    }
     uint64_t now = ferry__now_ns(), piece = r->at[i].piece;
     int extent = (m->flags & FERRY_AM_DATA_EXTENT) != 0;
     r->heard = now;
@@ -1316,6 +1322,20 @@ static ferry_status serve(ferry__remote_client *cl, served_read *r, uint64_t spi
             break;
         }
         wait_idle(cl, busy, now, start, spin_ns);
+    }
+    /* Ended early (an answer's status, a lie, a failed copy): the answers still on their way
+     * are taken in (and dropped) before it returns, for a while. A process that leaves at
+     * once with several of them unsent made Debian's UCX 1.13 fail an assertion in the
+     * producer (docs/design.md, "What UCX does on its own"). */
+    uint64_t until = ferry__now_ns() + CLIENT_DRAIN_NS;
+    while (st == FERRY_OK && r->fail && cl->ep && !producer_gone(cl) && ferry__now_ns() < until) {
+        int waiting = 0;
+        for (int i = 0; i < CLIENT_READ_WINDOW; i++)
+            waiting |= r->at[i].id != 0;
+        if (!waiting)
+            break;
+        if (!u->ucp_worker_progress(cl->node.worker))
+            sched_yield();
     }
     cl->rd = NULL;
     return st;
