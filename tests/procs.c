@@ -180,3 +180,29 @@ void th_report(uint32_t status, uint64_t count)
     snprintf(m.text, sizeof(m.text), "%s", ferry_last_error());
     th_send_msg(TH_CHANNEL_FD, &m);
 }
+
+pid_t th_fork_holder(int *release)
+{
+    int p[2];
+    assert_int_equal(pipe(p), 0);
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        close(p[1]);
+        char b;
+        while (read(p[0], &b, 1) < 0 && errno == EINTR) {
+        }
+        _exit(0);
+    }
+    close(p[0]);
+    *release = p[1];
+    return child;
+}
+
+void th_holder_exit(pid_t child, int release)
+{
+    close(release);
+    int status = 0;
+    assert_int_equal(waitpid(child, &status, 0), child);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}

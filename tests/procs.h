@@ -46,6 +46,12 @@ void th_stop_helper(const th_helper *h);
 /* Fails the test unless the result is OK with count items. */
 void th_assert_result(th_msg m, uint64_t count);
 
+/* A forked child that does not exec holds a copy of every fd of its parent until it exits:
+ * th_fork_holder makes one that exits once *release is closed (th_holder_exit, which waits
+ * for its clean exit). */
+pid_t th_fork_holder(int *release);
+void th_holder_exit(pid_t child, int release);
+
 /* The pool's statistics (the test fails if they cannot be read). */
 ferry_pool_stats th_stats(ferry_pool *pool);
 /* A read on a thread of its own (th_read_main): r->st is its status once the thread ends;

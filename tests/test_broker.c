@@ -29,6 +29,7 @@
 #include "broker/broker.h"
 #include "common/clock.h"
 #include "helpers.h"
+#include "procs.h"
 
 #define LABEL        "test broker"
 #define POOL_SIZE    (1u << 20)
@@ -970,26 +971,15 @@ static void test_stop_with_silent_peer(void **state)
 static void test_stop_while_a_child_holds_the_listener(void **state)
 {
     fixture *f = *state;
-    int p[2];
-    assert_int_equal(pipe(p), 0);
-    pid_t child = fork();
-    assert_true(child >= 0);
-    if (child == 0) { /* holds every fd until the pipe's write end closes */
-        close(p[1]);
-        char b;
-        while (read(p[0], &b, 1) < 0 && errno == EINTR) {
-        }
-        _exit(0);
-    }
-    close(p[0]);
+    int release;
+    pid_t child = th_fork_holder(&release);
     ferry__broker_stop(f->broker);
     f->broker = NULL;
     int fd = -1;
     uint64_t start = ferry__now_ns();
     ferry_status st = request(f, f->pool_id, 0, &fd);
     uint64_t took = ferry__now_ns() - start;
-    close(p[1]);
-    assert_int_equal(wait_child(child), 0);
+    th_holder_exit(child, release);
     assert_int_equal(st, FERRY_PRODUCER_GONE);
     assert_int_equal(fd, -1);
     assert_true(took < 500 * MS);

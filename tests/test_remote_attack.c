@@ -1289,34 +1289,7 @@ static void test_fd_limit_backlog(void **state)
 }
 
 static void receive_queued(const char *addr, uint64_t seed);
-
-/* A forked child (not exec'd) holds a copy of every fd of its parent until it exits: fork_holder
- * makes one that exits once *release is closed (hold_release). */
-static pid_t fork_holder(int *release)
-{
-    int p[2];
-    assert_int_equal(pipe(p), 0);
-    pid_t child = fork();
-    assert_true(child >= 0);
-    if (child == 0) {
-        close(p[1]);
-        char b;
-        while (read(p[0], &b, 1) < 0 && errno == EINTR) {
-        }
-        _exit(0);
-    }
-    close(p[0]);
-    *release = p[1];
-    return child;
-}
-
-static void hold_release(pid_t child, int release)
-{
-    close(release);
-    int status = 0;
-    assert_int_equal(waitpid(child, &status, 0), child);
-    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-}
+static void receive_one(ferry_consumer *c, uint64_t seed);
 
 /* A connection dropped while a forked child still holds its socket (a worker the producer's
  * process forked and has not exec'd): closing the producer's fd leaves the socket open, and
@@ -1335,7 +1308,7 @@ static void test_dropped_while_a_child_holds_it(void **state)
     int fd = dial(a.port);
     sleep_ms(100); /* accepted: the producer's socket is in this process's fd table */
     int release;
-    pid_t child = fork_holder(&release);
+    pid_t child = th_fork_holder(&release);
     /* dropped silent at its deadline, then closed by the peer: an event on the child's copy */
     assert_int_equal(WAIT_STAT(pool, remote_refused, refused0 + 1, 3000), refused0 + 1);
     shutdown(fd, SHUT_RDWR);
@@ -1344,7 +1317,7 @@ static void test_dropped_while_a_child_holds_it(void **state)
     assert_int_equal(send_stamped(pool, 4096, 77, NULL, NULL), FERRY_OK);
     receive_queued(addr, 77);
     assert_int_equal(th_stats(pool).remote_refused, refused0 + 1);
-    hold_release(child, release);
+    th_holder_exit(child, release);
     ferry_pool_destroy(pool);
 }
 
@@ -1354,6 +1327,12 @@ static void receive_queued(const char *addr, uint64_t seed)
 {
     ferry_consumer *c = NULL;
     assert_int_equal(ferry_consumer_connect(addr, 0, -1, &c), FERRY_OK);
+    receive_one(c, seed);
+}
+
+/* Consumer c receives the next 4 KiB lease (of seed), byte for byte, and is destroyed. */
+static void receive_one(ferry_consumer *c, uint64_t seed)
+{
     ferry_descriptor d;
     size_t k;
     uint8_t buf[4096];
@@ -1376,24 +1355,18 @@ static void test_consumer_leaves_while_a_child_holds_it(void **state)
     assert_int_equal(ferry_consumer_connect(addr, 0, -1, &c), FERRY_OK);
     assert_int_equal(WAIT_STAT(pool, remote_connected, 1, 3000), 1);
     int release;
-    pid_t child = fork_holder(&release);
+    pid_t child = th_fork_holder(&release);
     ferry_consumer_destroy(c);
     uint64_t t0 = ferry_now_ns();
     uint64_t left = WAIT_STAT(pool, remote_connected, 0, 4000);
     uint64_t ms = ms_since(t0);
-    hold_release(child, release);
+    th_holder_exit(child, release);
     assert_int_equal(left, 0);
     assert_true(ms < 2000); /* the keepalive bound is 5 s */
     /* the rank is free again: a new consumer takes it and receives */
     assert_int_equal(ferry_consumer_connect(addr, 0, -1, &c), FERRY_OK);
     assert_int_equal(send_stamped(pool, 4096, 78, NULL, NULL), FERRY_OK);
-    ferry_descriptor d;
-    size_t k;
-    uint8_t buf[4096];
-    assert_int_equal(ferry_consumer_recv(c, 3000 * MS, &d, 1, &k), FERRY_OK);
-    assert_int_equal(ferry_consumer_read(c, &d, buf, sizeof(buf), 3000 * MS), FERRY_OK);
-    assert_true(th_check_stamp(buf, sizeof(buf), 78, NULL));
-    ferry_consumer_destroy(c);
+    receive_one(c, 78);
     ferry_pool_destroy(pool);
 }
 
@@ -1411,7 +1384,7 @@ static void test_producer_leaves_while_a_child_holds_it(void **state)
     assert_int_equal(ferry_consumer_connect(addr, 0, -1, &c), FERRY_OK);
     assert_int_equal(WAIT_STAT(pool, remote_connected, 1, 3000), 1);
     int release;
-    pid_t child = fork_holder(&release);
+    pid_t child = th_fork_holder(&release);
     ferry_pool_destroy(pool);
     ferry_descriptor d;
     size_t k = 0;
@@ -1424,7 +1397,7 @@ static void test_producer_leaves_while_a_child_holds_it(void **state)
     t0 = ferry_now_ns();
     ferry_status late_st = ferry_consumer_connect(addr, 0, -1, &late);
     uint64_t late_ms = ms_since(t0);
-    hold_release(child, release);
+    th_holder_exit(child, release);
     assert_int_not_equal(st, FERRY_OK);
     assert_int_not_equal(st, FERRY_TIMEOUT);
     assert_true(ms < 2000); /* the keepalive bound is 5 s */
