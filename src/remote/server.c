@@ -461,17 +461,20 @@ static void on_sent(void *request, ucs_status_t status, void *user_data)
     am_buf_free(b);
 }
 
+static am_buf *am_buf_init(am_buf *b, ferry__remote_server *s, int32_t slot)
+{
+    b->server = s;
+    b->served = 0;
+    b->rank_count = NULL;
+    b->slot = slot;
+    return b;
+}
+
 /* A send's buffer with room for the header and n bytes of payload; NULL without memory. */
 static am_buf *am_buf_new(ferry__remote_server *s, size_t n)
 {
     am_buf *b = malloc(sizeof(*b) + FERRY_AM_HEADER + n);
-    if (b) {
-        b->server = s;
-        b->served = 0;
-        b->rank_count = NULL;
-        b->slot = -1;
-    }
-    return b;
+    return b ? am_buf_init(b, s, -1) : NULL;
 }
 
 /* The pinned buffers, made once: registered with the driver (portable: any context may
@@ -523,12 +526,8 @@ static am_buf *answer_buf_new(ferry__remote_server *s, size_t n)
     if (!s->gpu_data || n > FERRY_REMOTE_READ_PIECE || !make_pinned(s) || !s->npinned_free)
         return am_buf_new(s, n);
     uint32_t slot = s->pinned_free[--s->npinned_free];
-    am_buf *b = (am_buf *)(s->pinned + (size_t)slot * SERVER_PINNED_STRIDE);
-    b->server = s;
-    b->served = 0;
-    b->rank_count = NULL;
-    b->slot = (int32_t)slot;
-    return b;
+    return am_buf_init((am_buf *)(s->pinned + (size_t)slot * SERVER_PINNED_STRIDE), s,
+                       (int32_t)slot);
 }
 
 /* Sends one active message: m's header and the n bytes of payload already in b (which UCX
