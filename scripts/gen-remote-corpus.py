@@ -14,9 +14,10 @@ import struct
 import sys
 
 MAGIC = 0x55595246  # "FRYU"
-VERSION = 6
+VERSION = 7
 INLINE_MAX = 16384  # the most bytes a DESC carries inline
 READ_MAX = 1 << 20  # the most bytes a READ asks for
+ACKS_MAX = 64  # the most leases an ACKS names
 
 
 def pad8(b):
@@ -123,7 +124,15 @@ def files():
     yield "invalid-am-revoke-reserved", 0, am(7, body=struct.pack("<IIQ", 5, 3, 1))
     yield "invalid-am-released-payload", 8, am(8, body=hold)
     yield "invalid-am-released-flags", 0, am(8, flags=1, body=hold)
-    yield "invalid-am-type", 0, am(9)
+    acks = struct.pack("<I12x", 3)
+    yield "valid-am-acks", 24, am(9, body=acks)
+    yield "valid-am-acks-max", 512, am(9, body=struct.pack("<I12x", ACKS_MAX))
+    yield "invalid-am-acks-none", 0, am(9, body=bytes(16))
+    yield "invalid-am-acks-over", 520, am(9, body=struct.pack("<I12x", ACKS_MAX + 1))
+    yield "invalid-am-acks-short", 16, am(9, body=acks)
+    yield "invalid-am-acks-flags", 24, am(9, flags=1, body=acks)
+    yield "invalid-am-acks-reserved", 24, am(9, body=struct.pack("<IIQ", 3, 1, 0))
+    yield "invalid-am-type", 0, am(10)
 
 
 def main():

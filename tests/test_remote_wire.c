@@ -376,6 +376,40 @@ static void test_am_hold(void **state)
     }
 }
 
+/* ACKS: a count of 1 to FERRY_AM_ACKS_MAX leases, 8 bytes of payload for each, no flags, the
+ * rest of the body zero. */
+static void test_am_acks(void **state)
+{
+    (void)state;
+    uint8_t buf[FERRY_AM_HEADER];
+    ferry__am m = {.type = FERRY_AM_ACKS, .conn_id = 3, .token = 9, .u.acks = {5}}, back;
+    ferry__am_encode(&m, buf);
+    assert_int_equal(ferry__am_decode(buf, sizeof(buf), 40, &back), FERRY_OK);
+    assert_true(back.type == FERRY_AM_ACKS && back.u.acks.count == 5 && back.conn_id == 3 &&
+                back.token == 9);
+    assert_int_equal(ferry__am_decode(buf, sizeof(buf), 32, &back), FERRY_MALFORMED);
+    assert_int_equal(ferry__am_decode(buf, sizeof(buf), 48, &back), FERRY_MALFORMED);
+    buf[16 + 4] = 1; /* reserved */
+    assert_int_equal(ferry__am_decode(buf, sizeof(buf), 40, &back), FERRY_MALFORMED);
+    m.flags = 1;
+    ferry__am_encode(&m, buf);
+    assert_int_equal(ferry__am_decode(buf, sizeof(buf), 40, &back), FERRY_MALFORMED);
+    m.flags = 0;
+    m.u.acks.count = FERRY_AM_ACKS_MAX;
+    ferry__am_encode(&m, buf);
+    assert_int_equal(ferry__am_decode(buf, sizeof(buf), 8 * FERRY_AM_ACKS_MAX, &back), FERRY_OK);
+    m.u.acks.count = FERRY_AM_ACKS_MAX + 1;
+    ferry__am_encode(&m, buf);
+    assert_int_equal(ferry__am_decode(buf, sizeof(buf), 8 * (FERRY_AM_ACKS_MAX + 1), &back),
+                     FERRY_MALFORMED);
+    m.u.acks.count = 0;
+    ferry__am_encode(&m, buf);
+    assert_int_equal(ferry__am_decode(buf, sizeof(buf), 0, &back), FERRY_MALFORMED);
+    m.u.acks.count = 0x20000001u; /* 8 x count wraps to 8 in 32 bits */
+    ferry__am_encode(&m, buf);
+    assert_int_equal(ferry__am_decode(buf, sizeof(buf), 8, &back), FERRY_MALFORMED);
+}
+
 static void test_secret_compare(void **state)
 {
     (void)state;
@@ -473,7 +507,8 @@ int main(void)
         cmocka_unit_test(test_welcome_round_trip), cmocka_unit_test(test_welcome_refusals),
         cmocka_unit_test(test_refuse_and_peek),    cmocka_unit_test(test_am_headers),
         cmocka_unit_test(test_am_desc_inline),     cmocka_unit_test(test_am_read_and_data),
-        cmocka_unit_test(test_am_hold),            cmocka_unit_test(test_secret_compare),
+        cmocka_unit_test(test_am_hold),
+        cmocka_unit_test(test_am_acks),            cmocka_unit_test(test_secret_compare),
         cmocka_unit_test(test_addresses),
         cmocka_unit_test(test_seed_corpus),
     };

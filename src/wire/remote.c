@@ -406,6 +406,9 @@ void ferry__am_encode(const ferry__am *m, uint8_t out[FERRY_AM_HEADER])
         ferry__put_le32(b, m->u.hold.slot);
         ferry__put_le32(b + 4, m->u.hold.generation);
         break;
+    case FERRY_AM_ACKS:
+        ferry__put_le32(b, m->u.acks.count);
+        break;
     default:
         break;
     }
@@ -476,6 +479,11 @@ static ferry_status am_shape(const ferry__am *m, const uint8_t *b, size_t payloa
     case FERRY_AM_RELEASED:
         return m->flags || payload_len || !all_zero(b + 8, 8) ? malformed("bad hold message")
                                                               : FERRY_OK;
+    case FERRY_AM_ACKS:
+        return m->flags || !m->u.acks.count || m->u.acks.count > FERRY_AM_ACKS_MAX ||
+                       payload_len != 8ull * m->u.acks.count || !all_zero(b + 4, 12)
+                   ? malformed("bad acknowledgements")
+                   : FERRY_OK;
     default:
         return malformed("unknown active message");
     }
@@ -514,6 +522,8 @@ ferry_status ferry__am_decode(const uint8_t *buf, size_t len, size_t payload_len
     } else if (a.type == FERRY_AM_REVOKE || a.type == FERRY_AM_RELEASED) {
         a.u.hold.slot = ferry__get_le32(b);
         a.u.hold.generation = ferry__get_le32(b + 4);
+    } else if (a.type == FERRY_AM_ACKS) {
+        a.u.acks.count = ferry__get_le32(b);
     }
     ferry_status st = am_shape(&a, b, payload_len);
     if (st != FERRY_OK)

@@ -22,8 +22,9 @@
  * FERRY_AM_DATA). Version 5: a DESC may say that the producer holds the lease's slice for the
  * rank until the rank lets it go (FERRY_AM_DESC_HELD, FERRY_AM_REVOKE, FERRY_AM_RELEASED). A
  * peer of another version would drop such a message, so peers of different versions refuse
- * each other at the bootstrap. */
-#define FERRY_REMOTE_VERSION 6u
+ * each other at the bootstrap. Version 6: a DATA may say FAILED. Version 7: a consumer's own
+ * acknowledgements may go out several at once (FERRY_AM_ACKS). */
+#define FERRY_REMOTE_VERSION 7u
 #define FERRY_REMOTE_HEADER  16u
 /* The largest UCX worker address and packed remote key ferry accepts (a worker address over
  * several RDMA devices is a few hundred bytes; keys are tens). */
@@ -133,6 +134,8 @@ ferry_status ferry__refuse_decode(const uint8_t *buf, size_t len, ferry__refuse 
 /* ACK flags: the ranks acknowledged some parts of the packed lease and others remain; the
  * producer marks their words generation | FERRY_ACK_PARTIAL, as a local consumer does. */
 #define FERRY_AM_ACK_PARTIAL 0x1u
+/* The most leases one ACKS acknowledges (its payload: 8 bytes for each). */
+#define FERRY_AM_ACKS_MAX 64u
 /* The most bytes one READ asks for (a DATA answer carries them in one message). */
 #define FERRY_AM_READ_MAX (1u << 20)
 /* DATA flags: the payload is the lease's extent (offset, length: 16 bytes), not its bytes. */
@@ -152,16 +155,18 @@ enum ferry__am_data_status {
 #define FERRY_AM_DATA_STATUSES 6u
 
 enum ferry__am_type {
-    FERRY_AM_DESC = 1,  /* producer -> consumer: count encoded descriptors of one lease */
-    FERRY_AM_ACK = 2,   /* consumer -> producer: acknowledge a lease for ranks */
-    FERRY_AM_TAKEN = 3, /* consumer -> producer: descriptors taken so far */
-    FERRY_AM_INFO = 4,  /* consumer -> producer: how its reads go (text payload) */
-    FERRY_AM_READ = 5,  /* consumer -> producer: bytes of a lease (payload: their offset) */
-    FERRY_AM_DATA = 6,  /* producer -> consumer: a READ's answer */
+    FERRY_AM_DESC = 1,     /* producer -> consumer: count encoded descriptors of one lease */
+    FERRY_AM_ACK = 2,      /* consumer -> producer: acknowledge a lease for ranks */
+    FERRY_AM_TAKEN = 3,    /* consumer -> producer: descriptors taken so far */
+    FERRY_AM_INFO = 4,     /* consumer -> producer: how its reads go (text payload) */
+    FERRY_AM_READ = 5,     /* consumer -> producer: bytes of a lease (payload: their offset) */
+    FERRY_AM_DATA = 6,     /* producer -> consumer: a READ's answer */
     FERRY_AM_REVOKE = 7,   /* producer -> consumer: let the held lease go (acknowledged for
                             * the rank by another, or cancelled) */
     FERRY_AM_RELEASED = 8, /* consumer -> producer: no read of the held lease is on its way,
                             * and none will be made without a check */
+    FERRY_AM_ACKS = 9,     /* consumer -> producer: acknowledge leases for the connection's
+                            * rank (payload: count x (u32 slot, u32 generation)) */
 };
 
 /* The 32-byte header of every active message. */
@@ -192,6 +197,9 @@ typedef struct ferry__am {
         struct { /* REVOKE, RELEASED: the held lease */
             uint32_t slot, generation;
         } hold;
+        struct { /* ACKS: how many leases the payload names */
+            uint32_t count;
+        } acks;
     } u;
 } ferry__am;
 
@@ -200,10 +208,12 @@ void ferry__am_encode(const ferry__am *m, uint8_t out[FERRY_AM_HEADER]);
 /* MALFORMED unless len is FERRY_AM_HEADER, the type is known, reserved fields are zero and
  * payload_len fits the type (DESC: 1 to 65535 whole descriptors, or with
  * FERRY_AM_DESC_INLINE exactly one descriptor and the extent's length, 1 to
- * FERRY_REMOTE_INLINE_MAX bytes; FERRY_AM_DESC_HELD with either; INFO: at most FERRY_AM_MAX_INFO bytes; READ: 8 bytes, and a
- * length of at most FERRY_AM_READ_MAX; DATA: a known status, with FERRY_AM_DATA_EXTENT (OK
- * or OUTSIDE) 16 bytes, OK without it at most FERRY_AM_READ_MAX bytes, others none; others:
- * none, no flags, and REVOKE and RELEASED the rest of their body zero). Whether a DATA carries as many bytes as its READ asked for is the reader's check. */
+ * FERRY_REMOTE_INLINE_MAX bytes; FERRY_AM_DESC_HELD with either; INFO: at most FERRY_AM_MAX_INFO
+ * bytes; READ: 8 bytes, and a length of at most FERRY_AM_READ_MAX; DATA: a known status, with
+ * FERRY_AM_DATA_EXTENT (OK or OUTSIDE) 16 bytes, OK without it at most FERRY_AM_READ_MAX bytes,
+ * others none; ACKS: a count of 1 to FERRY_AM_ACKS_MAX, 8 bytes of payload for each, no flags;
+ * others: none, no flags, and REVOKE and RELEASED the rest of their body zero). Whether a DATA
+ * carries as many bytes as its READ asked for is the reader's check. */
 ferry_status ferry__am_decode(const uint8_t *buf, size_t len, size_t payload_len, ferry__am *m);
 
 /* Compares n bytes in time that does not depend on where they differ: 0 if equal. */
