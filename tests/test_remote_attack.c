@@ -924,6 +924,62 @@ static void test_forged_messages(void **state)
     ferry_pool_destroy(pool);
 }
 
+/* An admitted peer's ACKS: one that names a slot out of range among real leases is dropped
+ * whole (counted; none of them settles); one of another generation changes nothing; ACKS
+ * acknowledge for the connection's own rank only (rank 1 here: a lease sent to ranks 0 and
+ * 1 stays in flight); the real one settles the leases for the rank. */
+static void test_forged_acks(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(2, 1 << 20);
+    char addr[FERRY_REMOTE_ADDRESS_SIZE];
+    ferry__remote_address a;
+    address_of(pool, addr, &a);
+    fake f;
+    fake_open(&f);
+    assert_int_equal(fake_hello(&f, &a, 1, NULL, 0), 0);
+    fake_ep(&f);
+    ferry_ranks one = {NULL, 1, 1};
+    ferry_descriptor d[3];
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(send_stamped(pool, 4096, 1 + (uint64_t)i, &one, &d[i]), FERRY_OK);
+    assert_int_equal(send_stamped(pool, 4096, 3, NULL, &d[2]), FERRY_OK); /* ranks 0 and 1 */
+    fake_wait_descs(&f, 3, 3000);
+    uint8_t pairs[8 * 3];
+    for (int i = 0; i < 3; i++) {
+        ferry__put_le32(pairs + 8 * i, d[i].slot);
+        ferry__put_le32(pairs + 8 * i + 4, d[i].generation);
+    }
+    ferry__am acks = fake_am(&f, FERRY_AM_ACKS);
+    acks.u.acks.count = 3;
+    ferry__put_le32(pairs + 8, 256); /* the second names a slot out of range */
+    fake_send(&f, &acks, pairs, sizeof(pairs), UCP_AM_SEND_FLAG_EAGER);
+    assert_int_equal(WAIT_STAT(pool, remote_bad_messages, 1, 3000), 1);
+    fake_progress(&f, 50);
+    assert_int_equal(th_stats(pool).leases_in_flight, 3);
+    ferry__put_le32(pairs + 8, d[1].slot);
+    ferry__put_le32(pairs + 4, d[0].generation + 1); /* the first: another generation */
+    acks.u.acks.count = 1;
+    fake_send(&f, &acks, pairs, 8, UCP_AM_SEND_FLAG_EAGER);
+    fake_progress(&f, 50);
+    assert_int_equal(th_stats(pool).leases_in_flight, 3);
+    ferry__put_le32(pairs + 4, d[0].generation);
+    acks.u.acks.count = 3;
+    fake_send(&f, &acks, pairs, sizeof(pairs), UCP_AM_SEND_FLAG_EAGER);
+    assert_int_equal(WAIT_STAT(pool, leases_in_flight, 1, 3000), 1); /* rank 0's is left */
+    ferry_consumer_info ci = FERRY_CONSUMER_INFO_INIT;
+    assert_int_equal(ferry_pool_consumer_info(pool, 0, &ci), FERRY_OK);
+    assert_int_equal(ci.outstanding, 1);
+    ci = (ferry_consumer_info)FERRY_CONSUMER_INFO_INIT;
+    assert_int_equal(ferry_pool_consumer_info(pool, 1, &ci), FERRY_OK);
+    assert_int_equal(ci.outstanding, 0);
+    assert_int_equal(th_stats(pool).remote_bad_messages, 1);
+    assert_int_equal(th_stats(pool).remote_connected, 1);
+    fake_close(&f);
+    assert_int_equal(WAIT_STAT(pool, remote_connected, 0, 3000), 0);
+    ferry_pool_destroy(pool);
+}
+
 /* How a consumer's reads go is told once per connection: a peer that says it again and again
  * counts once, and remote_emulated (a gauge: consumers connected now whose reads are
  * emulated) falls back when they leave. */
@@ -2179,6 +2235,7 @@ int main(int argc, char **argv)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_forged_messages),
+        cmocka_unit_test(test_forged_acks),
         cmocka_unit_test(test_description_admits_nothing),
         cmocka_unit_test(test_emulated_counted_once),
         cmocka_unit_test(test_last_acks_before_close),

@@ -588,6 +588,22 @@ static void on_info(ferry__remote_server *s, conn *c, const ferry__am *m, const 
                    s->label, c->rank, c->host, (int)c->pid, path);
 }
 
+/* The connection's own acknowledgements of count leases (payload: slot, generation each),
+ * each as an ACK of the connection's rank alone; a message naming a slot out of range is
+ * dropped whole. */
+static void on_acks(ferry__remote_server *s, conn *c, uint32_t count, const uint8_t *payload)
+{
+    for (uint32_t i = 0; i < count; i++)
+        if (ferry__get_le32(payload + 8 * i) >= s->cfg.max_inflight) {
+            count_add(s, &s->counts.bad_messages, 1);
+            return;
+        }
+    count_add(s, &s->counts.ack_messages, 1);
+    for (uint32_t i = 0; i < count; i++)
+        s->cfg.hooks.ack(s->cfg.hooks.user, ferry__get_le32(payload + 8 * i),
+                         ferry__get_le32(payload + 8 * i + 4), c->rank, 1, 0, c->rank, c->id);
+}
+
 static ucs_status_t on_am(void *arg, const void *header, size_t header_len, void *data, size_t len,
                           const ucp_am_recv_param_t *param)
 {
@@ -604,11 +620,16 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_len, void
     switch (m.type) {
     case FERRY_AM_ACK:
         if (m.u.ack.slot < s->cfg.max_inflight && m.u.ack.count &&
-            m.u.ack.first < s->cfg.consumers && m.u.ack.count <= s->cfg.consumers - m.u.ack.first)
+            m.u.ack.first < s->cfg.consumers && m.u.ack.count <= s->cfg.consumers - m.u.ack.first) {
+            count_add(s, &s->counts.ack_messages, 1);
             s->cfg.hooks.ack(s->cfg.hooks.user, m.u.ack.slot, m.u.ack.generation, m.u.ack.first,
                              m.u.ack.count, m.flags & FERRY_AM_ACK_PARTIAL, c->rank, c->id);
-        else
+        } else {
             count_add(s, &s->counts.bad_messages, 1);
+        }
+        break;
+    case FERRY_AM_ACKS:
+        on_acks(s, c, m.u.acks.count, data);
         break;
     case FERRY_AM_TAKEN:
         /* The consumer can only have taken what was sent: a count beyond that is a lie. */
