@@ -661,7 +661,10 @@ FERRY_API ferry_status ferry_consumer_view(ferry_consumer *consumer, const ferry
  * packed lease, acknowledges that part (see ferry_pool_publish_many; the whole lease at
  * once: ferry_consumer_ack_lease). STALE if it was acknowledged already; PRODUCER_GONE if
  * the producer is gone (the ack still ends this process's view of the lease). Claims no
- * rank. */
+ * rank. A consumer connected over UCX records it at once and sends it with others: within
+ * FERRY_REMOTE_ACK_DELAY_US (default 200 us; 0 sends each at once), at once when the next
+ * ferry_consumer_recv finds nothing to take, and at destroy; a producer that left by then
+ * is reported by a later call (docs/design.md, "Acknowledgements"). */
 FERRY_API ferry_status ferry_consumer_ack(ferry_consumer *consumer, const ferry_descriptor *desc);
 
 /* Acknowledges the lease for ranks [first, first + count) (an attention subgroup), on their

@@ -412,6 +412,60 @@ static int stalled_main(const char *addr, uint32_t rank)
     return 0;
 }
 
+/* What the "acker" helper does after it acknowledged the leases an ITEM asked for. */
+enum { ACKER_IDLE = 1, ACKER_RECV = 2, ACKER_LEAVE = 3 };
+
+/* "acker ADDR RANK": connects and reports; then, for each ITEM from the test (seed: how many
+ * leases; status: what next), receives that many leases, reads, checks and acknowledges
+ * each, reports how many it verified, and then: IDLE, makes no call until the next ITEM;
+ * RECV, waits in recv (nothing comes) until the next ITEM; LEAVE, destroys the consumer at
+ * once, reports again and ends. */
+static int acker_main(const char *addr, uint32_t rank)
+{
+    ferry_consumer *c = connect_reported(addr, rank, -1);
+    if (!c)
+        return 1;
+    static uint8_t buf[1 << 16];
+    th_msg m;
+    while (th_recv_msg(TH_CHANNEL_FD, &m, 30000) == 0) {
+        ferry_status st = FERRY_OK;
+        uint64_t verified = 0;
+        for (uint64_t i = 0; i < m.seed && st == FERRY_OK; i++) {
+            ferry_descriptor d;
+            size_t k = 0;
+            uint64_t seed = 0;
+            st = ferry_consumer_recv(c, 10000 * MS, &d, 1, &k);
+            if (st == FERRY_OK)
+                st = ferry_consumer_read(c, &d, buf, sizeof(buf), 5000 * MS);
+            if (st == FERRY_OK && (th_check_stamp(buf, d.length, 0, &seed),
+                                   !th_check_stamp(buf, d.length, seed, NULL)))
+                st = FERRY_MISMATCH;
+            if (st == FERRY_OK)
+                st = ferry_consumer_ack(c, &d);
+            verified += st == FERRY_OK;
+        }
+        th_report(st, verified);
+        if (st != FERRY_OK)
+            return 1;
+        if (m.status == ACKER_LEAVE) {
+            ferry_consumer_destroy(c);
+            th_report(FERRY_OK, 0);
+            return 0;
+        }
+        if (m.status == ACKER_RECV) {
+            ferry_descriptor d;
+            size_t k = 0;
+            st = ferry_consumer_recv(c, 0, &d, 1, &k); /* a look that finds nothing */
+            if (st != FERRY_TIMEOUT) {
+                th_report(st == FERRY_OK ? FERRY_MISMATCH : st, 0);
+                return 1;
+            }
+        }
+    }
+    ferry_consumer_destroy(c);
+    return 0;
+}
+
 /* Tests only: the client gives its endpoint up after its next partial mark. */
 static int give_up_after_mark(void)
 {
@@ -697,6 +751,8 @@ static int helper_main(int argc, char **argv)
         return gpu_receiver_main(argv[3], (uint32_t)strtoul(argv[4], NULL, 10));
     if (strcmp(argv[2], "cycles") == 0)
         return cycles_main(argv[3], strtoull(argv[4], NULL, 10));
+    if (strcmp(argv[2], "acker") == 0)
+        return acker_main(argv[3], (uint32_t)strtoul(argv[4], NULL, 10));
     return receiver_main(argv[2], argv[3], (uint32_t)strtoul(argv[4], NULL, 10));
 }
 
@@ -982,6 +1038,55 @@ static void test_many_hand_overs(void **state)
     fprintf(stderr, "test_remote: %llu hand-overs (%llu of 1-16 MiB) in %llu ms\n",
             (unsigned long long)n, (unsigned long long)big, (unsigned long long)ms_since(t0));
     wait_settled(pool, 5000);
+    ferry_pool_destroy(pool);
+}
+
+/* Sends n leases of 4 KiB (n at most the ring's depth), then asks the acker helper for them
+ * and the step once they are on their way (each recv then finds one); waits for its
+ * report. */
+static void acker_round(ferry_pool *pool, th_helper *h, uint64_t n, uint32_t step)
+{
+    uint64_t forwarded = th_stats(pool).remote_forwarded;
+    for (uint64_t i = 0; i < n; i++)
+        assert_int_equal(send_stamped(pool, 4096, 500 + i, NULL, 5000 * MS), FERRY_OK);
+    for (uint64_t t0 = ferry_now_ns(); th_stats(pool).remote_forwarded < forwarded + n;)
+        assert_true(ms_since(t0) < 3000);
+    usleep(100000);
+    th_msg m = {.type = TH_MSG_ITEM, .status = step, .seed = n};
+    assert_int_equal(th_send_msg(h->fd, &m), 0);
+    assert_int_equal(th_recv_msg(h->fd, &m, 10000), 0);
+    th_assert_result(m, n);
+}
+
+/* A remote rank's own acknowledgements go out together, within FERRY_REMOTE_ACK_DELAY_US (1 s
+ * here) of the first: 12 made in a row reach the producer as one message, a second or so
+ * later, while the consumer makes no call (the client's thread sends them). They go at once
+ * when the consumer finds nothing to take, and when it is destroyed (as its own, not
+ * acknowledged on a dead rank's behalf). */
+static void test_acks_go_out_together(void **state)
+{
+    (void)state;
+    ferry_pool *pool = make_pool(1, 16 << 20, 5000000);
+    char addr[FERRY_REMOTE_ADDRESS_SIZE];
+    remote_address_of(pool, addr);
+    setenv("FERRY_REMOTE_ACK_DELAY_US", "1000000", 1);
+    th_helper h = spawn_consumer(1, "acker", addr, 0, FERRY_OK);
+    unsetenv("FERRY_REMOTE_ACK_DELAY_US");
+    uint64_t msgs = remote_counts(pool).ack_messages;
+    acker_round(pool, &h, 12, ACKER_IDLE);
+    uint64_t took = wait_settled(pool, 5000);
+    fprintf(stderr, "test_remote: 12 acknowledgements settled %llu ms after the last\n",
+            (unsigned long long)took);
+    assert_true(took >= 300);
+    assert_int_equal(remote_counts(pool).ack_messages, msgs + 1);
+    acker_round(pool, &h, 4, ACKER_RECV);
+    assert_true(wait_settled(pool, 500) < 500);
+    assert_int_equal(remote_counts(pool).ack_messages, msgs + 2);
+    acker_round(pool, &h, 4, ACKER_LEAVE);
+    th_assert_result(th_finish_helper(&h, 10000), 0);
+    wait_settled(pool, 1000);
+    assert_int_equal(remote_counts(pool).ack_messages, msgs + 3);
+    assert_int_equal(th_stats(pool).acked_for_dead, 0);
     ferry_pool_destroy(pool);
 }
 
@@ -2553,6 +2658,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_served_reads_into_gpu_memory),
         cmocka_unit_test(test_served_read_recycled_before_copy),
         cmocka_unit_test(test_many_hand_overs),
+        cmocka_unit_test(test_acks_go_out_together),
         cmocka_unit_test(test_connect_close_cycles),
         cmocka_unit_test(test_gpu_pool),
         cmocka_unit_test(test_gpu_pool_host_reader_falls_back),

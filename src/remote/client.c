@@ -36,6 +36,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +48,7 @@
 #include "broker/broker.h"
 #include "common/clock.h"
 #include "common/error.h"
+#include "common/futex.h"
 #include "common/parts.h"
 #include "common/proc.h"
 #include "driver/driver.h"
@@ -74,6 +76,11 @@
 #define CLIENT_DRAIN_NS 100000000ull
 /* Read requests a served read keeps on their way at once. */
 #define CLIENT_READ_WINDOW 4
+/* How long this rank's own acknowledgements may wait to go out together (one ACKS for up to
+ * FERRY_AM_ACKS_MAX): FERRY_REMOTE_ACK_DELAY_US overrides it, 0 sends each at once. */
+#define CLIENT_ACK_DELAY_NS 200000ull
+/* The longest the acknowledgement thread sleeps with nothing to send. */
+#define CLIENT_ACK_IDLE_NS 1000000000ull
 
 /* What this process knows of a slot's current lease. */
 typedef struct lease_note {
@@ -164,6 +171,20 @@ struct ferry__remote_client {
     served_read *rd;   /* the served read waiting for answers, or NULL */
     inline_copy *inl;
     uint32_t inl_next;
+    /* This rank's own acknowledgements, recorded here at once and sent together: when
+     * FERRY_AM_ACKS_MAX wait, before another ACK or a RELEASED, when a call finds nothing
+     * to take or waits for a lease, at a call's end once the first waited ack_delay_ns, and
+     * otherwise by the acknowledgement thread ack_delay_ns after the first (a process that
+     * makes no further call). */
+    uint64_t ack_delay_ns; /* 0: each acknowledgement goes out at once */
+    uint32_t acks;         /* waiting: (slot, generation) pairs in ack_payload */
+    uint64_t acks_since;   /* when the first of them was made */
+    uint8_t ack_payload[8 * FERRY_AM_ACKS_MAX];
+    pthread_t acker; /* the acknowledgement thread, made at the first deferred one */
+    int acker_on;    /* it runs */
+    int acker_idle;  /* it sleeps with nothing to send: a first acknowledgement rings */
+    int acker_stop;
+    uint32_t acker_bell; /* futex word it sleeps on: bumped to wake it */
 };
 
 /* ---- the connection ---------------------------------------------------------------------- */
@@ -809,11 +830,24 @@ static void *get(ferry__remote_client *cl, void *dst, uint64_t n, uint64_t raddr
     return cl->node.ucx->ucp_get_nbx(cl->ep, dst, n, raddr, cl->rkey[key], &p);
 }
 
-/* Sends a small active message to the producer (header only, or a short text). */
-static ferry_status send_am(ferry__remote_client *cl, ferry__am *m, const void *payload, size_t n)
+static ferry_status flush_acks(ferry__remote_client *cl, uint64_t spin_ns);
+
+/* Sends a small active message to the producer (header only, or a short payload), waiting
+ * for it to leave; a wait past spin_ns sleeps on the worker's fd (armed). */
+static ferry_status send_am_spin(ferry__remote_client *cl, ferry__am *m, const void *payload,
+                                 size_t n, uint64_t spin_ns)
 {
     if (cl->gone || !cl->ep) /* an endpoint given up during this call takes nothing more */
         return gone_error(cl);
+    /* Acknowledgements waiting go before another acknowledgement or a RELEASED: the
+     * producer takes what this rank says of its leases in the order it was said. A READ or
+     * a TAKEN passes them (neither says anything of a lease). */
+    if (cl->acks &&
+        (m->type == FERRY_AM_ACK || m->type == FERRY_AM_RELEASED || m->type == FERRY_AM_INFO)) {
+        ferry_status st = flush_acks(cl, spin_ns);
+        if (st != FERRY_OK)
+            return st;
+    }
     uint8_t hdr[FERRY_AM_HEADER];
     m->conn_id = cl->conn_id;
     m->token = cl->token;
@@ -821,14 +855,129 @@ static ferry_status send_am(ferry__remote_client *cl, ferry__am *m, const void *
     ucp_request_param_t p = ferry__ucx_am_param();
     void *req =
         cl->node.ucx->ucp_am_send_nbx(cl->ep, FERRY_AM_ID, hdr, sizeof(hdr), payload, n, &p);
-    return wait_requests(cl, &req, 1, "ucp_am_send_nbx", CLIENT_SPIN_NS);
+    return wait_requests(cl, &req, 1, "ucp_am_send_nbx", spin_ns);
 }
 
-/* Answers the producer's REVOKEs with RELEASED. Called at the end of a call, never while a
+static ferry_status send_am(ferry__remote_client *cl, ferry__am *m, const void *payload, size_t n)
+{
+    return send_am_spin(cl, m, payload, n, CLIENT_SPIN_NS);
+}
+
+/* ---- acknowledgements on their way ------------------------------------------------------- */
+
+/* Sends the acknowledgements waiting, in one ACKS. A failed send means the producer is gone:
+ * they go with it. */
+static ferry_status flush_acks(ferry__remote_client *cl, uint64_t spin_ns)
+{
+    if (!cl->acks)
+        return FERRY_OK;
+    ferry__am m = {.type = FERRY_AM_ACKS, .u.acks = {cl->acks}};
+    size_t n = 8u * cl->acks;
+    cl->acks = 0;
+    return send_am_spin(cl, &m, cl->ack_payload, n, spin_ns);
+}
+
+/* 1 once the acknowledgements waiting are due (the first waited ack_delay_ns). */
+static int acks_due(const ferry__remote_client *cl, uint64_t now)
+{
+    return cl->acks && now - cl->acks_since >= cl->ack_delay_ns;
+}
+
+/* The acknowledgement thread: sends what waits once it is due, for a process that makes no
+ * call by then. Its sends never arm the worker (a caller sleeping on the fd must still be
+ * woken by what its progress takes in), and it answers no REVOKE (answers go at a call's
+ * end, after the call's reads). */
+static void *acker_main(void *arg)
+{
+    ferry__remote_client *cl = arg;
+    pthread_mutex_lock(&cl->lock);
+    while (!cl->acker_stop) {
+        uint64_t now = ferry__now_ns(), sleep_ns = CLIENT_ACK_IDLE_NS;
+        if (acks_due(cl, now)) {
+            flush_acks(cl, UINT64_MAX);
+            continue;
+        }
+        if (cl->acks)
+            sleep_ns = cl->acks_since + cl->ack_delay_ns - now;
+        cl->acker_idle = !cl->acks;
+        uint32_t bell = __atomic_load_n(&cl->acker_bell, __ATOMIC_ACQUIRE);
+        pthread_mutex_unlock(&cl->lock);
+        ferry__futex_wait(&cl->acker_bell, bell, sleep_ns);
+        pthread_mutex_lock(&cl->lock);
+    }
+    pthread_mutex_unlock(&cl->lock);
+    return NULL;
+}
+
+static void acker_ring(ferry__remote_client *cl)
+{
+    __atomic_add_fetch(&cl->acker_bell, 1, __ATOMIC_RELEASE);
+    ferry__futex_wake_all(&cl->acker_bell);
+}
+
+/* Makes the acknowledgement thread (signals blocked: a caller's handlers never run on it); 0
+ * if it could not be made. */
+static int acker_start(ferry__remote_client *cl)
+{
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int err = pthread_create(&cl->acker, NULL, acker_main, cl);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (err) {
+        ferry__log(FERRY_LOG_INFO,
+                   "remote pool %.80s: no thread for acknowledgements (%s): each goes out at once",
+                   cl->address, strerror(err));
+        return 0;
+    }
+    cl->acker_on = 1;
+    return 1;
+}
+
+/* Stops the acknowledgement thread, after what waits went out. */
+static void acker_stop(ferry__remote_client *cl)
+{
+    pthread_mutex_lock(&cl->lock);
+    flush_acks(cl, CLIENT_SPIN_NS);
+    cl->acker_stop = 1;
+    pthread_mutex_unlock(&cl->lock);
+    if (cl->acker_on) {
+        acker_ring(cl);
+        pthread_join(cl->acker, NULL);
+        cl->acker_on = 0;
+    }
+}
+
+/* Records this rank's acknowledgement of (slot, generation) to go out with others: at once
+ * when FERRY_AM_ACKS_MAX wait, or where no thread could be made to send them in time. */
+static ferry_status queue_ack(ferry__remote_client *cl, uint32_t slot, uint32_t generation)
+{
+    if (cl->gone || !cl->ep)
+        return gone_error(cl);
+    uint8_t *at = cl->ack_payload + 8u * cl->acks;
+    ferry__put_le32(at, slot);
+    ferry__put_le32(at + 4, generation);
+    if (cl->acks++ == 0) {
+        cl->acks_since = ferry__now_ns();
+        if (!cl->acker_on && !acker_start(cl))
+            cl->ack_delay_ns = 0;
+        else if (cl->acker_idle) {
+            cl->acker_idle = 0;
+            acker_ring(cl);
+        }
+    }
+    return cl->acks == FERRY_AM_ACKS_MAX || !cl->ack_delay_ns ? flush_acks(cl, CLIENT_SPIN_NS)
+                                                              : FERRY_OK;
+}
+
+/* Answers the producer's REVOKEs with RELEASED, and sends the acknowledgements that are due.
+ * Called at the end of a call, never while a
  * read runs: a lease asked back during a read of it is let go only after that read took in
  * the REVOKE and returned. A failed send means the producer is gone, and its holds with it. */
 static void release_all(ferry__remote_client *cl)
 {
+    if (acks_due(cl, ferry__now_ns())) /* and acknowledgements that waited long enough go */
+        flush_acks(cl, CLIENT_SPIN_NS);
     while (cl->releases && !cl->gone) {
         for (uint32_t slot = 0; slot < cl->max_inflight && cl->releases; slot++) {
             uint32_t gen = cl->to_release[slot];
@@ -911,6 +1060,7 @@ void ferry__remote_close(ferry__remote_client *cl)
         ferry__remote_forget_client(cl);
         return;
     }
+    acker_stop(cl);
     const ferry__ucx *u = cl->node.ucx;
     for (int i = 0; u && i < 2; i++)
         if (cl->rkey[i])
@@ -946,6 +1096,25 @@ void ferry__remote_forget_client(ferry__remote_client *cl)
     if (!cl)
         return;
     client_free(cl); /* the child's copies of the fds and the heap; UCX is the parent's */
+}
+
+/* How long this rank's acknowledgements may wait: CLIENT_ACK_DELAY_NS, or
+ * FERRY_REMOTE_ACK_DELAY_US (0 to 1000000; 0 sends each at once). */
+static uint64_t ack_delay(void)
+{
+    const char *knob = getenv("FERRY_REMOTE_ACK_DELAY_US");
+    char *end;
+    if (!knob || !*knob)
+        return CLIENT_ACK_DELAY_NS;
+    errno = 0;
+    unsigned long long us = strtoull(knob, &end, 10);
+    if (errno || *end || us > 1000000ull || knob[0] == '-') {
+        ferry__log(FERRY_LOG_WARN,
+                   "FERRY_REMOTE_ACK_DELAY_US=%.32s is not 0 to 1000000: %llu us is used", knob,
+                   CLIENT_ACK_DELAY_NS / 1000ull);
+        return CLIENT_ACK_DELAY_NS;
+    }
+    return us * 1000ull;
 }
 
 /* Dials, says hello and hears the answer; a producer too busy to listen (TIMEOUT: too many
@@ -1013,6 +1182,7 @@ ferry_status ferry__remote_connect(const char *address, uint32_t rank, int32_t d
     cl->owner = ferry__proc_self();
     cl->rank = rank;
     cl->device = device;
+    cl->ack_delay_ns = ack_delay();
     ferry__remote_format(&a, cl->address, sizeof(cl->address));
     /* The secret stays out of messages: they name the pool by host, port and identity. */
     char *secret = strrchr(cl->address, '/');
@@ -1191,8 +1361,11 @@ ferry_status ferry__remote_recv(ferry__remote_client *cl, uint64_t timeout_ns,
         st = take(cl, descs, max, count);
         if (st != FERRY_TIMEOUT)
             break;
-        report_taken(cl); /* nothing queued: the producer may be waiting for room */
-        release_all(cl);  /* and for held leases it asked back */
+        /* Nothing queued: the producer may be waiting for room, and for held leases it
+         * asked back. */
+        flush_acks(cl, CLIENT_SPIN_NS);
+        report_taken(cl);
+        release_all(cl);
         uint64_t now = ferry__now_ns();
         if (now - start < CLIENT_SPIN_NS && now < deadline) {
             pthread_mutex_unlock(&cl->lock);
@@ -1222,6 +1395,7 @@ ferry_status ferry__remote_recv(ferry__remote_client *cl, uint64_t timeout_ns,
 ferry_status ferry__remote_fd(ferry__remote_client *cl, int *fd)
 {
     pthread_mutex_lock(&cl->lock);
+    flush_acks(cl, CLIENT_SPIN_NS); /* the caller is about to sleep on the fd */
     do /* REVOKEs taken in here are answered here: the fd does not wake for them again */
         release_all(cl);
     while (!progress_and_arm(cl) || cl->releases);
@@ -1440,6 +1614,7 @@ static ferry_status wait_ready(ferry__remote_client *cl, const ferry_descriptor 
             break;
         if (ferry__now_ns() >= deadline)
             return not_ready(d, timeout_ns);
+        flush_acks(cl, CLIENT_SPIN_NS); /* the producer may be waiting for room */
         sleep_on(cl, CLIENT_READY_POLL_NS);
         if (producer_gone(cl))
             return gone_error(cl);
@@ -1627,12 +1802,14 @@ static ferry_status acked_stale(ferry__remote_client *cl, const ferry_descriptor
 }
 
 /* The acknowledgement of ranks [first, first + count) to the producer, recorded for this
- * rank. */
+ * rank; this rank's alone waits to go out with others (queue_ack). */
 static ferry_status send_ack(ferry__remote_client *cl, const ferry_descriptor *d, uint32_t first,
                              uint32_t count)
 {
     ferry__am m = {.type = FERRY_AM_ACK, .u.ack = {d->slot, d->generation, first, count}};
-    ferry_status st = send_am(cl, &m, NULL, 0);
+    ferry_status st = cl->ack_delay_ns && first == cl->rank && count == 1
+                          ? queue_ack(cl, d->slot, d->generation)
+                          : send_am(cl, &m, NULL, 0);
     if (st == FERRY_OK && cl->rank >= first && cl->rank - first < count) {
         cl->my_acks[d->slot] = d->generation;
         inline_forget(cl, d->slot, d->generation); /* no longer this rank's to read */
