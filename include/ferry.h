@@ -662,9 +662,11 @@ FERRY_API ferry_status ferry_consumer_view(ferry_consumer *consumer, const ferry
  * once: ferry_consumer_ack_lease). STALE if it was acknowledged already; PRODUCER_GONE if
  * the producer is gone (the ack still ends this process's view of the lease). Claims no
  * rank. A consumer connected over UCX records it at once and sends it with others: within
- * FERRY_REMOTE_ACK_DELAY_US (default 200 us; 0 sends each at once), at once when the next
- * ferry_consumer_recv finds nothing to take, and at destroy; a producer that left by then
- * is reported by a later call (docs/design.md, "Acknowledgements"). */
+ * FERRY_REMOTE_ACK_DELAY_US (default 200 us; 0 sends each at once) whatever the process
+ * does meanwhile, at once when a ferry_consumer_recv finds nothing to take, and at destroy
+ * (a process that exits without destroying it leaves those leases to be acknowledged for
+ * its rank as a dead one's); a producer that left by then is reported by a later call
+ * (docs/design.md, "Acknowledgements"). */
 FERRY_API ferry_status ferry_consumer_ack(ferry_consumer *consumer, const ferry_descriptor *desc);
 
 /* Acknowledges the lease for ranks [first, first + count) (an attention subgroup), on their

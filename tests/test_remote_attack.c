@@ -924,8 +924,8 @@ static void test_forged_messages(void **state)
     ferry_pool_destroy(pool);
 }
 
-/* An admitted peer's ACKS: one that names a slot out of range among real leases is dropped
- * whole (counted; none of them settles); one of another generation changes nothing; ACKS
+/* An admitted peer's ACKS: one whose payload is not its count's pairs, and one that names a
+ * slot out of range among real leases, are dropped whole (counted; none of them settles); one of another generation changes nothing; ACKS
  * acknowledge for the connection's own rank only (rank 1 here: a lease sent to ranks 0 and
  * 1 stays in flight); the real one settles the leases for the rank. */
 static void test_forged_acks(void **state)
@@ -952,9 +952,10 @@ static void test_forged_acks(void **state)
     }
     ferry__am acks = fake_am(&f, FERRY_AM_ACKS);
     acks.u.acks.count = 3;
+    fake_send(&f, &acks, pairs, 16, UCP_AM_SEND_FLAG_EAGER); /* two pairs for a count of 3 */
     ferry__put_le32(pairs + 8, 256); /* the second names a slot out of range */
     fake_send(&f, &acks, pairs, sizeof(pairs), UCP_AM_SEND_FLAG_EAGER);
-    assert_int_equal(WAIT_STAT(pool, remote_bad_messages, 1, 3000), 1);
+    assert_int_equal(WAIT_STAT(pool, remote_bad_messages, 2, 3000), 2);
     fake_progress(&f, 50);
     assert_int_equal(th_stats(pool).leases_in_flight, 3);
     ferry__put_le32(pairs + 8, d[1].slot);
@@ -973,7 +974,7 @@ static void test_forged_acks(void **state)
     ci = (ferry_consumer_info)FERRY_CONSUMER_INFO_INIT;
     assert_int_equal(ferry_pool_consumer_info(pool, 1, &ci), FERRY_OK);
     assert_int_equal(ci.outstanding, 0);
-    assert_int_equal(th_stats(pool).remote_bad_messages, 1);
+    assert_int_equal(th_stats(pool).remote_bad_messages, 2);
     assert_int_equal(th_stats(pool).remote_connected, 1);
     fake_close(&f);
     assert_int_equal(WAIT_STAT(pool, remote_connected, 0, 3000), 0);

@@ -405,7 +405,7 @@ static void test_am_acks(void **state)
     m.u.acks.count = 0;
     ferry__am_encode(&m, buf);
     assert_int_equal(ferry__am_decode(buf, sizeof(buf), 0, &back), FERRY_MALFORMED);
-    m.u.acks.count = 0x20000001u; /* 8 x count wraps to 8 in 32 bits */
+    m.u.acks.count = 0x20000001u; /* 8 x count in 32 bits would be 8: refused all the same */
     ferry__am_encode(&m, buf);
     assert_int_equal(ferry__am_decode(buf, sizeof(buf), 8, &back), FERRY_MALFORMED);
 }

@@ -41,6 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -76,6 +77,13 @@
 #define CLIENT_DRAIN_NS 100000000ull
 /* Read requests a served read keeps on their way at once. */
 #define CLIENT_READ_WINDOW 4
+/* wait_requests' spin_ns for a wait that must not arm the worker (the acknowledgement
+ * thread's: a caller asleep on the consumer's fd is woken by what the worker takes in). */
+#define CLIENT_NO_ARM UINT64_MAX
+/* How long a look at the connection (producer_gone_lately) or a drain of the worker (drain)
+ * stands for calls that come soon after: a read or an acknowledgement within it skips the
+ * system call. */
+#define CLIENT_LOOK_NS 1000000ull
 /* How long this rank's own acknowledgements may wait to go out together (one ACKS for up to
  * FERRY_AM_ACKS_MAX): FERRY_REMOTE_ACK_DELAY_US overrides it, 0 sends each at once. */
 #define CLIENT_ACK_DELAY_NS 200000ull
@@ -131,7 +139,9 @@ struct ferry__remote_client {
     ucp_ep_h ep;
     ucp_rkey_h rkey[2];
     int sock;            /* the connection to the producer */
-    int poll_fd;         /* epoll of the worker's event fd and sock, for ferry_consumer_fd */
+    int poll_fd;         /* epoll of the worker's event fd, sock and wake_fd, for
+                          * ferry_consumer_fd */
+    int wake_fd;         /* eventfd: the acknowledgement thread took something in */
     int gone;            /* the producer closed the pool, died or fell silent */
     int gpu_reads;       /* UCX reaches GPU memory (cuda transports) */
     uint64_t silence_ns; /* the pool's keepalive bound: no request ending for this long, while
@@ -176,6 +186,8 @@ struct ferry__remote_client {
      * to take or waits for a lease, at a call's end once the first waited ack_delay_ns, and
      * otherwise by the acknowledgement thread ack_delay_ns after the first (a process that
      * makes no further call). */
+    uint64_t looked_at;    /* when producer_gone_lately last looked at the connection */
+    uint64_t quiet_at;     /* when a progress of the worker last found nothing (drain) */
     uint64_t ack_delay_ns; /* 0: each acknowledgement goes out at once */
     uint32_t acks;         /* waiting: (slot, generation) pairs in ack_payload */
     uint64_t acks_since;   /* when the first of them was made */
@@ -207,6 +219,19 @@ static int producer_gone(ferry__remote_client *cl)
     if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR) || n > 0)
         cl->gone = 1; /* the producer sends nothing after its welcome: a byte is a violation */
     return cl->gone;
+}
+
+/* producer_gone for a call that only reports it (a read, a wait, an acknowledgement): the
+ * connection is looked at once every CLIENT_LOOK_NS at most, so a hand-over's calls make one
+ * system call between them, not one each. What relies on the connection being open (a held
+ * lease's read, held_still) looks itself. */
+static int producer_gone_lately(ferry__remote_client *cl)
+{
+    uint64_t now = ferry__now_ns();
+    if (cl->gone || now - cl->looked_at < CLIENT_LOOK_NS)
+        return cl->gone;
+    cl->looked_at = now;
+    return producer_gone(cl);
 }
 
 static void set_keepalive(int fd, uint32_t timeout_ms)
@@ -763,12 +788,25 @@ static int producer_silent(ferry__remote_client *cl, uint64_t now, uint64_t hear
     return !cl->ep;
 }
 
+static int acks_due(const ferry__remote_client *cl, uint64_t now);
+static ferry_status flush_acks(ferry__remote_client *cl, uint64_t spin_ns);
+
 /* Once a wait that found nothing to do has spun for spin_ns since start, sleeps on the
- * worker's event fd (1 ms at most). */
+ * worker's event fd (1 ms at most); with CLIENT_NO_ARM, sleeps 20 us at a time after
+ * CLIENT_SPIN_NS, the worker left unarmed. */
 static void wait_idle(ferry__remote_client *cl, int busy, uint64_t now, uint64_t start,
                       uint64_t spin_ns)
 {
-    if (!busy && now - start > spin_ns && cl->node.ucx->ucp_worker_arm(cl->node.worker) == UCS_OK) {
+    /* A long wait (a large read) holds the lock: the acknowledgements that fall due during
+     * it go from here, not after it. */
+    if (acks_due(cl, now))
+        flush_acks(cl, CLIENT_SPIN_NS);
+    if (busy || now - start <= (spin_ns == CLIENT_NO_ARM ? CLIENT_SPIN_NS : spin_ns))
+        return;
+    if (spin_ns == CLIENT_NO_ARM) { /* the acknowledgement thread's send: never arms */
+        struct timespec ts = {0, 20000};
+        nanosleep(&ts, NULL);
+    } else if (cl->node.ucx->ucp_worker_arm(cl->node.worker) == UCS_OK) {
         struct pollfd p = {.fd = cl->node.efd, .events = POLLIN};
         poll(&p, 1, 1);
     }
@@ -830,8 +868,6 @@ static void *get(ferry__remote_client *cl, void *dst, uint64_t n, uint64_t raddr
     return cl->node.ucx->ucp_get_nbx(cl->ep, dst, n, raddr, cl->rkey[key], &p);
 }
 
-static ferry_status flush_acks(ferry__remote_client *cl, uint64_t spin_ns);
-
 /* Sends a small active message to the producer (header only, or a short payload), waiting
  * for it to leave; a wait past spin_ns sleeps on the worker's fd (armed). */
 static ferry_status send_am_spin(ferry__remote_client *cl, ferry__am *m, const void *payload,
@@ -865,16 +901,20 @@ static ferry_status send_am(ferry__remote_client *cl, ferry__am *m, const void *
 
 /* ---- acknowledgements on their way ------------------------------------------------------- */
 
-/* Sends the acknowledgements waiting, in one ACKS. A failed send means the producer is gone:
- * they go with it. */
+/* Sends the acknowledgements waiting, in one ACKS. Where the producer is gone they go with
+ * it; any other failure keeps them waiting, to go with the next try (the producer takes an
+ * acknowledgement twice as once). */
 static ferry_status flush_acks(ferry__remote_client *cl, uint64_t spin_ns)
 {
-    if (!cl->acks)
+    uint32_t count = cl->acks;
+    if (!count)
         return FERRY_OK;
-    ferry__am m = {.type = FERRY_AM_ACKS, .u.acks = {cl->acks}};
-    size_t n = 8u * cl->acks;
-    cl->acks = 0;
-    return send_am_spin(cl, &m, cl->ack_payload, n, spin_ns);
+    ferry__am m = {.type = FERRY_AM_ACKS, .u.acks = {count}};
+    cl->acks = 0; /* taken first: the send's own wait must not send them again */
+    ferry_status st = send_am_spin(cl, &m, cl->ack_payload, 8u * count, spin_ns);
+    if (st != FERRY_OK && !cl->gone && cl->ep)
+        cl->acks = count;
+    return st;
 }
 
 /* 1 once the acknowledgements waiting are due (the first waited ack_delay_ns). */
@@ -883,10 +923,20 @@ static int acks_due(const ferry__remote_client *cl, uint64_t now)
     return cl->acks && now - cl->acks_since >= cl->ack_delay_ns;
 }
 
+/* Wakes a caller asleep on the consumer's fd (the wake fd in poll_fd, drained when the
+ * worker is armed again). */
+static void ring_poll_fd(ferry__remote_client *cl)
+{
+    uint64_t one = 1;
+    if (write(cl->wake_fd, &one, sizeof(one)) < 0) {
+        /* full (already readable) */
+    }
+}
+
 /* The acknowledgement thread: sends what waits once it is due, for a process that makes no
- * call by then. Its sends never arm the worker (a caller sleeping on the fd must still be
- * woken by what its progress takes in), and it answers no REVOKE (answers go at a call's
- * end, after the call's reads). */
+ * call by then. Its sends never arm the worker, and a descriptor or REVOKE its wait took in
+ * wakes the consumer's fd: a caller asleep on it is woken for them as if it had taken them
+ * in itself. It answers no REVOKE (answers go at a call's end, after the call's reads). */
 static void *acker_main(void *arg)
 {
     ferry__remote_client *cl = arg;
@@ -894,7 +944,10 @@ static void *acker_main(void *arg)
     while (!cl->acker_stop) {
         uint64_t now = ferry__now_ns(), sleep_ns = CLIENT_ACK_IDLE_NS;
         if (acks_due(cl, now)) {
-            flush_acks(cl, UINT64_MAX);
+            uint32_t tail = cl->in_tail, releases = cl->releases;
+            flush_acks(cl, CLIENT_NO_ARM);
+            if (cl->in_tail != tail || cl->releases != releases) /* its wait took them in */
+                ring_poll_fd(cl);
             continue;
         }
         if (cl->acks)
@@ -954,6 +1007,9 @@ static ferry_status queue_ack(ferry__remote_client *cl, uint32_t slot, uint32_t 
 {
     if (cl->gone || !cl->ep)
         return gone_error(cl);
+    ferry_status st;
+    if (cl->acks == FERRY_AM_ACKS_MAX && (st = flush_acks(cl, CLIENT_SPIN_NS)) != FERRY_OK)
+        return st; /* full since a send failed: this one is not recorded */
     uint8_t *at = cl->ack_payload + 8u * cl->acks;
     ferry__put_le32(at, slot);
     ferry__put_le32(at + 4, generation);
@@ -1018,8 +1074,11 @@ static ferry_status make_poll_fd(ferry__remote_client *cl)
 {
     struct epoll_event ev = {.events = EPOLLIN};
     cl->poll_fd = epoll_create1(EPOLL_CLOEXEC);
-    if (cl->poll_fd < 0 || epoll_ctl(cl->poll_fd, EPOLL_CTL_ADD, cl->node.efd, &ev) != 0 ||
-        epoll_ctl(cl->poll_fd, EPOLL_CTL_ADD, cl->sock, &ev) != 0)
+    cl->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (cl->poll_fd < 0 || cl->wake_fd < 0 ||
+        epoll_ctl(cl->poll_fd, EPOLL_CTL_ADD, cl->node.efd, &ev) != 0 ||
+        epoll_ctl(cl->poll_fd, EPOLL_CTL_ADD, cl->sock, &ev) != 0 ||
+        epoll_ctl(cl->poll_fd, EPOLL_CTL_ADD, cl->wake_fd, &ev) != 0)
         return ferry__fail_errno(FERRY_SYSTEM, errno, "the poll fd of a remote pool");
     return FERRY_OK;
 }
@@ -1039,6 +1098,8 @@ static void client_free(ferry__remote_client *cl)
         close(cl->sock);
     if (cl->poll_fd >= 0)
         close(cl->poll_fd);
+    if (cl->wake_fd >= 0)
+        close(cl->wake_fd);
     ferry__parts_clear(&cl->parts);
     for (uint32_t i = 0; cl->inl && i < cl->depth; i++)
         free(cl->inl[i].bytes);
@@ -1099,7 +1160,7 @@ void ferry__remote_forget_client(ferry__remote_client *cl)
 }
 
 /* How long this rank's acknowledgements may wait: CLIENT_ACK_DELAY_NS, or
- * FERRY_REMOTE_ACK_DELAY_US (0 to 1000000; 0 sends each at once). */
+ * FERRY_REMOTE_ACK_DELAY_US (0 to 10000000, 10 s; 0 sends each at once). */
 static uint64_t ack_delay(void)
 {
     const char *knob = getenv("FERRY_REMOTE_ACK_DELAY_US");
@@ -1108,9 +1169,9 @@ static uint64_t ack_delay(void)
         return CLIENT_ACK_DELAY_NS;
     errno = 0;
     unsigned long long us = strtoull(knob, &end, 10);
-    if (errno || *end || us > 1000000ull || knob[0] == '-') {
+    if (errno || *end || us > 10000000ull || knob[0] == '-') {
         ferry__log(FERRY_LOG_WARN,
-                   "FERRY_REMOTE_ACK_DELAY_US=%.32s is not 0 to 1000000: %llu us is used", knob,
+                   "FERRY_REMOTE_ACK_DELAY_US=%.32s is not 0 to 10000000: %llu us is used", knob,
                    CLIENT_ACK_DELAY_NS / 1000ull);
         return CLIENT_ACK_DELAY_NS;
     }
@@ -1178,7 +1239,7 @@ ferry_status ferry__remote_connect(const char *address, uint32_t rank, int32_t d
                            "out of memory connecting to the remote pool at %.64s:%u", a.host,
                            (unsigned)a.port); /* the address itself carries the secret */
     pthread_mutex_init(&cl->lock, NULL);
-    cl->sock = cl->poll_fd = -1;
+    cl->sock = cl->poll_fd = cl->wake_fd = -1;
     cl->owner = ferry__proc_self();
     cl->rank = rank;
     cl->device = device;
@@ -1327,6 +1388,16 @@ static ferry_status take(ferry__remote_client *cl, ferry_descriptor *descs, size
     return FERRY_TIMEOUT;
 }
 
+/* Takes back the acknowledgement thread's ring of the consumer's fd: the caller looks at
+ * what it took in next. */
+static void drain_wake_fd(ferry__remote_client *cl)
+{
+    uint64_t rung;
+    if (read(cl->wake_fd, &rung, sizeof(rung)) < 0) {
+        /* not rung */
+    }
+}
+
 /* Sleeps until the worker or the connection has news, ns at most; the lock is let go. */
 static void sleep_on(ferry__remote_client *cl, uint64_t ns)
 {
@@ -1334,12 +1405,14 @@ static void sleep_on(ferry__remote_client *cl, uint64_t ns)
     pthread_mutex_unlock(&cl->lock);
     epoll_wait(cl->poll_fd, &ev, 1, (int)((ns + 999999ull) / 1000000ull));
     pthread_mutex_lock(&cl->lock);
+    drain_wake_fd(cl);
 }
 
 /* Progresses the worker and arms it; 1 if it is armed (a sleep on its fd will wake). */
 static int progress_and_arm(ferry__remote_client *cl)
 {
     const ferry__ucx *u = cl->node.ucx;
+    drain_wake_fd(cl);
     while (u->ucp_worker_progress(cl->node.worker)) {
     }
     return u->ucp_worker_arm(cl->node.worker) == UCS_OK;
@@ -1628,7 +1701,7 @@ static ferry_status precheck(ferry__remote_client *cl, const ferry_descriptor *d
     ferry_status st = check_desc(cl, d);
     if (st != FERRY_OK)
         return st;
-    if (producer_gone(cl))
+    if (producer_gone_lately(cl))
         return gone_error(cl);
     if (acked_here(cl, d))
         return stale(d, d->generation, cl->rank);
@@ -1679,17 +1752,23 @@ static ferry_status gpu_copies(ferry__remote_client *cl)
 static void drain(ferry__remote_client *cl)
 {
     const ferry__ucx *u = cl->node.ucx;
-    for (int i = 0; i < 64 && u->ucp_worker_progress(cl->node.worker); i++) {
+    for (int i = 0; i < 64; i++) {
+        uint64_t t = ferry__now_ns();
+        if (!u->ucp_worker_progress(cl->node.worker)) {
+            cl->quiet_at = t; /* what had come by t is taken in */
+            return;
+        }
     }
 }
 
 /* After a held lease's gets ended: 1 if they read the lease's own bytes. The producer frees
  * a held slice only after this rank let it go (never during a call that reads it), or after
  * the keepalive bound from when it sent its REVOKE, or from when the connection ended (at
- * once only where this side closed it). The read began (since) with the worker drained and
- * the lease held: a REVOKE sent before then by half the bound would have been taken in. So
- * the gets are the lease's if the lease is held still once what came meanwhile is taken in,
- * the connection is open, and the read took less than half the bound: else the check. */
+ * once only where this side closed it). The worker was drained at since, before the gets,
+ * and the lease was held when they began: a REVOKE sent before since by half the bound would
+ * have been taken in. So the gets are the lease's if the lease is held still once what came
+ * after since is taken in, the connection is open, and less than half the bound passed from
+ * since: else the check. */
 static int held_still(ferry__remote_client *cl, const ferry_descriptor *d, uint64_t since)
 {
     drain(cl);
@@ -1735,8 +1814,13 @@ static ferry_status read_checked(ferry__remote_client *cl, const ferry_descripto
     int was_held = held(cl, d);
     if (was_held) { /* what came before the gets is taken in first */
         since = ferry__now_ns();
-        drain(cl);
-        was_held = held(cl, d);
+        if (since - cl->quiet_at < CLIENT_LOOK_NS) {
+            since = cl->quiet_at; /* the last drain (held_still's of the read before) stands */
+        } else {
+            drain(cl);
+            since = cl->quiet_at;
+            was_held = held(cl, d);
+        }
     }
     uint64_t pieces = (d->length + CLIENT_GET_PIECE - 1) / CLIENT_GET_PIECE;
     void *few[8], **reqs = pieces <= 8 ? few : malloc(pieces * sizeof(*reqs));
@@ -1895,7 +1979,7 @@ ferry_status ferry__remote_ack(ferry__remote_client *cl, const ferry_descriptor 
                          d->part_count);
         goto done;
     }
-    if (producer_gone(cl)) {
+    if (producer_gone_lately(cl)) {
         st = gone_error(cl);
         goto done;
     }

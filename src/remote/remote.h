@@ -154,7 +154,8 @@ typedef struct ferry__remote_counts {
     uint64_t served_stale;  /* of those, bytes copied and dropped: the lease moved on */
     uint64_t revoked;       /* held leases asked back (FERRY_AM_REVOKE sent) */
     uint64_t released;      /* held leases let go (FERRY_AM_RELEASED received) */
-    uint64_t ack_messages;  /* acknowledgement messages taken (ACK, ACKS: one each) */
+    uint64_t ack_messages;  /* acknowledgement messages taken: ACK (partial marks too) and
+                             * ACKS, one each */
 } ferry__remote_counts;
 
 enum {
