@@ -1955,6 +1955,87 @@ static void test_am_sends_name_host_memory(void **state)
     assert_int_equal(__atomic_load_n(&am_unnamed, __ATOMIC_RELAXED), 0);
 }
 
+/* ACKS sends fail at once (not the producer gone: no memory) while acks_failing is set;
+ * counted in acks_tried. */
+static int acks_failing;
+static unsigned acks_tried;
+
+static ucs_status_ptr_t failing_acks_send(ucp_ep_h ep, unsigned id, const void *header,
+                                          size_t header_len, const void *payload, size_t n,
+                                          const ucp_request_param_t *p)
+{
+    ferry__am m;
+    if (__atomic_load_n(&acks_failing, __ATOMIC_ACQUIRE) &&
+        ferry__am_decode(header, header_len, n, &m) == FERRY_OK && m.type == FERRY_AM_ACKS) {
+        __atomic_fetch_add(&acks_tried, 1, __ATOMIC_RELAXED);
+        return (ucs_status_ptr_t)(intptr_t)UCS_ERR_NO_MEMORY;
+    }
+    return real_am_send(ep, id, header, header_len, payload, n, p);
+}
+
+/* Clears acks_failing 700 ms from now (a client that held its lock through the failures
+ * would otherwise keep the test waiting for ever). */
+static void *acks_mend_later(void *arg)
+{
+    (void)arg;
+    usleep(700000);
+    __atomic_store_n(&acks_failing, 0, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/* Acknowledgements whose send fails while the producer is there are kept and sent once it
+ * works again (700 ms later): the call that made them answers OK, and the client's
+ * acknowledgement thread tries again a delay later (10 ms here), letting go of the client
+ * between tries: a look for a lease meanwhile answers at once, and the thread tries ~30 times
+ * in 300 ms, not millions. */
+static void test_failed_acks_are_kept(void **state)
+{
+    (void)state;
+    const ferry__ucx *ucx;
+    assert_int_equal(ferry__ucx_get(&ucx), FERRY_OK);
+    ferry__ucx *table = (ferry__ucx *)ucx;
+    real_am_send = table->ucp_am_send_nbx;
+    table->ucp_am_send_nbx = failing_acks_send;
+    ferry_pool *pool = make_pool(1, 8 << 20, 5000000);
+    char addr[FERRY_REMOTE_ADDRESS_SIZE];
+    remote_address_of(pool, addr);
+    setenv("FERRY_REMOTE_ACK_DELAY_US", "10000", 1);
+    ferry_consumer *c = NULL;
+    assert_int_equal(ferry_consumer_connect(addr, 0, -1, &c), FERRY_OK);
+    unsetenv("FERRY_REMOTE_ACK_DELAY_US");
+    static uint8_t buf[4096];
+    ferry_descriptor d;
+    size_t k;
+    assert_int_equal(send_stamped(pool, 4096, 5, NULL, 5000 * MS), FERRY_OK);
+    assert_int_equal(ferry_consumer_recv(c, 5000 * MS, &d, 1, &k), FERRY_OK);
+    read_stamped(c, &d, buf, 5);
+    __atomic_store_n(&acks_tried, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&acks_failing, 1, __ATOMIC_RELEASE);
+    pthread_t mend;
+    assert_int_equal(pthread_create(&mend, NULL, acks_mend_later, NULL), 0);
+    assert_int_equal(ferry_consumer_ack(c, &d), FERRY_OK);
+    assert_int_equal(ferry_consumer_ack(c, &d), FERRY_STALE); /* recorded here */
+    uint64_t t0 = ferry_now_ns();
+    while (__atomic_load_n(&acks_tried, __ATOMIC_RELAXED) < 3 && ms_since(t0) < 3000)
+        usleep(1000);
+    assert_true(__atomic_load_n(&acks_tried, __ATOMIC_RELAXED) >= 3);
+    usleep(300000);
+    t0 = ferry_now_ns();
+    assert_int_equal(ferry_consumer_recv(c, 0, &d, 1, &k), FERRY_TIMEOUT);
+    uint64_t look = ms_since(t0);
+    unsigned tried = __atomic_load_n(&acks_tried, __ATOMIC_RELAXED);
+    fprintf(stderr, "test_remote: %u tries of a failing send; a look took %llu ms\n", tried,
+            (unsigned long long)look);
+    assert_true(look < 100);
+    assert_true(tried < 200);
+    assert_int_equal(th_stats(pool).leases_in_flight, 1);
+    pthread_join(mend, NULL);
+    wait_settled(pool, 3000); /* sent by the next try */
+    ferry_consumer_destroy(c);
+    ferry_pool_destroy(pool);
+    table->ucp_am_send_nbx = real_am_send;
+}
+
 /* A host pool's consumer whose gets UCX would emulate (tcp) has its reads served by the
  * producer's thread, in pieces of FERRY_REMOTE_READ_PIECE: leases from one byte past the inline
  * bound to several pieces, and a packed lease's parts (each a range of its extent), arrive
@@ -2732,6 +2813,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_inline_recycled_before_copy),
         cmocka_unit_test(test_served_reads),
         cmocka_unit_test(test_am_sends_name_host_memory),
+        cmocka_unit_test(test_failed_acks_are_kept),
         cmocka_unit_test(test_served_looks),
         cmocka_unit_test(test_served_reads_into_gpu_memory),
         cmocka_unit_test(test_served_read_recycled_before_copy),

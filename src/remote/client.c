@@ -912,8 +912,10 @@ static ferry_status flush_acks(ferry__remote_client *cl, uint64_t spin_ns)
     ferry__am m = {.type = FERRY_AM_ACKS, .u.acks = {count}};
     cl->acks = 0; /* taken first: the send's own wait must not send them again */
     ferry_status st = send_am_spin(cl, &m, cl->ack_payload, 8u * count, spin_ns);
-    if (st != FERRY_OK && !cl->gone && cl->ep)
+    if (st != FERRY_OK && !cl->gone && cl->ep) {
         cl->acks = count;
+        cl->acks_since = ferry__now_ns(); /* tried again a delay from now, not at once */
+    }
     return st;
 }
 
@@ -945,9 +947,10 @@ static void *acker_main(void *arg)
         uint64_t now = ferry__now_ns(), sleep_ns = CLIENT_ACK_IDLE_NS;
         if (acks_due(cl, now)) {
             uint32_t tail = cl->in_tail, releases = cl->releases;
+            int gone = cl->gone;
             flush_acks(cl, CLIENT_NO_ARM);
-            if (cl->in_tail != tail || cl->releases != releases) /* its wait took them in */
-                ring_poll_fd(cl);
+            if (cl->in_tail != tail || cl->releases != releases || cl->gone != gone)
+                ring_poll_fd(cl); /* its wait took them in */
             continue;
         }
         if (cl->acks)
@@ -1001,15 +1004,22 @@ static void acker_stop(ferry__remote_client *cl)
     }
 }
 
+/* OK if queue_ack has room: the waiting acknowledgements are all sent first where
+ * FERRY_AM_ACKS_MAX wait (a send failed): else its error, and nothing may be recorded. */
+static ferry_status room_for_ack(ferry__remote_client *cl)
+{
+    return cl->acks == FERRY_AM_ACKS_MAX ? flush_acks(cl, CLIENT_SPIN_NS) : FERRY_OK;
+}
+
 /* Records this rank's acknowledgement of (slot, generation) to go out with others: at once
  * when FERRY_AM_ACKS_MAX wait, or where no thread could be made to send them in time. */
 static ferry_status queue_ack(ferry__remote_client *cl, uint32_t slot, uint32_t generation)
 {
     if (cl->gone || !cl->ep)
         return gone_error(cl);
-    ferry_status st;
-    if (cl->acks == FERRY_AM_ACKS_MAX && (st = flush_acks(cl, CLIENT_SPIN_NS)) != FERRY_OK)
-        return st; /* full since a send failed: this one is not recorded */
+    ferry_status st = room_for_ack(cl);
+    if (st != FERRY_OK)
+        return st;
     uint8_t *at = cl->ack_payload + 8u * cl->acks;
     ferry__put_le32(at, slot);
     ferry__put_le32(at + 4, generation);
@@ -1022,19 +1032,24 @@ static ferry_status queue_ack(ferry__remote_client *cl, uint32_t slot, uint32_t 
             acker_ring(cl);
         }
     }
-    return cl->acks == FERRY_AM_ACKS_MAX || !cl->ack_delay_ns ? flush_acks(cl, CLIENT_SPIN_NS)
-                                                              : FERRY_OK;
+    if (cl->acks < FERRY_AM_ACKS_MAX && cl->ack_delay_ns)
+        return FERRY_OK;
+    /* Sent now; recorded all the same where the send failed but the producer is not gone:
+     * it waits for the next try. */
+    st = flush_acks(cl, CLIENT_SPIN_NS);
+    return cl->gone || !cl->ep ? st : FERRY_OK;
 }
 
-/* Answers the producer's REVOKEs with RELEASED, and sends the acknowledgements that are due.
+/* Answers the producer's REVOKEs with RELEASED, and sends the acknowledgements that are due;
+ * -1 if a RELEASED could not be sent (kept for the next try unless the producer is gone).
  * Called at the end of a call, never while a
  * read runs: a lease asked back during a read of it is let go only after that read took in
  * the REVOKE and returned. A failed send means the producer is gone, and its holds with it. */
-static void release_all(ferry__remote_client *cl)
+static int release_all(ferry__remote_client *cl)
 {
     if (acks_due(cl, ferry__now_ns())) /* and acknowledgements that waited long enough go */
         flush_acks(cl, CLIENT_SPIN_NS);
-    while (cl->releases && !cl->gone) {
+    while (cl->releases && !cl->gone && cl->ep) {
         for (uint32_t slot = 0; slot < cl->max_inflight && cl->releases; slot++) {
             uint32_t gen = cl->to_release[slot];
             if (!gen)
@@ -1042,14 +1057,20 @@ static void release_all(ferry__remote_client *cl)
             cl->to_release[slot] = 0;
             cl->releases--;
             ferry__am m = {.type = FERRY_AM_RELEASED, .u.hold = {slot, gen}};
-            if (send_am(cl, &m, NULL, 0) != FERRY_OK)
-                break;
+            if (send_am(cl, &m, NULL, 0) != FERRY_OK) {
+                if (cl->gone || !cl->ep) /* its holds went with it: cleared below */
+                    break;
+                cl->to_release[slot] = gen; /* kept for the next call's end */
+                cl->releases++;
+                return -1;
+            }
         }
     }
-    if (cl->gone) {
+    if (cl->gone || !cl->ep) {
         memset(cl->to_release, 0, cl->max_inflight * sizeof(*cl->to_release));
         cl->releases = 0;
     }
+    return 0;
 }
 
 /* Tells the producer how reads go, so that an emulated path is counted and logged there;
@@ -1469,9 +1490,12 @@ ferry_status ferry__remote_fd(ferry__remote_client *cl, int *fd)
 {
     pthread_mutex_lock(&cl->lock);
     flush_acks(cl, CLIENT_SPIN_NS); /* the caller is about to sleep on the fd */
+    int failed;
     do /* REVOKEs taken in here are answered here: the fd does not wake for them again */
-        release_all(cl);
-    while (!progress_and_arm(cl) || cl->releases);
+        failed = release_all(cl);
+    while (!progress_and_arm(cl) || (cl->releases && !failed));
+    if (cl->in_head != cl->in_tail) /* a lease is there already (taken in before) */
+        ring_poll_fd(cl);
     pthread_mutex_unlock(&cl->lock);
     *fd = cl->poll_fd;
     ferry__clear_error();
@@ -1983,6 +2007,8 @@ ferry_status ferry__remote_ack(ferry__remote_client *cl, const ferry_descriptor 
         st = gone_error(cl);
         goto done;
     }
+    if ((st = room_for_ack(cl)) != FERRY_OK) /* before a packed part is counted */
+        goto done;
     int mine = cl->rank >= first && cl->rank - first < count;
     if (mine && count == 1 && acked_here(cl, d)) {
         st = acked_stale(cl, d);
