@@ -43,13 +43,13 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/timerfd.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "broker/broker.h"
 #include "common/clock.h"
 #include "common/error.h"
-#include "common/futex.h"
 #include "common/parts.h"
 #include "common/proc.h"
 #include "driver/driver.h"
@@ -87,8 +87,6 @@
 /* How long this rank's own acknowledgements may wait to go out together (one ACKS for up to
  * FERRY_AM_ACKS_MAX): FERRY_REMOTE_ACK_DELAY_US overrides it, 0 sends each at once. */
 #define CLIENT_ACK_DELAY_NS 200000ull
-/* The longest the acknowledgement thread sleeps with nothing to send. */
-#define CLIENT_ACK_IDLE_NS 1000000000ull
 
 /* What this process knows of a slot's current lease. */
 typedef struct lease_note {
@@ -192,11 +190,11 @@ struct ferry__remote_client {
     uint32_t acks;         /* waiting: (slot, generation) pairs in ack_payload */
     uint64_t acks_since;   /* when the first of them was made */
     uint8_t ack_payload[8 * FERRY_AM_ACKS_MAX];
-    pthread_t acker; /* the acknowledgement thread, made at the first deferred one */
-    int acker_on;    /* it runs */
-    int acker_idle;  /* it sleeps with nothing to send: a first acknowledgement rings */
-    int acker_stop;
-    uint32_t acker_bell; /* futex word it sleeps on: bumped to wake it */
+    pthread_t acker;    /* the acknowledgement thread, made at the first deferred one */
+    int acker_on;       /* it runs */
+    int acker_stop;     /* it ends at its next wake */
+    int acker_timer;    /* timerfd it sleeps on (CLOCK_MONOTONIC, as ferry__now_ns) */
+    uint64_t timer_due; /* when the timer fires (0: disarmed) */
 };
 
 /* ---- the connection ---------------------------------------------------------------------- */
@@ -901,6 +899,22 @@ static ferry_status send_am(ferry__remote_client *cl, ferry__am *m, const void *
 
 /* ---- acknowledgements on their way ------------------------------------------------------- */
 
+/* Sets the acknowledgement thread's timer to fire when the acknowledgements waiting are due,
+ * unless it fires by then already (it then sets itself again for them). No thread is woken
+ * here, and no system call made while the timer is set: a consumer that acknowledges and
+ * then calls again before the delay (the flush of that call sends them) costs nothing
+ * more. */
+static void acker_wake_at_due(ferry__remote_client *cl)
+{
+    uint64_t due = cl->acks_since + cl->ack_delay_ns;
+    if (!cl->acker_on || (cl->timer_due && cl->timer_due <= due))
+        return;
+    struct itimerspec it = {
+        .it_value = {(time_t)(due / 1000000000ull), (long)(due % 1000000000ull)}};
+    if (timerfd_settime(cl->acker_timer, TFD_TIMER_ABSTIME, &it, NULL) == 0)
+        cl->timer_due = due;
+}
+
 /* Sends the acknowledgements waiting, in one ACKS. Where the producer is gone they go with
  * it; any other failure keeps them waiting, to go with the next try (the producer takes an
  * acknowledgement twice as once). */
@@ -915,6 +929,7 @@ static ferry_status flush_acks(ferry__remote_client *cl, uint64_t spin_ns)
     if (st != FERRY_OK && !cl->gone && cl->ep) {
         cl->acks = count;
         cl->acks_since = ferry__now_ns(); /* tried again a delay from now, not at once */
+        acker_wake_at_due(cl);
     }
     return st;
 }
@@ -942,48 +957,54 @@ static void ring_poll_fd(ferry__remote_client *cl)
 static void *acker_main(void *arg)
 {
     ferry__remote_client *cl = arg;
-    pthread_mutex_lock(&cl->lock);
-    while (!cl->acker_stop) {
-        uint64_t now = ferry__now_ns(), sleep_ns = CLIENT_ACK_IDLE_NS;
-        if (acks_due(cl, now)) {
+    for (;;) {
+        struct pollfd p = {.fd = cl->acker_timer, .events = POLLIN};
+        uint64_t fired;
+        if (poll(&p, 1, -1) < 0 && errno != EINTR)
+            break;
+        pthread_mutex_lock(&cl->lock);
+        if (read(cl->acker_timer, &fired, sizeof(fired)) == sizeof(fired))
+            cl->timer_due = 0;
+        if (cl->acker_stop) {
+            pthread_mutex_unlock(&cl->lock);
+            break;
+        }
+        if (acks_due(cl, ferry__now_ns())) {
             uint32_t tail = cl->in_tail, releases = cl->releases;
             int gone = cl->gone;
             flush_acks(cl, CLIENT_NO_ARM);
             if (cl->in_tail != tail || cl->releases != releases || cl->gone != gone)
                 ring_poll_fd(cl); /* its wait took them in */
-            continue;
         }
-        if (cl->acks)
-            sleep_ns = cl->acks_since + cl->ack_delay_ns - now;
-        cl->acker_idle = !cl->acks;
-        uint32_t bell = __atomic_load_n(&cl->acker_bell, __ATOMIC_ACQUIRE);
+        if (cl->acks) /* a batch begun since the timer was set, or kept by a failed send */
+            acker_wake_at_due(cl);
         pthread_mutex_unlock(&cl->lock);
-        ferry__futex_wait(&cl->acker_bell, bell, sleep_ns);
-        pthread_mutex_lock(&cl->lock);
     }
-    pthread_mutex_unlock(&cl->lock);
     return NULL;
-}
-
-static void acker_ring(ferry__remote_client *cl)
-{
-    __atomic_add_fetch(&cl->acker_bell, 1, __ATOMIC_RELEASE);
-    ferry__futex_wake_all(&cl->acker_bell);
 }
 
 /* Makes the acknowledgement thread (signals blocked: a caller's handlers never run on it); 0
  * if it could not be made. */
 static int acker_start(ferry__remote_client *cl)
 {
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    int err = pthread_create(&cl->acker, NULL, acker_main, cl);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    int err = 0;
+    cl->acker_timer = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
+    if (cl->acker_timer < 0) {
+        err = errno;
+    } else {
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        err = pthread_create(&cl->acker, NULL, acker_main, cl);
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+    }
     if (err) {
         ferry__log(FERRY_LOG_INFO,
                    "remote pool %.80s: no thread for acknowledgements (%s): each goes out at once",
                    cl->address, strerror(err));
+        if (cl->acker_timer >= 0)
+            close(cl->acker_timer);
+        cl->acker_timer = -1;
         return 0;
     }
     cl->acker_on = 1;
@@ -996,11 +1017,16 @@ static void acker_stop(ferry__remote_client *cl)
     pthread_mutex_lock(&cl->lock);
     flush_acks(cl, CLIENT_SPIN_NS);
     cl->acker_stop = 1;
+    if (cl->acker_on) { /* fires at once */
+        struct itimerspec it = {.it_value = {0, 1}};
+        timerfd_settime(cl->acker_timer, 0, &it, NULL);
+    }
     pthread_mutex_unlock(&cl->lock);
     if (cl->acker_on) {
-        acker_ring(cl);
         pthread_join(cl->acker, NULL);
         cl->acker_on = 0;
+        close(cl->acker_timer);
+        cl->acker_timer = -1;
     }
 }
 
@@ -1027,10 +1053,7 @@ static ferry_status queue_ack(ferry__remote_client *cl, uint32_t slot, uint32_t 
         cl->acks_since = ferry__now_ns();
         if (!cl->acker_on && !acker_start(cl))
             cl->ack_delay_ns = 0;
-        else if (cl->acker_idle) {
-            cl->acker_idle = 0;
-            acker_ring(cl);
-        }
+        acker_wake_at_due(cl);
     }
     if (cl->acks < FERRY_AM_ACKS_MAX && cl->ack_delay_ns)
         return FERRY_OK;
@@ -1121,6 +1144,8 @@ static void client_free(ferry__remote_client *cl)
         close(cl->poll_fd);
     if (cl->wake_fd >= 0)
         close(cl->wake_fd);
+    if (cl->acker_timer >= 0) /* a forked child's copy (the owner closed its own) */
+        close(cl->acker_timer);
     ferry__parts_clear(&cl->parts);
     for (uint32_t i = 0; cl->inl && i < cl->depth; i++)
         free(cl->inl[i].bytes);
@@ -1260,7 +1285,7 @@ ferry_status ferry__remote_connect(const char *address, uint32_t rank, int32_t d
                            "out of memory connecting to the remote pool at %.64s:%u", a.host,
                            (unsigned)a.port); /* the address itself carries the secret */
     pthread_mutex_init(&cl->lock, NULL);
-    cl->sock = cl->poll_fd = cl->wake_fd = -1;
+    cl->sock = cl->poll_fd = cl->wake_fd = cl->acker_timer = -1;
     cl->owner = ferry__proc_self();
     cl->rank = rank;
     cl->device = device;
