@@ -913,6 +913,9 @@ static void acker_wake_at_due(ferry__remote_client *cl)
         .it_value = {(time_t)(due / 1000000000ull), (long)(due % 1000000000ull)}};
     if (timerfd_settime(cl->acker_timer, TFD_TIMER_ABSTIME, &it, NULL) == 0)
         cl->timer_due = due;
+    else /* no timer: each acknowledgement goes out at once from here, what waits at this
+          * call's end */
+        cl->ack_delay_ns = 0;
 }
 
 /* Sends the acknowledgements waiting, in one ACKS. Where the producer is gone they go with
@@ -958,10 +961,14 @@ static void *acker_main(void *arg)
 {
     ferry__remote_client *cl = arg;
     for (;;) {
+        /* A second at most: should the timer fail (it cannot, short of memory), what waits
+         * and the stop are seen all the same. */
         struct pollfd p = {.fd = cl->acker_timer, .events = POLLIN};
         uint64_t fired;
-        if (poll(&p, 1, -1) < 0 && errno != EINTR)
-            break;
+        if (poll(&p, 1, 1000) < 0 && errno != EINTR) {
+            struct timespec ts = {0, 1000000};
+            nanosleep(&ts, NULL);
+        }
         pthread_mutex_lock(&cl->lock);
         if (read(cl->acker_timer, &fired, sizeof(fired)) == sizeof(fired))
             cl->timer_due = 0;
