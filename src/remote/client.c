@@ -918,6 +918,17 @@ static void acker_wake_at_due(ferry__remote_client *cl)
         cl->ack_delay_ns = 0;
 }
 
+/* Before a sleep with nothing waiting: the acknowledgement thread's timer is put off (it would
+ * wake the thread for nothing). */
+static void acker_put_off(ferry__remote_client *cl)
+{
+    if (!cl->acker_on || !cl->timer_due || cl->acks)
+        return;
+    struct itimerspec off = {{0, 0}, {0, 0}};
+    if (timerfd_settime(cl->acker_timer, 0, &off, NULL) == 0)
+        cl->timer_due = 0;
+}
+
 /* Sends the acknowledgements waiting, in one ACKS. Where the producer is gone they go with
  * it; any other failure keeps them waiting, to go with the next try (the producer takes an
  * acknowledgement twice as once). */
@@ -1509,6 +1520,7 @@ ferry_status ferry__remote_recv(ferry__remote_client *cl, uint64_t timeout_ns,
             break;
         }
         uint64_t left = deadline - now;
+        acker_put_off(cl);
         sleep_on(cl, left < CLIENT_SLICE_NS ? left : CLIENT_SLICE_NS);
     }
     release_all(cl);
@@ -1528,6 +1540,7 @@ ferry_status ferry__remote_fd(ferry__remote_client *cl, int *fd)
     while (!progress_and_arm(cl) || (cl->releases && !failed));
     if (cl->in_head != cl->in_tail) /* a lease is there already (taken in before) */
         ring_poll_fd(cl);
+    acker_put_off(cl);
     pthread_mutex_unlock(&cl->lock);
     *fd = cl->poll_fd;
     ferry__clear_error();
