@@ -925,9 +925,10 @@ static void test_forged_messages(void **state)
 }
 
 /* An admitted peer's ACKS: one whose payload is not its count's pairs, and one that names a
- * slot out of range among real leases, are dropped whole (counted; none of them settles); one of another generation changes nothing; ACKS
- * acknowledge for the connection's own rank only (rank 1 here: a lease sent to ranks 0 and
- * 1 stays in flight); the real one settles the leases for the rank. */
+ * slot out of range among real leases, are dropped whole (counted; none of them settles);
+ * one of another generation changes nothing; ACKS acknowledge for the connection's own rank
+ * only (rank 1 here: a lease sent to ranks 0 and 1 stays in flight); the real one settles
+ * the leases for the rank. */
 static void test_forged_acks(void **state)
 {
     (void)state;

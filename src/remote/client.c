@@ -181,9 +181,9 @@ struct ferry__remote_client {
     uint32_t inl_next;
     /* This rank's own acknowledgements, recorded here at once and sent together: when
      * FERRY_AM_ACKS_MAX wait, before another ACK or a RELEASED, when a call finds nothing
-     * to take or waits for a lease, at a call's end once the first waited ack_delay_ns, and
-     * otherwise by the acknowledgement thread ack_delay_ns after the first (a process that
-     * makes no further call). */
+     * to take or waits for a lease, at a call's end or inside a call's wait once the first
+     * waited ack_delay_ns, and otherwise by the acknowledgement thread ack_delay_ns after
+     * the first (a process that makes no further call). */
     uint64_t looked_at;    /* when producer_gone_lately last looked at the connection */
     uint64_t quiet_at;     /* when a progress of the worker last found nothing (drain) */
     uint64_t ack_delay_ns; /* 0: each acknowledgement goes out at once */
@@ -1082,10 +1082,10 @@ static ferry_status queue_ack(ferry__remote_client *cl, uint32_t slot, uint32_t 
 }
 
 /* Answers the producer's REVOKEs with RELEASED, and sends the acknowledgements that are due;
- * -1 if a RELEASED could not be sent (kept for the next try unless the producer is gone).
- * Called at the end of a call, never while a
- * read runs: a lease asked back during a read of it is let go only after that read took in
- * the REVOKE and returned. A failed send means the producer is gone, and its holds with it. */
+ * -1 if a RELEASED could not be sent (kept for the next call's end; where the producer is
+ * gone, its holds went with it). Called at the end of a call, never while a read runs: a
+ * lease asked back during a read of it is let go only after that read took in the REVOKE and
+ * returned. */
 static int release_all(ferry__remote_client *cl)
 {
     if (acks_due(cl, ferry__now_ns())) /* and acknowledgements that waited long enough go */
