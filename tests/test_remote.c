@@ -299,6 +299,37 @@ static ferry_consumer *connect_reported(const char *addr, uint32_t rank, int dev
     return st == FERRY_OK ? c : NULL;
 }
 
+/* Reads d into buf (cap bytes) and checks every byte against the stamp it begins with
+ * (MISMATCH otherwise); *seed (if not NULL) is that stamp's seed. */
+static ferry_status read_self_stamped(ferry_consumer *c, const ferry_descriptor *d, uint8_t *buf,
+                                      size_t cap, uint64_t timeout_ns, uint64_t *seed)
+{
+    uint64_t s = 0;
+    ferry_status st = ferry_consumer_read(c, d, buf, cap, timeout_ns);
+    if (st == FERRY_OK) {
+        th_check_stamp(buf, d->length, 0, &s); /* the seed its first bytes carry */
+        if (!th_check_stamp(buf, d->length, s, NULL))
+            st = FERRY_MISMATCH;
+    }
+    if (seed)
+        *seed = s;
+    return st;
+}
+
+/* Receives one lease, reads it and checks every byte; acknowledges it if ack. */
+static ferry_status take_one(ferry_consumer *c, int ack)
+{
+    static uint8_t buf[1 << 20];
+    ferry_descriptor d;
+    size_t k = 0;
+    ferry_status st = ferry_consumer_recv(c, 10000 * MS, &d, 1, &k);
+    if (st == FERRY_OK)
+        st = read_self_stamped(c, &d, buf, sizeof(buf), 5000 * MS, NULL);
+    if (st == FERRY_OK && ack)
+        st = ferry_consumer_ack(c, &d);
+    return st;
+}
+
 /* "receiver ADDR RANK": connects, reports, then receives, reads (checking the stamp of every
  * byte) and acknowledges every lease until END or the producer is gone; reports how many it
  * verified. "hold ADDR RANK": receives (without acknowledging) until killed. "gone ADDR RANK":
@@ -322,15 +353,14 @@ static int receiver_main(const char *role, const char *addr, uint32_t rank)
             break;
         if (st != FERRY_OK)
             break;
-        st = ferry_consumer_read(c, &d, buf, cap, 5000 * MS);
-        if (st != FERRY_OK)
-            break;
         uint64_t seed = 0;
-        th_check_stamp(buf, d.length, 0, &seed);
-        if (!th_check_stamp(buf, d.length, seed, NULL)) {
+        st = read_self_stamped(c, &d, buf, cap, 5000 * MS, &seed);
+        if (st == FERRY_MISMATCH) {
             th_report(FERRY_MISMATCH, verified);
             return 1;
         }
+        if (st != FERRY_OK)
+            break;
         if (viewer) { /* a view needs the pool mapped here: a consumer of this host's pool */
             const void *v = NULL;
             st = ferry_consumer_view(c, &d, &v, 5000 * MS);
@@ -433,17 +463,7 @@ static int acker_main(const char *addr, uint32_t rank)
         ferry_status st = FERRY_OK;
         uint64_t verified = 0;
         for (uint64_t i = 0; i < m.seed && st == FERRY_OK; i++) {
-            ferry_descriptor d;
-            size_t k = 0;
-            uint64_t seed = 0;
-            st = ferry_consumer_recv(c, 10000 * MS, &d, 1, &k);
-            if (st == FERRY_OK)
-                st = ferry_consumer_read(c, &d, buf, cap, 5000 * MS);
-            if (st == FERRY_OK && (th_check_stamp(buf, d.length, 0, &seed),
-                                   !th_check_stamp(buf, d.length, seed, NULL)))
-                st = FERRY_MISMATCH;
-            if (st == FERRY_OK)
-                st = ferry_consumer_ack(c, &d);
+            st = take_one(c, 1);
             verified += st == FERRY_OK;
         }
         th_report(st, verified);
@@ -452,15 +472,11 @@ static int acker_main(const char *addr, uint32_t rank)
         if (m.status == ACKER_READ_BIG) {
             ferry_descriptor d;
             size_t k = 0;
-            uint64_t seed = 0;
             st = ferry_consumer_recv(c, 0, &d, 1, &k); /* there already */
             th_report(st, 0);
             uint64_t t0 = ferry_now_ns();
             if (st == FERRY_OK)
-                st = ferry_consumer_read(c, &d, buf, cap, 30000 * MS);
-            if (st == FERRY_OK && (th_check_stamp(buf, d.length, 0, &seed),
-                                   !th_check_stamp(buf, d.length, seed, NULL)))
-                st = FERRY_MISMATCH;
+                st = read_self_stamped(c, &d, buf, cap, 30000 * MS, NULL);
             th_report(st, ms_since(t0));
             if (st != FERRY_OK)
                 return 1;
@@ -692,25 +708,6 @@ static int in_child_waited(void)
     while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
     }
     _exit(WIFEXITED(status) ? WEXITSTATUS(status) : 98);
-}
-
-/* Receives one lease, reads it and checks every byte; acknowledges it if ack. */
-static ferry_status take_one(ferry_consumer *c, int ack)
-{
-    static uint8_t buf[1 << 20];
-    ferry_descriptor d;
-    size_t k = 0;
-    ferry_status st = ferry_consumer_recv(c, 10000 * MS, &d, 1, &k);
-    if (st == FERRY_OK)
-        st = ferry_consumer_read(c, &d, buf, sizeof(buf), 5000 * MS);
-    if (st == FERRY_OK) {
-        uint64_t seed = 0;
-        th_check_stamp(buf, d.length, 0, &seed);
-        st = th_check_stamp(buf, d.length, seed, NULL) ? FERRY_OK : FERRY_MISMATCH;
-    }
-    if (st == FERRY_OK && ack)
-        st = ferry_consumer_ack(c, &d);
-    return st;
 }
 
 /* "giveback ADDR RANK": connects, reports, receives one lease and reports it (read and
@@ -1061,21 +1058,32 @@ static void test_many_hand_overs(void **state)
     ferry_pool_destroy(pool);
 }
 
-/* Sends n leases of 4 KiB (n at most the ring's depth), then asks the acker helper for them
- * and the step once they are on their way (each recv then finds one); waits for its
- * report. */
-static void acker_round(ferry_pool *pool, th_helper *h, uint64_t n, uint32_t step)
+/* Sends n leases of the given sizes (n at most the ring's depth), then, once they are on their
+ * way (each of the helper's recvs then finds one), asks the acker helper to take the first
+ * `take` of them and then the step; waits for its report of those. */
+static void acker_ask(ferry_pool *pool, th_helper *h, const size_t *sizes, uint64_t n,
+                      uint64_t take, uint32_t step)
 {
     uint64_t forwarded = th_stats(pool).remote_forwarded;
     for (uint64_t i = 0; i < n; i++)
-        assert_int_equal(send_stamped(pool, 4096, 500 + i, NULL, 5000 * MS), FERRY_OK);
+        assert_int_equal(send_stamped(pool, sizes[i], 500 + i, NULL, 5000 * MS), FERRY_OK);
     for (uint64_t t0 = ferry_now_ns(); th_stats(pool).remote_forwarded < forwarded + n;)
         assert_true(ms_since(t0) < 3000);
-    usleep(100000);
-    th_msg m = {.type = TH_MSG_ITEM, .status = step, .seed = n};
+    usleep(200000); /* the descriptors in the consumer's inbox */
+    th_msg m = {.type = TH_MSG_ITEM, .status = step, .seed = take};
     assert_int_equal(th_send_msg(h->fd, &m), 0);
     assert_int_equal(th_recv_msg(h->fd, &m, 10000), 0);
-    th_assert_result(m, n);
+    th_assert_result(m, take);
+}
+
+/* acker_ask with n leases of 4 KiB, all taken. */
+static void acker_round(ferry_pool *pool, th_helper *h, uint64_t n, uint32_t step)
+{
+    size_t sizes[16];
+    assert_true(n <= 16);
+    for (int i = 0; i < 16; i++)
+        sizes[i] = 4096;
+    acker_ask(pool, h, sizes, n, n, step);
 }
 
 /* A remote rank's own acknowledgements go out together, within FERRY_REMOTE_ACK_DELAY_US (3 s
@@ -1136,16 +1144,9 @@ static void test_acks_go_out_during_a_long_read(void **state)
     assert_int_equal(sh("tc -n %s qdisc add dev %s root tbf rate 32mbit burst 32kb latency 2000ms",
                         net.ns[0], net.dev[0]),
                      0);
-    uint64_t forwarded = th_stats(pool).remote_forwarded;
-    assert_int_equal(send_stamped(pool, 4096, 600, NULL, 5000 * MS), FERRY_OK);
-    assert_int_equal(send_stamped(pool, 4u << 20, 601, NULL, 5000 * MS), FERRY_OK);
-    for (uint64_t t0 = ferry_now_ns(); th_stats(pool).remote_forwarded < forwarded + 2;)
-        assert_true(ms_since(t0) < 3000);
-    usleep(200000); /* both descriptors in the consumer's inbox */
-    th_msg m = {.type = TH_MSG_ITEM, .status = ACKER_READ_BIG, .seed = 1};
-    assert_int_equal(th_send_msg(h.fd, &m), 0);
-    assert_int_equal(th_recv_msg(h.fd, &m, 10000), 0);
-    th_assert_result(m, 1); /* the small one, acknowledged */
+    const size_t sizes[2] = {4096, 4u << 20};
+    acker_ask(pool, &h, sizes, 2, 1, ACKER_READ_BIG); /* the small one, acknowledged */
+    th_msg m;
     assert_int_equal(th_recv_msg(h.fd, &m, 10000), 0);
     th_assert_result(m, 0); /* the large one, received: its read begins */
     uint64_t t0 = ferry_now_ns(), settled = 0;
