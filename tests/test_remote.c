@@ -1988,7 +1988,7 @@ static void *acks_mend_later(void *arg)
  * works again (700 ms later): the call that made them answers OK, and the client's
  * acknowledgement thread tries again a delay later (10 ms here), letting go of the client
  * between tries: a look for a lease meanwhile answers at once, and the thread tries ~30 times
- * in 300 ms, not millions. */
+ * in 300 ms, not millions; a wait for a lease tries no more often. */
 static void test_failed_acks_are_kept(void **state)
 {
     (void)state;
@@ -2029,6 +2029,12 @@ static void test_failed_acks_are_kept(void **state)
             (unsigned long long)look);
     assert_true(look < 100);
     assert_true(tried < 200);
+    /* A wait for a lease that finds none tries again when a delay has passed, not on each
+     * turn of its spin or each wake of its sleep. */
+    assert_int_equal(ferry_consumer_recv(c, 150 * MS, &d, 1, &k), FERRY_TIMEOUT);
+    unsigned waited = __atomic_load_n(&acks_tried, __ATOMIC_RELAXED) - tried;
+    fprintf(stderr, "test_remote: %u tries during a 150 ms wait for a lease\n", waited);
+    assert_true(waited <= 22); /* one a delay (10 ms): ~15 */
     assert_int_equal(th_stats(pool).leases_in_flight, 1);
     pthread_join(mend, NULL);
     wait_settled(pool, 3000); /* sent by the next try */

@@ -189,6 +189,7 @@ struct ferry__remote_client {
     uint64_t ack_delay_ns; /* 0: each acknowledgement goes out at once */
     uint32_t acks;         /* waiting: (slot, generation) pairs in ack_payload */
     uint64_t acks_since;   /* when the first of them was made */
+    int acks_failed;       /* their last send failed: tried again once they are due */
     uint8_t ack_payload[8 * FERRY_AM_ACKS_MAX];
     pthread_t acker;    /* the acknowledgement thread, made at the first deferred one */
     int acker_on;       /* it runs */
@@ -940,12 +941,22 @@ static ferry_status flush_acks(ferry__remote_client *cl, uint64_t spin_ns)
     ferry__am m = {.type = FERRY_AM_ACKS, .u.acks = {count}};
     cl->acks = 0; /* taken first: the send's own wait must not send them again */
     ferry_status st = send_am_spin(cl, &m, cl->ack_payload, 8u * count, spin_ns);
-    if (st != FERRY_OK && !cl->gone && cl->ep) {
+    cl->acks_failed = st != FERRY_OK && !cl->gone && cl->ep;
+    if (cl->acks_failed) {
         cl->acks = count;
         cl->acks_since = ferry__now_ns(); /* tried again a delay from now, not at once */
         acker_wake_at_due(cl);
     }
     return st;
+}
+
+/* Sends the acknowledgements waiting where a call has nothing else to do (it found nothing
+ * to take, or is about to sleep), unless their last send failed and a delay has not passed
+ * since: a send that keeps failing is not tried on every turn of a wait. */
+static void offer_acks(ferry__remote_client *cl)
+{
+    if (!cl->acks_failed || acks_due(cl, ferry__now_ns()))
+        flush_acks(cl, CLIENT_SPIN_NS);
 }
 
 /* 1 once the acknowledgements waiting are due (the first waited ack_delay_ns). */
@@ -1500,7 +1511,7 @@ ferry_status ferry__remote_recv(ferry__remote_client *cl, uint64_t timeout_ns,
             break;
         /* Nothing queued: the producer may be waiting for room, and for held leases it
          * asked back. */
-        flush_acks(cl, CLIENT_SPIN_NS);
+        offer_acks(cl);
         report_taken(cl);
         release_all(cl);
         uint64_t now = ferry__now_ns();
@@ -1533,7 +1544,7 @@ ferry_status ferry__remote_recv(ferry__remote_client *cl, uint64_t timeout_ns,
 ferry_status ferry__remote_fd(ferry__remote_client *cl, int *fd)
 {
     pthread_mutex_lock(&cl->lock);
-    flush_acks(cl, CLIENT_SPIN_NS); /* the caller is about to sleep on the fd */
+    offer_acks(cl); /* the caller is about to sleep on the fd */
     int failed;
     do /* REVOKEs taken in here are answered here: the fd does not wake for them again */
         failed = release_all(cl);
@@ -1756,7 +1767,7 @@ static ferry_status wait_ready(ferry__remote_client *cl, const ferry_descriptor 
             break;
         if (ferry__now_ns() >= deadline)
             return not_ready(d, timeout_ns);
-        flush_acks(cl, CLIENT_SPIN_NS); /* the producer may be waiting for room */
+        offer_acks(cl); /* the producer may be waiting for room */
         sleep_on(cl, CLIENT_READY_POLL_NS);
         if (producer_gone(cl))
             return gone_error(cl);
