@@ -1974,18 +1974,18 @@ static ucs_status_ptr_t failing_acks_send(ucp_ep_h ep, unsigned id, const void *
     return real_am_send(ep, id, header, header_len, payload, n, p);
 }
 
-/* Clears acks_failing 700 ms from now (a client that held its lock through the failures
+/* Clears acks_failing a second from now (a client that held its lock through the failures
  * would otherwise keep the test waiting for ever). */
 static void *acks_mend_later(void *arg)
 {
     (void)arg;
-    usleep(700000);
+    usleep(1000000);
     __atomic_store_n(&acks_failing, 0, __ATOMIC_RELEASE);
     return NULL;
 }
 
 /* Acknowledgements whose send fails while the producer is there are kept and sent once it
- * works again (700 ms later): the call that made them answers OK, and the client's
+ * works again (a second later): the call that made them answers OK, and the client's
  * acknowledgement thread tries again a delay later (10 ms here), letting go of the client
  * between tries: a look for a lease meanwhile answers at once, and the thread tries ~30 times
  * in 300 ms, not millions; a wait for a lease tries no more often. */
